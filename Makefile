@@ -1,0 +1,41 @@
+# The two commands a new user runs:  `make run`  and  `make test`.
+# Everything is installed into $(VENV); nothing outside it is touched.
+PY        ?= python3
+VENV      ?= .venv
+# CPU build of torch by default; GPU users: make TORCH_SPEC='torch' run
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS    ?= cpu,dev
+WORKERS   ?= 2
+PORT      ?= 8000
+PYTEST_ARGS ?=
+BIN       := $(VENV)/bin
+
+.PHONY: install run test prepare lint clean help
+
+help:
+	@echo "make run    install, prepare SmolLM2-135M-Instruct, start gateway :$(PORT) + $(WORKERS) workers"
+	@echo "make test   install and run the test suite"
+
+$(BIN)/activate:
+	$(PY) -m venv $(VENV)
+
+$(VENV)/.installed: $(BIN)/activate pyproject.toml constraints.txt
+	$(BIN)/python -m pip install -q --upgrade "pip>=24"
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
+	@touch $@
+
+install: $(VENV)/.installed
+
+prepare: install
+	$(BIN)/modelkit prepare
+
+run: install
+	$(BIN)/swiftserve up --workers $(WORKERS) --port $(PORT)
+
+test: install
+	$(BIN)/modelkit prepare
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

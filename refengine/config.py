@@ -1,0 +1,28 @@
+"""EngineConfig: the one configuration object of a reference-engine process.
+
+Built once at the entry point (worker CLI, benchmark, evaluator) and passed
+explicitly. Values derived at run time (number of KV blocks, the model's spec)
+live on the objects that derive them, not here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EngineConfig:
+    model: str                                  # HF-format directory (config.json + safetensors)
+    device: str = "auto"                        # "auto" | "cpu" | "cuda" | "cuda:N"
+    dtype: str = "auto"                         # "auto" (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
+    seed: int = 0
+    max_model_len: int | None = None            # None: min(config max_position_embeddings, 8192)
+    block_size: int = 16                        # tokens per KV block
+    num_kv_blocks: int | None = None            # None: sized from kv_cache_memory_gb
+    kv_cache_memory_gb: float = 1.0             # budget for the block pool
+    max_num_seqs: int = 64                      # running requests at most
+    max_num_batched_tokens: int = 2048          # token budget per step (chunked prefill)
+    kv_cache_dtype: str = "auto"                # "auto" | "fp8_e4m3" (per-token scale, 1-byte storage)
+    swiftkv: bool = True                        # use SwiftKV when the checkpoint has it; False = run as baseline
+    torch_threads: int | None = None            # intra-op threads (CPU)
+    kv_methods: dict = field(default_factory=dict)  # method name -> options (ZACK, KCache, ZipCache)

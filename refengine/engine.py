@@ -1,0 +1,133 @@
+"""LLMEngine: the synchronous engine. ``step()`` = schedule -> run model -> update.
+
+Not thread-safe: one thread owns it (``AsyncEngine`` runs it on a background
+thread). Callers speak token ids and ``SamplingParams``; out come
+``RequestOutput`` increments (one token per request per step).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from refengine.block_manager import BlockManager
+from refengine.config import EngineConfig
+from refengine.model_config import load_model_spec
+from refengine.outputs import EngineStats, RequestOutput
+from refengine.request import Request, RequestStatus
+from refengine.sampling_params import SamplingParams
+from refengine.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MODEL_LEN = 8192
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        from refengine.model_runner import ModelRunner  # torch is imported here, not at package import
+
+        self.config = config
+        self.spec = load_model_spec(config.model)
+        limit = self.spec.max_position_embeddings
+        if config.max_model_len is not None and config.max_model_len > limit:
+            raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
+                             f"max_position_embeddings={limit}")
+        self.max_model_len = config.max_model_len or min(limit, DEFAULT_MAX_MODEL_LEN)
+        self.runner = ModelRunner(config, self.spec, self.max_model_len)
+        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.eos_token_ids = self.spec.eos_token_ids
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+
+    # ---- requests -------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    arrival_time: float | None = None) -> None:
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise ValueError("prompt must contain at least one token")
+        if n >= self.max_model_len:
+            raise ValueError(f"prompt has {n} tokens; the context is {self.max_model_len} "
+                             "and at least one token must be generated")
+        vocab = self.spec.vocab_size
+        if any(t < 0 or t >= vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        req = Request(request_id, prompt_token_ids, params, self.eos_token_ids, self.max_model_len, arrival_time)
+        self.scheduler.add(req)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        req = self.scheduler.abort(request_id)
+        if req is None:
+            return None
+        self.runner.release(request_id)
+        return self._output(req, [], None)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- the step ---------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if not sched.chunks:
+            return []
+        sampled, logprobs = self.runner.execute(sched)
+        outputs = []
+        for req in self.scheduler.update(sched, sampled):
+            if req.num_output_tokens == 1:
+                self.prompt_tokens_total += req.num_prompt_tokens
+            self.generation_tokens_total += 1
+            lp = logprobs.get(req.request_id)
+            outputs.append(self._output(req, [req.token_ids[-1]], [lp] if lp is not None else None))
+            if req.status.finished:
+                self.runner.release(req.request_id)
+        return outputs
+
+    def _output(self, req: Request, new_ids: list[int], lps) -> RequestOutput:
+        done = req.status.finished
+        return RequestOutput(
+            request_id=req.request_id,
+            new_token_ids=new_ids,
+            num_prompt_tokens=req.num_prompt_tokens,
+            num_output_tokens=req.num_output_tokens,
+            new_logprobs=lps,
+            finished=done,
+            finish_reason=req.status.value if done else None,
+            stop_reason=req.stop_reason,
+            timings=req.timings if done else None,
+        )
+
+    # ---- convenience (tests, evaluation, benchmarks) --------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:
+        """Run prompts to completion; returns the generated token ids of each, in order."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [f"gen-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
+        for rid, prompt, p in zip(ids, prompts, plist):
+            self.add_request(rid, prompt, p)
+        result: dict[str, list[int]] = {rid: [] for rid in ids}
+        while self.has_unfinished():
+            for out in self.step():
+                result[out.request_id].extend(out.new_token_ids)
+        return [result[rid] for rid in ids]
+
+    def stats(self) -> EngineStats:
+        bm, r = self.block_manager, self.runner
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_usage=bm.usage(),
+            kv_blocks_total=bm.num_blocks,
+            kv_blocks_used=bm.num_used,
+            kv_block_size=bm.block_size,
+            kv_bytes_total=r.kv.bytes_total,
+            kv_bytes_per_token=float(r.kv.bytes_per_token),
+            kv_bytes_per_token_baseline=float(r.bytes_per_token_baseline),
+            num_preemptions=self.scheduler.num_preemptions,
+            prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
+            extra={"swiftkv_layers": float(r.model.num_kv_layers),
+                   "swiftkv_group_size": float(r.model.group_size)},
+        )
+
+
+__all__ = ["LLMEngine", "RequestStatus"]

@@ -1,0 +1,129 @@
+"""ModelRunner: the only part of the engine that touches tensors.
+
+It owns the model, the KV cache and the RNGs. ``execute(SchedulerOutput)`` turns the
+scheduler's token counts and block tables into batch tensors (input ids, positions,
+slot mapping, attention descriptions), runs one forward pass and samples one
+token for every request whose chunk reached its last known token.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from refengine.attention import build_attn_batch, slot_mapping
+from refengine.config import EngineConfig
+from refengine.kv_cache import KVCache, KVCacheLayout
+from refengine.model_config import ModelSpec
+from refengine.models.llama import LlamaModel
+from refengine.outputs import TokenLogprob
+from refengine.sampler import SampleRow, sample
+from refengine.scheduler import SchedulerOutput
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {name!r} requested but CUDA is not available")
+    return dev
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"dtype {name!r} not in {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, spec: ModelSpec, max_model_len: int) -> None:
+        self.config = config
+        self.spec = spec
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        if config.torch_threads and self.device.type == "cpu":
+            torch.set_num_threads(config.torch_threads)
+        torch.manual_seed(config.seed)
+        self.model = LlamaModel(spec, config.model, self.dtype, self.device,
+                                use_swiftkv=config.swiftkv, max_positions=max_model_len)
+        self.model.eval()
+        layout = KVCacheLayout.for_model(spec.num_layers, self.model.num_kv_layers if self.model.use_swiftkv else None,
+                                         self.model.group_size)
+        self.bytes_per_token = KVCache.bytes_per_token_for(layout, spec.num_kv_heads, spec.head_dim,
+                                                           self.dtype, config.kv_cache_dtype)
+        baseline_layout = KVCacheLayout.for_model(spec.num_layers, None)
+        self.bytes_per_token_baseline = KVCache.bytes_per_token_for(
+            baseline_layout, spec.num_kv_heads, spec.head_dim, self.dtype, "auto")
+        num_blocks = config.num_kv_blocks or int(
+            config.kv_cache_memory_gb * (1 << 30) // (config.block_size * self.bytes_per_token))
+        if num_blocks * config.block_size < max_model_len:
+            raise ValueError(
+                f"KV cache of {num_blocks} blocks x {config.block_size} tokens cannot hold one request of "
+                f"max_model_len={max_model_len}; raise --kv-cache-memory-gb or lower --max-model-len")
+        self.num_blocks = num_blocks
+        self.kv = KVCache(layout, num_blocks, config.block_size, spec.num_kv_heads, spec.head_dim,
+                          self.dtype, self.device, config.kv_cache_dtype)
+        self.default_gen = torch.Generator(device=self.device).manual_seed(config.seed)
+        self._gens: dict[str, torch.Generator] = {}
+        log.info("model %s on %s/%s: swiftkv=%s (l=%d, g=%d), %d KV blocks, %d bytes/token",
+                 config.model, self.device, self.dtype, self.model.use_swiftkv, self.model.num_kv_layers,
+                 self.model.group_size, num_blocks, self.kv.bytes_per_token)
+
+    def release(self, request_id: str) -> None:
+        self._gens.pop(request_id, None)
+
+    def _generator(self, request_id: str, seed: int | None) -> torch.Generator | None:
+        if seed is None:
+            return None
+        g = self._gens.get(request_id)
+        if g is None:
+            g = self._gens[request_id] = torch.Generator(device=self.device).manual_seed(seed)
+        return g
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> tuple[dict[str, int], dict[str, TokenLogprob]]:
+        dev, bs = self.device, self.config.block_size
+        chunks = [(c.start, c.num_tokens, c.block_table) for c in sched.chunks]
+        ids, pos, logit_rows, sampling = [], [], [], []
+        row = 0
+        for c in sched.chunks:
+            ids.extend(c.request.token_ids[c.start:c.start + c.num_tokens])
+            pos.extend(range(c.start, c.start + c.num_tokens))
+            row += c.num_tokens
+            if c.needs_logits:
+                logit_rows.append(row - 1)
+                sampling.append(c)
+        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
+        positions = torch.tensor(pos, dtype=torch.long, device=dev)
+        slots = slot_mapping(chunks, bs, dev)
+        attn_all = build_attn_batch(chunks, bs, dev)
+        logits_idx = torch.tensor(logit_rows, dtype=torch.long, device=dev)
+        attn_logits = None
+        if self.model.use_swiftkv:
+            # Later layers: one query per sampling sequence, at its last position.
+            attn_logits = build_attn_batch([(c.start + c.num_tokens - 1, 1, c.block_table) for c in sampling],
+                                           bs, dev)
+        logits = self.model(input_ids, positions, self.kv, attn_all, slots, logits_idx, attn_logits)
+        if not sampling:
+            return {}, {}
+        rows = []
+        for c in sampling:
+            r = c.request
+            p = r.params
+            blocked: tuple[int, ...] = ()
+            if p.min_tokens and r.num_output_tokens < p.min_tokens:
+                blocked = tuple(set(p.stop_token_ids) | (set() if p.ignore_eos else set(r.eos_token_ids)))
+            rows.append(SampleRow(p, r.token_ids, r.num_prompt_tokens, self._generator(r.request_id, p.seed), blocked))
+        tokens, lps = sample(logits, rows, self.default_gen)
+        sampled = {c.request.request_id: t for c, t in zip(sampling, tokens)}
+        logprobs = {c.request.request_id: lp for c, lp in zip(sampling, lps) if lp is not None}
+        return sampled, logprobs

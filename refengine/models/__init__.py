@@ -1,0 +1,1 @@
+"""Model implementations of the reference engine (Llama family, with SwiftKV)."""

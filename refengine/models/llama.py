@@ -1,0 +1,166 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2) with SwiftKV, over the paged KV cache.
+
+Forward of one engine step (all shapes flattened over the step's tokens):
+  input_ids [T], positions [T] -> logits [N, vocab] for the N tokens that need them.
+
+SwiftKV (``num_key_value_layers = l < L``), as in the papers and Snowflake's checkpoints:
+  - layers 0..l-1 run normally on all T tokens;
+  - x = norm_swiftkv(h) where h is the residual stream after layer l-1; ONE fused
+    GEMM ``x @ W_kv_all^T`` yields K and V for every later cache slot (RoPE on K);
+    they are written to the cache for all T tokens;
+  - only the N tokens that need logits continue through layers l..L-1, each with
+    its ``q_proj_swiftkv`` query, attention against the cache, o_proj and MLP.
+  AcrossKV (``key_value_group_size = g``): consecutive later layers share one cache
+  slot and one K/V projection (the group's first layer holds the weights).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from refengine.attention import AttnBatch
+from refengine.kv_cache import KVCache
+from refengine.model_config import ModelSpec
+from refengine.rope import Rope
+from refengine.weights import WeightSource
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Same op order as transformers' LlamaRMSNorm (float32 statistics).
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+class _Linear(nn.Module):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+class LlamaLayer(nn.Module):
+    """One decoder layer. ``swiftkv_later``: its K/V come from the fused SwiftKV projection."""
+
+    def __init__(self, spec: ModelSpec, idx: int, w: WeightSource, dtype, device, swiftkv_later: bool):
+        super().__init__()
+        p = f"model.layers.{idx}."
+        get = lambda n: w.get(p + n, dtype, device)  # noqa: E731
+        getb = lambda n: w.get(p + n, dtype, device) if (p + n) in w else None  # noqa: E731
+        self.spec = spec
+        self.swiftkv_later = swiftkv_later
+        self.q_size = spec.num_heads * spec.head_dim
+        self.kv_size = spec.num_kv_heads * spec.head_dim
+        self.ln1 = nn.Parameter(get("input_layernorm.weight"), requires_grad=False)
+        self.ln2 = nn.Parameter(get("post_attention_layernorm.weight"), requires_grad=False)
+        if swiftkv_later:
+            self.q_proj = _Linear(get("self_attn.q_proj_swiftkv.weight"), getb("self_attn.q_proj_swiftkv.bias"))
+        else:
+            names = ("q_proj", "k_proj", "v_proj")
+            wqkv = torch.cat([get(f"self_attn.{n}.weight") for n in names])
+            bqkv = torch.cat([get(f"self_attn.{n}.bias") for n in names]) if spec.qkv_bias else None
+            self.qkv_proj = _Linear(wqkv, bqkv)
+        self.o_proj = _Linear(get("self_attn.o_proj.weight"), getb("self_attn.o_proj.bias"))
+        self.gate_up = _Linear(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]),
+                               torch.cat([get("mlp.gate_proj.bias"), get("mlp.up_proj.bias")]) if spec.mlp_bias else None)
+        self.down = _Linear(get("mlp.down_proj.weight"), getb("mlp.down_proj.bias"))
+        self.scale = spec.head_dim ** -0.5
+
+    def _mlp(self, h: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(rms_norm(h, self.ln2, self.spec.rms_norm_eps)).chunk(2, dim=-1)
+        return h + self.down(F.silu(gate) * up)
+
+    def forward(self, h, cos, sin, rope: Rope, cache, attn: AttnBatch, slots: torch.Tensor):
+        """Standard layer on all T tokens: writes this layer's K/V at ``slots``."""
+        T = h.shape[0]
+        qkv = self.qkv_proj(rms_norm(h, self.ln1, self.spec.rms_norm_eps))
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        d = self.spec.head_dim
+        q = rope.apply(q.view(T, -1, d), cos, sin)
+        k = rope.apply(k.view(T, -1, d), cos, sin)
+        cache.write(slots, k, v.view(T, -1, d))
+        a = cache.attend(q, attn, self.scale)
+        h = h + self.o_proj(a.reshape(T, -1))
+        return self._mlp(h)
+
+    def forward_swiftkv(self, h, cos, sin, rope: Rope, cache, attn: AttnBatch):
+        """SwiftKV later layer on the N logits tokens; K/V are already in the cache."""
+        N = h.shape[0]
+        q = self.q_proj(rms_norm(h, self.ln1, self.spec.rms_norm_eps))
+        q = rope.apply(q.view(N, -1, self.spec.head_dim), cos, sin)
+        a = cache.attend(q, attn, self.scale)
+        h = h + self.o_proj(a.reshape(N, -1))
+        return self._mlp(h)
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, spec: ModelSpec, model_dir: str, dtype: torch.dtype, device: torch.device,
+                 use_swiftkv: bool, max_positions: int):
+        super().__init__()
+        w = WeightSource(model_dir)
+        self.spec = spec
+        self.use_swiftkv = bool(use_swiftkv and spec.swiftkv)
+        L = spec.num_layers
+        self.num_kv_layers = spec.num_key_value_layers if self.use_swiftkv else L
+        self.group_size = spec.key_value_group_size if self.use_swiftkv else 1
+        self.embed = nn.Parameter(w.get("model.embed_tokens.weight", dtype, device), requires_grad=False)
+        self.layers = nn.ModuleList(
+            LlamaLayer(spec, i, w, dtype, device, swiftkv_later=i >= self.num_kv_layers) for i in range(L))
+        self.norm = nn.Parameter(w.get("model.norm.weight", dtype, device), requires_grad=False)
+        if spec.tie_word_embeddings or "lm_head.weight" not in w:
+            self.lm_head = self.embed
+        else:
+            self.lm_head = nn.Parameter(w.get("lm_head.weight", dtype, device), requires_grad=False)
+        self.rope = Rope(spec.head_dim, spec.rope_theta, spec.rope_scaling, max_positions, dtype, device)
+        if self.use_swiftkv:
+            self._load_swiftkv(w, dtype, device)
+        w.close()
+
+    def _load_swiftkv(self, w: WeightSource, dtype, device) -> None:
+        l, L, g = self.num_kv_layers, self.spec.num_layers, self.group_size
+        self.norm_swiftkv = nn.Parameter(w.get("model.norm_swiftkv.weight", dtype, device), requires_grad=False)
+        # Fused projection rows: for each group, [K (kv_size) ; V (kv_size)].
+        ws, bs = [], []
+        self.group_leaders = list(range(l, L, g))
+        for i in self.group_leaders:
+            p = f"model.layers.{i}.self_attn."
+            for n in ("k_proj_swiftkv", "v_proj_swiftkv"):
+                ws.append(w.get(p + n + ".weight", dtype, device))
+                if self.spec.qkv_bias:
+                    bs.append(w.get(p + n + ".bias", dtype, device))
+        self.kv_proj_swiftkv = _Linear(torch.cat(ws), torch.cat(bs) if bs else None)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: KVCache,
+                attn_all: AttnBatch, slots: torch.Tensor, logits_idx: torch.Tensor,
+                attn_logits: AttnBatch | None = None) -> torch.Tensor:
+        h = F.embedding(input_ids, self.embed)
+        cos, sin = self.rope.tables(positions)
+        for i in range(self.num_kv_layers):
+            h = self.layers[i](h, cos, sin, self.rope, kv.layers[i], attn_all, slots)
+        if self.use_swiftkv:
+            h = self._swiftkv_tail(h, positions, cos, sin, kv, slots, logits_idx, attn_logits)
+        else:
+            h = h[logits_idx]
+        return F.linear(rms_norm(h, self.norm, self.spec.rms_norm_eps), self.lm_head)
+
+    def _swiftkv_tail(self, h, positions, cos, sin, kv: KVCache, slots, logits_idx, attn_logits):
+        T, d = h.shape[0], self.spec.head_dim
+        kvh = self.spec.num_kv_heads
+        x = rms_norm(h, self.norm_swiftkv, self.spec.rms_norm_eps)
+        fused = self.kv_proj_swiftkv(x).view(T, len(self.group_leaders), 2, kvh, d)  # one GEMM
+        for gi, leader in enumerate(self.group_leaders):
+            k = self.rope.apply(fused[:, gi, 0], cos, sin)
+            kv.layers[leader].write(slots, k, fused[:, gi, 1])
+        if logits_idx.numel() == 0:
+            return h[:0]
+        h = h[logits_idx]
+        cos_l, sin_l = cos[logits_idx], sin[logits_idx]
+        for i in range(self.num_kv_layers, self.spec.num_layers):
+            h = self.layers[i].forward_swiftkv(h, cos_l, sin_l, self.rope, kv.layers[i], attn_logits)
+        return h

@@ -1,0 +1,65 @@
+"""What an engine streams back to the edge, and the load figures it reports.
+
+These types are shared by every engine backend (reference and vLLM) so that the
+worker's HTTP layer is written once. No torch here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)  # (token_id, logprob), best first
+
+
+@dataclass
+class RequestTimings:
+    """Monotonic timestamps (time.monotonic()) of a request's life inside the engine."""
+
+    arrival: float
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+
+
+@dataclass
+class RequestOutput:
+    """One increment of a request: the tokens produced since the previous increment.
+
+    ``finish_reason`` is set on the last increment only: "stop" (EOS or a stop
+    token), "length" (max_tokens or the context limit) or "abort".
+    ``stop_reason`` is the stop token id that ended it, when there was one.
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    num_prompt_tokens: int
+    num_output_tokens: int                      # cumulative, including new_token_ids
+    new_logprobs: list[TokenLogprob] | None = None
+    finished: bool = False
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    timings: RequestTimings | None = None       # filled on the final increment
+
+
+@dataclass
+class EngineStats:
+    """A snapshot for /load and /metrics. Usage figures are in [0, 1]."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_usage: float = 0.0
+    kv_blocks_total: int = 0
+    kv_blocks_used: int = 0
+    kv_block_size: int = 0
+    kv_bytes_total: int = 0
+    kv_bytes_per_token: float = 0.0             # bytes of KV the cache stores per token (all layers)
+    kv_bytes_per_token_baseline: float = 0.0    # same model without KV methods, for the ratio
+    num_preemptions: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    extra: dict[str, float] = field(default_factory=dict)  # method-specific gauges

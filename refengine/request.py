@@ -1,0 +1,88 @@
+"""A request's state inside the engine: token ids, progress, status. No torch.
+
+``token_ids`` holds prompt + generated tokens in one list. The scheduler advances
+``num_computed_tokens`` (tokens whose KV is in the cache) towards ``num_tokens``;
+when a step computes the last known token, the model samples a new one.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from refengine.outputs import RequestTimings
+from refengine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self not in (RequestStatus.WAITING, RequestStatus.RUNNING)
+
+
+class Request:
+    __slots__ = (
+        "request_id", "token_ids", "num_prompt_tokens", "params", "eos_token_ids",
+        "num_computed_tokens", "status", "stop_reason", "timings", "num_preemptions",
+        "max_model_len",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        eos_token_ids: tuple[int, ...],
+        max_model_len: int,
+        arrival_time: float | None = None,
+    ) -> None:
+        if not prompt_token_ids:
+            raise ValueError("prompt must contain at least one token")
+        self.request_id = request_id
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+        self.num_computed_tokens = 0
+        self.status = RequestStatus.WAITING
+        self.stop_reason: int | str | None = None
+        self.timings = RequestTimings(arrival=arrival_time if arrival_time is not None else time.monotonic())
+        self.num_preemptions = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+        self.check_stop(token_id)
+
+    def check_stop(self, token_id: int) -> None:
+        """Set a finished status if ``token_id`` (just appended) ends the request."""
+        p = self.params
+        n_out = self.num_output_tokens
+        if n_out >= p.min_tokens:
+            if not p.ignore_eos and token_id in self.eos_token_ids:
+                self.status = RequestStatus.FINISHED_STOPPED
+                return
+            if token_id in p.stop_token_ids:
+                self.status = RequestStatus.FINISHED_STOPPED
+                self.stop_reason = token_id
+                return
+        if n_out >= p.max_tokens or self.num_tokens >= self.max_model_len:
+            self.status = RequestStatus.FINISHED_LENGTH

@@ -1,0 +1,148 @@
+"""Token-budget scheduler with chunked prefill and recompute preemption. No torch.
+
+Each step, every scheduled request advances ``num_computed_tokens`` towards
+``num_tokens`` by at most the remaining token budget; there is no prefill or
+decode "phase": a decode is simply a request one token behind. Running requests
+go first (oldest first) so that decodes are never starved by new prompts; then
+waiting requests are admitted FIFO while budget, ``max_num_seqs`` and KV blocks
+allow. When a running request cannot get a block, the newest running request is
+preempted (its blocks freed, ``num_computed_tokens`` reset) and put back at the
+head of the waiting queue; it is recomputed later, its sampled tokens kept.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from refengine.block_manager import BlockManager
+from refengine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledChunk:
+    request: Request
+    start: int              # first position computed this step (= num_computed_tokens before)
+    num_tokens: int         # positions start .. start+num_tokens-1
+    block_table: list[int]
+
+    @property
+    def needs_logits(self) -> bool:
+        """True when the chunk reaches the last known token: a new token is sampled."""
+        return self.start + self.num_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.bm = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+
+    # ---- queue management ---------------------------------------------
+    def add(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort(self, request_id: str) -> Request | None:
+        req = self.requests.get(request_id)
+        if req is None or req.status.finished:
+            return None
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)
+        req.status = RequestStatus.FINISHED_ABORTED
+        self._release(req)
+        return req
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _release(self, req: Request) -> None:
+        self.bm.free(req.request_id)
+        self.requests.pop(req.request_id, None)
+        req.timings.finished = time.monotonic()
+
+    def _preempt(self, req: Request) -> None:
+        self.bm.free(req.request_id)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.WAITING
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    # ---- the step ---------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            while not self.bm.ensure(req.request_id, req.num_computed_tokens + n):
+                victim = self.running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim.request_id)
+                if victim is req:
+                    break
+            else:
+                out.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, self.bm.table(req.request_id)))
+                budget -= n
+                i += 1
+                continue
+            break  # the request itself was preempted: nothing newer can run either
+
+        if not out.preempted:
+            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+                req = self.waiting[0]
+                n = min(req.num_tokens - req.num_computed_tokens, budget)
+                if not self.bm.ensure(req.request_id, req.num_computed_tokens + n):
+                    break
+                self.waiting.popleft()
+                req.status = RequestStatus.RUNNING
+                if req.timings.first_scheduled is None:
+                    req.timings.first_scheduled = time.monotonic()
+                self.running.append(req)
+                out.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, self.bm.table(req.request_id)))
+                budget -= n
+        return out
+
+    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+        """Advance progress, append sampled tokens, retire finished requests.
+
+        Returns the requests that received a token this step (finished ones included).
+        """
+        touched: list[Request] = []
+        now = time.monotonic()
+        for chunk in out.chunks:
+            req = chunk.request
+            if req.status is not RequestStatus.RUNNING:
+                continue  # aborted between schedule and update
+            req.num_computed_tokens += chunk.num_tokens
+            if not chunk.needs_logits:
+                continue
+            req.append_token(sampled[req.request_id])
+            if req.timings.first_token is None:
+                req.timings.first_token = now
+            touched.append(req)
+            if req.status.finished:
+                self.running.remove(req)
+                self._release(req)
+        return touched
