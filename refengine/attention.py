@@ -4,11 +4,12 @@ The model runner describes a step once (``AttnBatch``); every layer reuses it.
 Queries are the step's flattened tokens ``q [T, heads, head_dim]``.
 
 - ``prefills``: sequences with several query tokens (chunked prefill). Each one
-  gathers its keys ``0 .. start+n-1`` and runs SDPA with a causal mask offset by
-  ``start`` (plain ``is_causal`` when the chunk starts at position 0).
+  gathers the blocks holding keys ``0 .. start+n-1`` and runs SDPA with a causal
+  mask offset by ``start`` (plain ``is_causal`` when the chunk starts at 0).
 - ``decode``: sequences with exactly one query token (decodes, and every
-  sequence in SwiftKV's later layers). They are batched: keys are gathered into
-  ``[B, max_len]`` padded rows with a boolean mask.
+  sequence in SwiftKV's later layers). They are batched: their blocks are gathered
+  into ``[B, max_blocks * block_size]`` rows, positions past a sequence's length
+  masked out.
 
 GQA runs through SDPA's ``enable_gqa`` (no repeat of K/V in memory).
 """
@@ -25,15 +26,16 @@ import torch.nn.functional as F
 class PrefillSeq:
     q_start: int
     q_end: int
-    kv_idx: torch.Tensor                 # [ctx] flat cache indices of keys 0..ctx-1
+    blocks: torch.Tensor                 # [nblk] block ids holding keys 0..ctx-1
+    ctx: int
     mask: torch.Tensor | None            # [n, ctx] bool (True = attend) or None for plain causal
 
 
 @dataclass
 class DecodeGroup:
     q_rows: torch.Tensor                 # [B] rows of q
-    kv_idx: torch.Tensor                 # [B, max_len] flat cache indices (padding points at index 0)
-    mask: torch.Tensor | None            # [B, 1, 1, max_len] bool, None when all lengths are equal
+    blocks: torch.Tensor                 # [B, max_blocks] block ids (padding repeats block 0)
+    mask: torch.Tensor | None            # [B, 1, 1, max_blocks*block_size] bool; None if no padding
     lengths: list[int] = field(default_factory=list)
 
 
@@ -51,7 +53,9 @@ def _sdpa(q, k, v, mask, causal, scale):
 def paged_attention(q: torch.Tensor, cache, batch: AttnBatch, scale: float) -> torch.Tensor:
     out = None
     for p in batch.prefills:
-        k, v = cache.gather(p.kv_idx)                           # [ctx, kvh, d]
+        k, v = cache.gather(p.blocks)                           # [nblk, bs, kvh, d]
+        k = k.flatten(0, 1)[:p.ctx]                             # [ctx, kvh, d]
+        v = v.flatten(0, 1)[:p.ctx]
         qi = q[p.q_start:p.q_end].transpose(0, 1).unsqueeze(0)  # [1, h, n, d]
         o = _sdpa(qi, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
                   p.mask, p.mask is None, scale)
@@ -60,7 +64,10 @@ def paged_attention(q: torch.Tensor, cache, batch: AttnBatch, scale: float) -> t
         out[p.q_start:p.q_end] = o[0].transpose(0, 1)
     d = batch.decode
     if d is not None:
-        k, v = cache.gather(d.kv_idx)                           # [B, L, kvh, d]
+        B = d.blocks.shape[0]
+        k, v = cache.gather(d.blocks.reshape(-1))               # [B*maxblk, bs, kvh, d]
+        k = k.view(B, -1, *k.shape[2:])                         # [B, L, kvh, d]
+        v = v.view(B, -1, *v.shape[2:])
         qd = q[d.q_rows].unsqueeze(2)                           # [B, h, 1, d]
         o = _sdpa(qd, k.transpose(1, 2), v.transpose(1, 2), d.mask, False, scale)
         if out is None:
@@ -88,33 +95,25 @@ def build_attn_batch(chunks: list[tuple[int, int, list[int]]], block_size: int, 
             dec_rows.append(q0)
             dec_tables.append((ctx, table))
             continue
-        idx = _slots(table, ctx, block_size, device)
+        blocks = torch.tensor(table[:-(-ctx // block_size)], dtype=torch.long, device=device)
         mask = None
         if start > 0:
             qpos = torch.arange(start, ctx, device=device).unsqueeze(1)
             mask = torch.arange(ctx, device=device).unsqueeze(0) <= qpos
-        prefills.append(PrefillSeq(q0, q0 + n, idx, mask))
+        prefills.append(PrefillSeq(q0, q0 + n, blocks, ctx, mask))
     decode = None
     if dec_rows:
         lengths = [c for c, _ in dec_tables]
-        max_len = max(lengths)
-        idx = torch.zeros(len(dec_rows), max_len, dtype=torch.long, device=device)
-        for b, (ctx, table) in enumerate(dec_tables):
-            idx[b, :ctx] = _slots(table, ctx, block_size, device)
+        max_blocks = -(-max(lengths) // block_size)
+        rows = [table[:-(-ctx // block_size)] for ctx, table in dec_tables]
+        blocks = torch.tensor([r + [0] * (max_blocks - len(r)) for r in rows], dtype=torch.long, device=device)
         mask = None
-        if min(lengths) != max_len:
+        if any(c != max_blocks * block_size for c in lengths):
             lens = torch.tensor(lengths, device=device)
-            mask = (torch.arange(max_len, device=device).unsqueeze(0) < lens.unsqueeze(1))[:, None, None, :]
-        decode = DecodeGroup(torch.tensor(dec_rows, dtype=torch.long, device=device), idx, mask, lengths)
+            span = torch.arange(max_blocks * block_size, device=device)
+            mask = (span.unsqueeze(0) < lens.unsqueeze(1))[:, None, None, :]
+        decode = DecodeGroup(torch.tensor(dec_rows, dtype=torch.long, device=device), blocks, mask, lengths)
     return AttnBatch(prefills, decode, row)
-
-
-def _slots(table: list[int], ctx: int, block_size: int, device: torch.device) -> torch.Tensor:
-    """Flat cache indices of positions 0..ctx-1 for a block table."""
-    nblocks = -(-ctx // block_size)
-    blocks = torch.tensor(table[:nblocks], dtype=torch.long, device=device)
-    idx = (blocks.unsqueeze(1) * block_size + torch.arange(block_size, device=device)).reshape(-1)
-    return idx[:ctx]
 
 
 def slot_mapping(chunks: list[tuple[int, int, list[int]]], block_size: int, device: torch.device) -> torch.Tensor:

@@ -14,8 +14,10 @@ layer ``i`` reads; several layers may share one slot (SwiftKV's AcrossKV), and
 the shared slot is allocated once, so the bytes per token really shrink. All
 slots index the same block ids (one block table per request).
 
-Shapes: flat storage ``[num_blocks * block_size, kv_heads, head_dim]``; a slot
-index is ``block_id * block_size + offset``.
+Shapes: storage ``[num_blocks, block_size, kv_heads, head_dim]``. Writes address
+tokens by flat slot index ``block_id * block_size + offset``; reads gather whole
+blocks (``index_select`` of contiguous blocks is several times faster on CPU than
+gathering tokens one by one).
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ class KVLayerCache:
         """Store K/V ``[T, kv_heads, head_dim]`` of T tokens at flat ``slots [T]``."""
         raise NotImplementedError
 
-    def gather(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V at flat indices ``idx [...]`` -> ``[..., kv_heads, head_dim]`` in the compute dtype."""
+    def gather(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of block ids ``blocks [n]`` -> ``[n, block_size, kv_heads, head_dim]`` in the compute dtype."""
         raise NotImplementedError
 
     def attend(self, q: torch.Tensor, batch: "attention.AttnBatch", scale: float) -> torch.Tensor:
@@ -48,29 +50,32 @@ class KVLayerCache:
 
 
 class DenseKVCache(KVLayerCache):
-    def __init__(self, num_slots: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device):
-        self.k = torch.zeros(num_slots, kv_heads, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros(num_slots, kv_heads, head_dim, dtype=dtype, device=device)
+    def __init__(self, num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device):
+        self.k = torch.zeros(num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
         self.bytes_per_token = 2 * kv_heads * head_dim * self.k.element_size()
 
     def write(self, slots, k, v):
-        self.k.index_copy_(0, slots, k.to(self.k.dtype))
-        self.v.index_copy_(0, slots, v.to(self.v.dtype))
+        self.k.view(-1, *self.k.shape[2:]).index_copy_(0, slots, k.to(self.k.dtype))
+        self.v.view(-1, *self.v.shape[2:]).index_copy_(0, slots, v.to(self.v.dtype))
 
-    def gather(self, idx):
-        return self.k[idx], self.v[idx]
+    def gather(self, blocks):
+        return self.k.index_select(0, blocks), self.v.index_select(0, blocks)
 
 
 class Fp8KVCache(KVLayerCache):
     """Per-(token, head) absmax scaling into float8_e4m3fn; real 1-byte storage."""
 
-    def __init__(self, num_slots: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device):
         self.dtype = dtype
-        f8 = torch.float8_e4m3fn
-        self.k = torch.zeros(num_slots, kv_heads, head_dim, dtype=f8, device=device)
-        self.v = torch.zeros(num_slots, kv_heads, head_dim, dtype=f8, device=device)
-        self.k_scale = torch.ones(num_slots, kv_heads, 1, dtype=torch.float32, device=device)
-        self.v_scale = torch.ones(num_slots, kv_heads, 1, dtype=torch.float32, device=device)
+        shape = (num_blocks, block_size, kv_heads)
+        # Stored as raw bytes (uint8 views of float8_e4m3fn): index ops work on every backend.
+        self.k = torch.zeros(*shape, head_dim, dtype=torch.uint8, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.k_scale = torch.ones(*shape, 1, dtype=torch.float32, device=device)
+        self.v_scale = torch.ones_like(self.k_scale)
         self.bytes_per_token = 2 * kv_heads * (head_dim * 1 + 4)
 
     @staticmethod
@@ -80,18 +85,17 @@ class Fp8KVCache(KVLayerCache):
         return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
 
     def write(self, slots, k, v):
-        kq, ks = self._quant(k)
-        vq, vs = self._quant(v)
-        # index_copy_ is not implemented for float8 on every backend: copy through a uint8 view.
-        self.k.view(torch.uint8).index_copy_(0, slots, kq.view(torch.uint8))
-        self.v.view(torch.uint8).index_copy_(0, slots, vq.view(torch.uint8))
-        self.k_scale.index_copy_(0, slots, ks)
-        self.v_scale.index_copy_(0, slots, vs)
+        for store, scale, x in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
+            q, s = self._quant(x)
+            store.view(-1, *store.shape[2:]).index_copy_(0, slots, q.view(torch.uint8))
+            scale.view(-1, *scale.shape[2:]).index_copy_(0, slots, s)
 
-    def gather(self, idx):
-        k = self.k.view(torch.uint8)[idx].view(torch.float8_e4m3fn).float() * self.k_scale[idx]
-        v = self.v.view(torch.uint8)[idx].view(torch.float8_e4m3fn).float() * self.v_scale[idx]
-        return k.to(self.dtype), v.to(self.dtype)
+    def gather(self, blocks):
+        out = []
+        for store, scale in ((self.k, self.k_scale), (self.v, self.v_scale)):
+            x = store.index_select(0, blocks).view(torch.float8_e4m3fn).float() * scale.index_select(0, blocks)
+            out.append(x.to(self.dtype))
+        return out[0], out[1]
 
 
 CACHE_DTYPES = {"auto": DenseKVCache, "fp8_e4m3": Fp8KVCache, "fp8": Fp8KVCache}
@@ -120,11 +124,10 @@ class KVCache:
         if cache_dtype not in CACHE_DTYPES:
             raise ValueError(f"kv cache dtype {cache_dtype!r} not in {sorted(CACHE_DTYPES)}")
         impl = CACHE_DTYPES[cache_dtype]
-        n = num_blocks * block_size
         self.layout = layout
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.slots = [impl(n, kv_heads, head_dim, dtype, device) for _ in range(layout.num_slots)]
+        self.slots = [impl(num_blocks, block_size, kv_heads, head_dim, dtype, device) for _ in range(layout.num_slots)]
         self.layers = [self.slots[s] for s in layout.layer_slot]
 
     @property

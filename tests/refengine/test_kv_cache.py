@@ -25,27 +25,27 @@ def test_shared_slots_are_one_allocation():
 
 def test_fp8_storage_is_one_byte_and_accurate():
     torch.manual_seed(0)
-    c = Fp8KVCache(64, kv_heads=3, head_dim=64, dtype=torch.float32, device=torch.device("cpu"))
-    assert c.k.dtype == torch.float8_e4m3fn and c.k.element_size() == 1
+    c = Fp8KVCache(16, 4, kv_heads=3, head_dim=64, dtype=torch.float32, device=torch.device("cpu"))
+    assert c.k.element_size() == 1 and c.k.dtype == torch.uint8   # raw float8_e4m3fn bytes
     assert c.bytes_per_token == 2 * 3 * (64 + 4)
     k, v = torch.randn(10, 3, 64) * 3, torch.randn(10, 3, 64)
-    slots = torch.arange(5, 15)
+    slots = torch.arange(4, 14)                      # blocks 1..3
     c.write(slots, k, v)
-    k2, v2 = c.gather(slots)
+    k2, v2 = (x.flatten(0, 1)[:10] for x in c.gather(torch.tensor([1, 2, 3])))
     rel = ((k2 - k).norm() / k.norm()).item()
     assert rel < 0.05, rel                   # e4m3 has a 3-bit mantissa: ~2-3% relative error
     assert ((v2 - v).norm() / v.norm()).item() < 0.05
     # Outliers in one token do not hurt another token (per-token scales).
     k[0, 0, 0] = 1000.0
     c.write(slots[:1], k[:1], v[:1])
-    k3, _ = c.gather(slots[1:2])
-    assert torch.allclose(k3, k2[1:2])
+    k3, _ = c.gather(torch.tensor([1]))
+    assert torch.allclose(k3[0, 1], k2[1])
 
 
 def test_fp8_attention_close_to_dense():
     torch.manual_seed(0)
-    dense = DenseKVCache(64, 2, 16, torch.float32, torch.device("cpu"))
-    fp8 = Fp8KVCache(64, 2, 16, torch.float32, torch.device("cpu"))
+    dense = DenseKVCache(16, 4, 2, 16, torch.float32, torch.device("cpu"))
+    fp8 = Fp8KVCache(16, 4, 2, 16, torch.float32, torch.device("cpu"))
     chunks = [(0, 9, [0, 1, 2]), (0, 1, [3])]             # one prefill of 9, one single-token sequence
     slots = slot_mapping(chunks, 4, torch.device("cpu"))
     k, v = torch.randn(10, 2, 16), torch.randn(10, 2, 16)
@@ -61,7 +61,7 @@ def test_fp8_attention_close_to_dense():
 def test_paged_attention_matches_dense_causal():
     """Chunked prefill with an offset mask and padded decode rows equal plain causal attention."""
     torch.manual_seed(0)
-    cache = DenseKVCache(128, 2, 8, torch.float32, torch.device("cpu"))
+    cache = DenseKVCache(32, 4, 2, 8, torch.float32, torch.device("cpu"))
     T = 11
     k, v, q = torch.randn(T, 2, 8), torch.randn(T, 2, 8), torch.randn(T, 4, 8)
     table = [5, 2, 7]                          # scattered blocks
