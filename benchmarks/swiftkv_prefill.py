@@ -108,7 +108,7 @@ def main(argv=None) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))
-        md = [f"# SwiftKV prefill benchmark\n", f"Command: `{cmd}`\n",
+        md = ["# SwiftKV prefill benchmark\n", f"Command: `{cmd}`\n",
               f"Model {base.name}, L={L}, SwiftKV l={l}; device {result['device']} ({result['dtype']}), "
               f"{result['machine']}; medians of {args.repeats} alternating rounds.\n",
               "| prompt tokens | engine | median TTFT (ms) | prefill tok/s | TTFT ratio vs baseline | KV bytes/token |",

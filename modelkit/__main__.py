@@ -1,0 +1,5 @@
+import sys
+
+from modelkit.cli import main
+
+sys.exit(main())

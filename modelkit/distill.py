@@ -1,0 +1,113 @@
+"""``modelkit distill``: SwiftKV knowledge-preserving distillation.
+
+Trains ``q/k/v_proj_swiftkv`` and ``norm_swiftkv`` of layers >= l (initialised from
+the originals) so that the SwiftKV model's next-token distributions match the
+original model's: loss = KL(teacher || student) at temperature T (default 2.0) times
+T^2, optionally + MSE of the hidden state before the last layer. AdamW, linear
+warm-up then cosine (or linear) decay, gradient accumulation and clipping, optional
+gradient checkpointing, bf16 autocast (CPU with AVX-512 bf16, or CUDA), optional
+torch.compile. Resumable: ``state.pt`` in the output directory is rewritten
+atomically every ``--save-every`` steps and at a ``--max-hours`` stop.
+
+Several AcrossKV group sizes can be trained in one run (``--groups 1 2``): they share
+the frozen trunk and the teacher forward, which is most of the cost.
+
+Outputs in ``--output``: ``swiftkv-l{l}-g{g}.safetensors`` (trained tensors, bf16),
+``train_log.jsonl`` (one line per step), ``run.json`` (command, data, steps, time,
+hardware, final held-out figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class DistillConfig:
+    model: str
+    output: str
+    corpus: str
+    l: int
+    groups: list[int] = field(default_factory=lambda: [1])
+    seq_len: int = 512
+    micro_batch: int = 2
+    grad_accum: int = 4
+    steps: int = 800
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.0
+    warmup: float = 0.05
+    weight_decay: float = 0.05
+    schedule: str = "cosine"
+    temperature: float = 2.0
+    hidden_mse: float = 0.0
+    clip: float = 1.0
+    dtype: str = "bfloat16"          # autocast dtype; "float32" disables autocast
+    device: str = "auto"
+    compile: bool = True
+    grad_checkpointing: bool = False
+    chat_repeats: int = 2
+    eval_every: int = 100
+    eval_windows: int = 16
+    save_every: int = 25
+    max_hours: float | None = None
+    seed: int = 0
+    threads: int | None = None
+
+
+def lr_at(cfg: DistillConfig, step: int) -> float:
+    warm = max(1, int(cfg.warmup * cfg.steps))
+    if step < warm:
+        return cfg.lr * (step + 1) / warm
+    frac = (step - warm) / max(1, cfg.steps - warm)
+    if cfg.schedule == "linear":
+        decay = 1 - frac
+    else:
+        decay = 0.5 * (1 + math.cos(math.pi * frac))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay)
+
+
+# ---- CLI -------------------------------------------------------------------------------------
+def register(sub: argparse._SubParsersAction) -> None:
+    d = DistillConfig(model="", output="", corpus="", l=0)
+    p = sub.add_parser("distill", help="distil SwiftKV projections from the original model (KL on logits)",
+                       description=__doc__.split("\n\n")[0] + " Trains only q/k/v_proj_swiftkv and norm_swiftkv.")
+    p.add_argument("--model", default="default", help="plain base model dir or 'default' (default: %(default)s)")
+    p.add_argument("--output", required=True, help="run directory (state, logs, trained tensors)")
+    p.add_argument("--corpus", required=True, help="corpus directory from `modelkit build-corpus`")
+    p.add_argument("--num-key-value-layers", "-l", type=int, required=True)
+    p.add_argument("--groups", "-g", type=int, nargs="+", default=d.groups, help="AcrossKV group sizes to train")
+    for name in ("seq_len", "micro_batch", "grad_accum", "steps", "eval_every", "eval_windows", "save_every",
+                 "chat_repeats", "seed"):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
+    for name in ("lr", "min_lr_ratio", "warmup", "weight_decay", "temperature", "hidden_mse", "clip"):
+        p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
+    p.add_argument("--schedule", choices=["cosine", "linear"], default=d.schedule)
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=d.dtype,
+                   help="autocast dtype (float32 = no autocast)")
+    p.add_argument("--device", default=d.device)
+    p.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile")
+    p.add_argument("--grad-checkpointing", action="store_true")
+    p.add_argument("--max-hours", type=float, default=None, help="save and stop after this long; rerun to resume")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--fresh", action="store_true", help="ignore an existing state.pt in --output")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from modelkit.prepare import resolve_model
+
+    base = resolve_model(args.model)
+    fields = DistillConfig.__dataclass_fields__
+    cfg = DistillConfig(**{k: getattr(args, k) for k in fields if k not in ("model", "l") and hasattr(args, k)},
+                        model=str(base), l=args.num_key_value_layers)
+    from modelkit.distill_train import Trainer
+
+    trainer = Trainer(cfg, base)
+    if not args.fresh and trainer.load_state():
+        print(f"resuming at step {trainer.step}/{cfg.steps}")
+    result = trainer.run()
+    print(json.dumps({k: v for k, v in result.items() if k != "config"}, indent=2))
+    return 0

@@ -1,0 +1,185 @@
+"""The distillation training loop (see modelkit.distill for the method and the CLI).
+
+``Trainer(cfg, base_dir).run()`` trains every student of ``cfg.groups`` together,
+saves ``state.pt`` atomically every ``save_every`` steps (``load_state`` resumes),
+evaluates held-out KL every ``eval_every`` steps and exports bf16 tensors at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from modelkit.distill import DistillConfig, lr_at
+from modelkit.distill_data import load_windows
+from modelkit.distill_model import SwiftKVDistillModel, distill_loss
+
+
+class Trainer:
+    def __init__(self, cfg: DistillConfig, base_dir: Path):
+        self.cfg = cfg
+        self.out = Path(cfg.output)
+        self.out.mkdir(parents=True, exist_ok=True)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
+                                   ("cpu" if cfg.device == "auto" else cfg.device))
+        self.amp = None if cfg.dtype == "float32" else getattr(torch, cfg.dtype)
+        # On CUDA the frozen copy is stored in the autocast dtype to halve its memory.
+        frozen_dtype = self.amp if (self.amp and self.device.type == "cuda") else torch.float32
+        self.model = SwiftKVDistillModel(base_dir, cfg.l, cfg.groups, frozen_dtype, self.device,
+                                         max_positions=cfg.seq_len)
+        self.loss_fn = distill_loss
+        params = []
+        for g in cfg.groups:
+            for name, p in self.model.students[str(g)].items():
+                params.append({"params": [p], "weight_decay": 0.0 if "norm" in name else cfg.weight_decay})
+        self.opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95))
+        self.train = load_windows(Path(cfg.corpus), base_dir, "train", cfg.seq_len, cfg.chat_repeats, cfg.seed)
+        self.heldout = load_windows(Path(cfg.corpus), base_dir, "heldout", cfg.seq_len, 1, cfg.seed)[:cfg.eval_windows]
+        self.step = 0
+        self.tokens_seen = 0
+        self.elapsed = 0.0
+        self._fwd = torch.compile(self._forward) if cfg.compile else self._forward
+
+    # ---- one forward for all students -----------------------------------------------------
+    def _forward(self, ids: torch.Tensor):
+        cfg, m = self.cfg, self.model
+        with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
+            h, cos, sin = m.trunk(ids)
+            t_logits, t_pen = m.teacher(h, cos, sin)
+            losses = []
+            for g in cfg.groups:
+                s_logits, s_pen = m.student(h, cos, sin, g, cfg.grad_checkpointing)
+                loss = self.loss_fn(t_logits, s_logits, cfg.temperature)
+                if cfg.hidden_mse:
+                    loss = loss + cfg.hidden_mse * (s_pen.float() - t_pen.float()).pow(2).mean()
+                losses.append(loss)
+        return torch.stack(losses)
+
+    # ---- state -------------------------------------------------------------------------------
+    def save_state(self) -> None:
+        tmp = self.out / "state.pt.tmp"
+        torch.save({"config": asdict(self.cfg), "step": self.step, "tokens_seen": self.tokens_seen,
+                    "elapsed": self.elapsed, "students": {g: self.model.swiftkv_state(g) for g in self.cfg.groups},
+                    "optimizer": self.opt.state_dict()}, tmp)
+        os.replace(tmp, self.out / "state.pt")
+
+    def load_state(self) -> bool:
+        path = self.out / "state.pt"
+        if not path.exists():
+            return False
+        st = torch.load(path, map_location=self.device, weights_only=False)
+        keep = ("l", "groups", "seq_len", "micro_batch", "grad_accum", "steps", "seed", "corpus")
+        for k in keep:
+            if st["config"][k] != getattr(self.cfg, k):
+                raise SystemExit(f"cannot resume: {k}={st['config'][k]!r} in {path}, {getattr(self.cfg, k)!r} now")
+        with torch.no_grad():
+            for g, tensors in st["students"].items():
+                for name, t in tensors.items():
+                    self.model.students[str(g)][name.replace(".", "__")].copy_(t)
+        self.opt.load_state_dict(st["optimizer"])
+        self.step, self.tokens_seen, self.elapsed = st["step"], st["tokens_seen"], st["elapsed"]
+        return True
+
+    def export(self) -> dict[int, Path]:
+        from safetensors.torch import save_file
+
+        paths = {}
+        for g in self.cfg.groups:
+            p = self.out / f"swiftkv-l{self.cfg.l}-g{g}.safetensors"
+            save_file({k: v.to(torch.bfloat16).contiguous().cpu() for k, v in self.model.swiftkv_state(g).items()},
+                      str(p), metadata={"format": "pt", "l": str(self.cfg.l), "g": str(g), "step": str(self.step)})
+            paths[g] = p
+        return paths
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[int, float]:
+        """Held-out KL(teacher || student) at temperature 1, mean per token."""
+        tot = torch.zeros(len(self.cfg.groups))
+        n = 0
+        for i in range(0, len(self.heldout), self.cfg.micro_batch):
+            ids = self.heldout[i:i + self.cfg.micro_batch].to(self.device)
+            m = self.model
+            with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
+                h, cos, sin = m.trunk(ids)
+                t_logits, _ = m.teacher(h, cos, sin)
+                for j, g in enumerate(self.cfg.groups):
+                    s_logits, _ = m.student(h, cos, sin, g)
+                    tot[j] += self.loss_fn(t_logits, s_logits, 1.0).float().cpu() * ids.shape[0]
+            n += ids.shape[0]
+        return {g: float(tot[j] / max(1, n)) for j, g in enumerate(self.cfg.groups)}
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def run(self) -> dict:
+        from tqdm import tqdm
+
+        cfg = self.cfg
+        per_step = cfg.micro_batch * cfg.grad_accum
+        gen = torch.Generator().manual_seed(cfg.seed)
+        order = torch.cat([torch.randperm(len(self.train), generator=gen)
+                           for _ in range(math.ceil(cfg.steps * per_step / len(self.train)))])
+        log = open(self.out / "train_log.jsonl", "a")
+        bar = tqdm(total=cfg.steps, initial=self.step, desc="distill", unit="step")
+        t_start = time.time() - self.elapsed
+        stop_at = time.time() + cfg.max_hours * 3600 if cfg.max_hours else None
+        history = {}
+        while self.step < cfg.steps:
+            t0 = time.time()
+            lr = lr_at(cfg, self.step)
+            for grp in self.opt.param_groups:
+                grp["lr"] = lr
+            acc = torch.zeros(len(cfg.groups))
+            for micro in range(cfg.grad_accum):
+                idx = order[(self.step * per_step + micro * cfg.micro_batch):][:cfg.micro_batch]
+                ids = self.train[idx].to(self.device)
+                losses = self._fwd(ids)
+                (losses.sum() / cfg.grad_accum).backward()
+                acc += losses.detach().float().cpu() / cfg.grad_accum
+            norms = [float(torch.nn.utils.clip_grad_norm_(self.model.parameters_of(g), cfg.clip)) for g in cfg.groups]
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            self.step += 1
+            self.tokens_seen += per_step * cfg.seq_len
+            dt = time.time() - t0
+            rec = {"step": self.step, "lr": lr, "tokens": self.tokens_seen, "sec": round(dt, 3),
+                   **{f"loss_g{g}": round(float(acc[j]), 5) for j, g in enumerate(cfg.groups)},
+                   **{f"gradnorm_g{g}": round(n, 4) for g, n in zip(cfg.groups, norms)}}
+            if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
+                history = self.evaluate()
+                rec.update({f"heldout_kl_g{g}": round(v, 5) for g, v in history.items()})
+            log.write(json.dumps(rec) + "\n")
+            log.flush()
+            bar.set_postfix({**{f"kl_g{g}": f"{float(acc[j]):.3f}" for j, g in enumerate(cfg.groups)},
+                             "tok/s": f"{per_step * cfg.seq_len / dt:.0f}"})
+            bar.update(1)
+            self.elapsed = time.time() - t_start
+            if self.step % cfg.save_every == 0:
+                self.save_state()
+            if stop_at and time.time() > stop_at and self.step < cfg.steps:
+                self.save_state()
+                bar.close()
+                print(f"stopped at step {self.step} (--max-hours); rerun the same command to resume")
+                return {"stopped": True, "step": self.step}
+        bar.close()
+        self.save_state()
+        final = self.evaluate()
+        paths = self.export()
+        run = {"command": " ".join(shlex.quote(a) for a in sys.argv), "config": asdict(cfg),
+               "steps": self.step, "tokens_seen": self.tokens_seen, "hours": round(self.elapsed / 3600, 3),
+               "device": str(self.device), "torch": torch.__version__,
+               "hardware": f"{platform.machine()}, {os.cpu_count()} cpus, {torch.get_num_threads()} threads"
+                           + (f", {torch.cuda.get_device_name()}" if self.device.type == "cuda" else ""),
+               "train_windows": len(self.train), "heldout_windows": len(self.heldout),
+               "heldout_kl_T1": final, "outputs": {g: str(p) for g, p in paths.items()}}
+        (self.out / "run.json").write_text(json.dumps(run, indent=2))
+        return run

@@ -1,0 +1,194 @@
+"""SwiftKV checkpoints: conversion from a plain HF Llama-family model, and I/O.
+
+Format (compatible with Snowflake's published SwiftKV checkpoints and ArcticTraining):
+  config.json: "architectures": ["LlamaSwiftKVForCausalLM"], "model_type": "llama_swiftkv",
+               "swiftkv": true, "num_key_value_layers": l, "key_value_group_size": g
+  tensors:     every original tensor, plus
+               model.norm_swiftkv.weight
+               model.layers.{i}.self_attn.q_proj_swiftkv.weight            for i >= l
+               model.layers.{i}.self_attn.{k,v}_proj_swiftkv.weight        for i = l, l+g, l+2g, ...
+               (+ .bias where the model has q/k/v biases, e.g. Qwen2)
+
+Initialisation before distillation (papers, section 3.4): q_proj_swiftkv = q_proj;
+k/v_proj_swiftkv of a group = mean of the group's k/v_proj; norm_swiftkv = layer l's
+input_layernorm.
+
+Storage: the SwiftKV tensors go to ``model-swiftkv.safetensors`` and the base
+weights are hard-linked (or copied) unchanged; ``model.safetensors.index.json``
+maps every name to its file, as sharded HF checkpoints do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+SWIFTKV_FILE = "model-swiftkv.safetensors"
+ARCH = {"llama": ("LlamaSwiftKVForCausalLM", "llama_swiftkv"),
+        "mistral": ("LlamaSwiftKVForCausalLM", "llama_swiftkv"),
+        "qwen2": ("Qwen2SwiftKVForCausalLM", "qwen2_swiftkv")}
+SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+              "chat_template.jinja", "generation_config.json", "vocab.json", "merges.txt")
+
+
+def swiftkv_tensor_names(num_layers: int, l: int, g: int, bias: bool = False) -> list[str]:
+    """Every extra tensor name a SwiftKV checkpoint with (l, g) carries."""
+    sfx = (".weight", ".bias") if bias else (".weight",)
+    names = ["model.norm_swiftkv.weight"]
+    for i in range(l, num_layers):
+        p = f"model.layers.{i}.self_attn."
+        names += [p + "q_proj_swiftkv" + s for s in sfx]
+        if (i - l) % g == 0:
+            names += [p + n + s for n in ("k_proj_swiftkv", "v_proj_swiftkv") for s in sfx]
+    return names
+
+
+def init_swiftkv_tensors(get, num_layers: int, l: int, g: int, bias: bool = False) -> dict[str, torch.Tensor]:
+    """Initial SwiftKV tensors from the base weights (``get(name) -> tensor``)."""
+    out = {"model.norm_swiftkv.weight": get(f"model.layers.{l}.input_layernorm.weight").clone()}
+    sfx = (".weight", ".bias") if bias else (".weight",)
+    for i in range(l, num_layers):
+        p = f"model.layers.{i}.self_attn."
+        for s in sfx:
+            out[p + "q_proj_swiftkv" + s] = get(p + "q_proj" + s).clone()
+        if (i - l) % g == 0:
+            group = range(i, min(i + g, num_layers))
+            for n in ("k_proj", "v_proj"):
+                for s in sfx:
+                    import torch
+
+                    stack = torch.stack([get(f"model.layers.{j}.self_attn.{n}{s}").float() for j in group])
+                    out[p + n + "_swiftkv" + s] = stack.mean(0).to(get(p + n + s).dtype)
+    return out
+
+
+def swiftkv_config(base_cfg: dict, l: int, g: int) -> dict:
+    model_type = base_cfg.get("model_type", "llama")
+    if model_type not in ARCH:
+        raise ValueError(f"SwiftKV conversion supports {sorted(ARCH)}, not {model_type!r}")
+    L = int(base_cfg["num_hidden_layers"])
+    if not 1 <= l < L:
+        raise ValueError(f"num_key_value_layers must be in [1, {L - 1}] for a {L}-layer model, got {l}")
+    if g < 1 or g > L - l:
+        raise ValueError(f"key_value_group_size must be in [1, {L - l}], got {g}")
+    arch, mtype = ARCH[model_type]
+    cfg = dict(base_cfg)
+    cfg.update({"architectures": [arch], "model_type": mtype, "swiftkv": True,
+                "num_key_value_layers": l, "key_value_group_size": g})
+    return cfg
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    if dst.exists():
+        dst.unlink()
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def write_swiftkv_checkpoint(base_dir: str | Path, out_dir: str | Path, l: int, g: int,
+                             tensors: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write a SwiftKV checkpoint: base weights (linked) + SwiftKV tensors.
+
+    ``tensors`` defaults to the paper initialisation; pass trained tensors (e.g. from
+    distillation) to override any of them.
+    """
+    from safetensors.torch import save_file
+
+    from refengine.weights import WeightSource
+
+    base_dir, out_dir = Path(base_dir), Path(out_dir)
+    base_cfg = json.loads((base_dir / "config.json").read_text())
+    if base_cfg.get("swiftkv") or "swiftkv" in base_cfg.get("model_type", ""):
+        raise ValueError(f"{base_dir} is already a SwiftKV checkpoint; convert from the plain model")
+    cfg = swiftkv_config(base_cfg, l, g)
+    L = int(cfg["num_hidden_layers"])
+    w = WeightSource(base_dir)
+    bias = f"model.layers.{l}.self_attn.q_proj.bias" in w
+    init = init_swiftkv_tensors(lambda n: w.get(n), L, l, g, bias)
+    if tensors:
+        unknown = set(tensors) - set(init)
+        if unknown:
+            raise ValueError(f"unexpected SwiftKV tensors: {sorted(unknown)[:5]}")
+        for k, v in tensors.items():
+            if tuple(v.shape) != tuple(init[k].shape):
+                raise ValueError(f"{k}: shape {tuple(v.shape)} != expected {tuple(init[k].shape)}")
+            init[k] = v.detach().to(init[k].dtype).contiguous()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    weight_map: dict[str, str] = {}
+    base_index = base_dir / "model.safetensors.index.json"
+    if base_index.is_file():
+        for name, fname in json.loads(base_index.read_text())["weight_map"].items():
+            weight_map[name] = fname
+    else:
+        for f in sorted(base_dir.glob("*.safetensors")):
+            from safetensors import safe_open
+            with safe_open(str(f), framework="pt") as h:
+                for name in h.keys():
+                    weight_map[name] = f.name
+    for fname in sorted(set(weight_map.values())):
+        _link_or_copy(base_dir / fname, out_dir / fname)
+    save_file({k: v.contiguous() for k, v in init.items()}, str(out_dir / SWIFTKV_FILE), metadata={"format": "pt"})
+    for k in init:
+        weight_map[k] = SWIFTKV_FILE
+    total = sum((out_dir / f).stat().st_size for f in set(weight_map.values()))
+    (out_dir / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
+    for f in SIDE_FILES:
+        if (base_dir / f).is_file():
+            shutil.copy2(base_dir / f, out_dir / f)
+    return out_dir
+
+
+def load_swiftkv_tensors(model_dir: str | Path) -> dict[str, torch.Tensor]:
+    """The SwiftKV tensors of a checkpoint (any layout: ours or a single-file download)."""
+    from refengine.weights import WeightSource
+
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    w = WeightSource(model_dir)
+    names = [n for n in w.names() if "_swiftkv" in n]
+    return {n: w.get(n) for n in names} if cfg.get("swiftkv") is not None else {}
+
+
+# ---- CLI: modelkit convert-swiftkv -------------------------------------------------------
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "convert-swiftkv",
+        help="convert a plain HF Llama/Qwen2 checkpoint into a SwiftKV checkpoint (before distillation)",
+        description="Write a SwiftKV checkpoint (Snowflake/ArcticTraining format) initialised as the papers "
+                    "describe. Distil it afterwards with `modelkit distill` to recover quality.")
+    p.add_argument("--model", default="default", help="base model dir or 'default' (default: %(default)s)")
+    p.add_argument("--output", required=True, help="output directory")
+    grp = p.add_mutually_exclusive_group()
+    grp.add_argument("--num-key-value-layers", "-l", type=int, default=None,
+                     help="layers that keep their own KV (l); later layers take KV from layer l-1's output")
+    grp.add_argument("--swiftkv-fraction", type=float, default=0.5,
+                     help="fraction of layers whose prefill is skipped, used when -l is not given "
+                          "(default: %(default)s -> l = L - round(fraction * L))")
+    p.add_argument("--key-value-group-size", "-g", type=int, default=1,
+                   help="AcrossKV: consecutive later layers sharing one KV cache (default: %(default)s)")
+    p.add_argument("--tensors", default=None,
+                   help="safetensors file of trained SwiftKV tensors to use instead of the initialisation")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from modelkit.prepare import resolve_model
+    from safetensors.torch import load_file
+
+    base = resolve_model(args.model)
+    L = int(json.loads((base / "config.json").read_text())["num_hidden_layers"])
+    l = args.num_key_value_layers if args.num_key_value_layers is not None else L - round(args.swiftkv_fraction * L)
+    tensors = load_file(args.tensors) if args.tensors else None
+    out = write_swiftkv_checkpoint(base, args.output, l, args.key_value_group_size, tensors)
+    print(f"wrote SwiftKV checkpoint (l={l} of {L}, g={args.key_value_group_size}) to {out}")
+    return 0

@@ -1,0 +1,5 @@
+import sys
+
+from swiftserve.cli import main
+
+sys.exit(main())

@@ -1,0 +1,139 @@
+"""``swiftserve up``: start a whole stack (gateway + N workers) on one machine.
+
+It prepares the model once (so workers do not race on the download), starts each
+worker and then the gateway as child processes, waits until every one answers
+``/health``, prints how to call it, and keeps supervising: if any child exits,
+or on Ctrl-C / SIGTERM, it stops all of them (SIGTERM, then SIGKILL after a grace
+period) and exits non-zero when a child failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+CURL_EXAMPLE = """\
+Gateway ready at http://{host}:{port}  (model "{model}", {n} workers: {workers})
+Try:
+  curl http://{host}:{port}/v1/completions -H 'Content-Type: application/json' \\
+    -d '{{"model": "{model}", "prompt": "The capital of France is", "max_tokens": 16, "temperature": 0}}'
+Metrics: http://{host}:{port}/metrics   Stop: Ctrl-C
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="swiftserve", description="SwiftServe: OpenAI-compatible LLM serving.")
+    sub = p.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start a gateway and N reference-engine workers on this machine",
+                        description="Prepare the model, start N workers and a gateway, wait until healthy, "
+                                    "print a curl example, and supervise until Ctrl-C.")
+    up.add_argument("--model", default="default",
+                    help="model directory, or 'default' for the embedded SmolLM2-135M-Instruct (default: %(default)s)")
+    up.add_argument("--served-model-name", default=None,
+                    help="model name clients send (default: the directory name)")
+    up.add_argument("--workers", type=int, default=2, help="number of worker processes (default: %(default)s)")
+    up.add_argument("--host", default="127.0.0.1", help="interface to bind (default: %(default)s)")
+    up.add_argument("--port", type=int, default=8000, help="gateway port (default: %(default)s)")
+    up.add_argument("--worker-base-port", type=int, default=8100,
+                    help="first worker port; worker i listens on base+i (default: %(default)s)")
+    up.add_argument("--policy", default=None, help="gateway routing policy (see swiftserve-gateway --help)")
+    up.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
+                    help="extra argument passed to every worker, e.g. --worker-arg=--kv-cache-dtype=fp8_e4m3 "
+                         "(repeatable)")
+    up.add_argument("--startup-timeout", type=float, default=600.0,
+                    help="seconds to wait for all processes to become healthy (default: %(default)s)")
+    return p
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            return r.status == 200
+    except Exception:  # noqa: BLE001 - any failure means "not yet"
+        return False
+
+
+def _stop(procs: list[subprocess.Popen], grace: float = 10.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def up(args: argparse.Namespace) -> int:
+    from modelkit.prepare import resolve_model  # lazy: pulls in the model toolkit only here
+
+    model_dir = resolve_model(args.model)
+    name = args.served_model_name or model_dir.name
+    threads = max(1, (os.cpu_count() or 2) // max(1, args.workers))
+    py = sys.executable
+    procs: list[subprocess.Popen] = []
+    worker_urls = []
+    stopping = False
+
+    def on_signal(signum, _frame):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        for i in range(args.workers):
+            port = args.worker_base_port + i
+            cmd = [py, "-m", "worker", "--model", str(model_dir), "--served-model-name", name,
+                   "--host", args.host, "--port", str(port), "--torch-threads", str(threads), *args.worker_arg]
+            procs.append(subprocess.Popen(cmd))
+            worker_urls.append(f"http://{args.host}:{port}")
+        gw = [py, "-m", "gateway", "--host", args.host, "--port", str(args.port), "--workers", ",".join(worker_urls)]
+        if args.policy:
+            gw += ["--policy", args.policy]
+        procs.append(subprocess.Popen(gw))
+        urls = worker_urls + [f"http://{args.host}:{args.port}"]
+        deadline = time.monotonic() + args.startup_timeout
+        pending = set(urls)
+        while pending and not stopping:
+            for u in list(pending):
+                if _healthy(u):
+                    pending.discard(u)
+            if any(p.poll() is not None for p in procs):
+                print("swiftserve: a process exited during start-up; stopping", file=sys.stderr)
+                return 1
+            if time.monotonic() > deadline:
+                print(f"swiftserve: not healthy after {args.startup_timeout:.0f}s: {sorted(pending)}", file=sys.stderr)
+                return 1
+            time.sleep(0.5)
+        if stopping:
+            return 130
+        print(CURL_EXAMPLE.format(host=args.host, port=args.port, model=name, n=args.workers,
+                                  workers=", ".join(worker_urls)), flush=True)
+        while not stopping:
+            for p in procs:
+                if p.poll() is not None:
+                    print(f"swiftserve: process {p.args[2]} exited with {p.returncode}; stopping", file=sys.stderr)
+                    return 1
+            time.sleep(0.5)
+        return 0
+    finally:
+        _stop(procs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "up":
+        return up(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
