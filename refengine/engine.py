@@ -43,7 +43,7 @@ class LLMEngine:
 
     # ---- requests -------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
+                    arrival_time: float | None = None, forced_ids: list[int] | None = None) -> None:
         n = len(prompt_token_ids)
         if n == 0:
             raise ValueError("prompt must contain at least one token")
@@ -54,6 +54,7 @@ class LLMEngine:
         if any(t < 0 or t >= vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         req = Request(request_id, prompt_token_ids, params, self.eos_token_ids, self.max_model_len, arrival_time)
+        req.forced_ids = forced_ids
         self.scheduler.add(req)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
@@ -109,6 +110,30 @@ class LLMEngine:
             for out in self.step():
                 result[out.request_id].extend(out.new_token_ids)
         return [result[rid] for rid in ids]
+
+    def score(self, items: list[tuple[list[int], list[int]]], want_dist: bool = False) -> list[list[tuple]]:
+        """Teacher-force each ``continuation`` after its ``prefix`` *through the KV cache*.
+
+        The prefix is prefilled; every continuation token then runs as a decode step
+        reading the cache (so KV methods are exercised as in serving). Returns, per
+        item and continuation position, ``(logprob of the true token, argmax token,
+        logprob row [V] on CPU or None)``.
+        """
+        ids = [f"score-{time.monotonic_ns()}-{i}" for i in range(len(items))]
+        reqs = {}
+        for rid, (prefix, cont) in zip(ids, items):
+            if not cont:
+                raise ValueError("empty continuation")
+            p = SamplingParams(max_tokens=len(cont), temperature=0, ignore_eos=True)
+            self.add_request(rid, prefix, p, forced_ids=list(cont))
+            reqs[rid] = self.scheduler.requests[rid]
+        self.runner.want_dist = want_dist
+        try:
+            while self.has_unfinished():
+                self.step()
+        finally:
+            self.runner.want_dist = False
+        return [reqs[rid].score_log for rid in ids]
 
     def stats(self) -> EngineStats:
         bm, r = self.block_manager, self.runner

@@ -74,6 +74,7 @@ class ModelRunner:
                           self.dtype, self.device, config.kv_cache_dtype)
         self.default_gen = torch.Generator(device=self.device).manual_seed(config.seed)
         self._gens: dict[str, torch.Generator] = {}
+        self.want_dist = False                   # scoring: keep full logprob rows (evaluation only)
         log.info("model %s on %s/%s: swiftkv=%s (l=%d, g=%d), %d KV blocks, %d bytes/token",
                  config.model, self.device, self.dtype, self.model.use_swiftkv, self.model.num_kv_layers,
                  self.model.group_size, num_blocks, self.kv.bytes_per_token)
@@ -124,6 +125,15 @@ class ModelRunner:
                 blocked = tuple(set(p.stop_token_ids) | (set() if p.ignore_eos else set(r.eos_token_ids)))
             rows.append(SampleRow(p, r.token_ids, r.num_prompt_tokens, self._generator(r.request_id, p.seed), blocked))
         tokens, lps = sample(logits, rows, self.default_gen)
+        forced = [j for j, c in enumerate(sampling) if c.request.forced_ids is not None]
+        if forced:
+            logp = torch.log_softmax(logits[forced].float(), dim=-1)
+            for k, j in enumerate(forced):
+                r = sampling[j].request
+                t = r.forced_ids[r.num_output_tokens]
+                r.score_log.append((float(logp[k, t]), int(logp[k].argmax()),
+                                    logp[k].cpu() if self.want_dist else None))
+                tokens[j] = t
         sampled = {c.request.request_id: t for c, t in zip(sampling, tokens)}
         logprobs = {c.request.request_id: lp for c, lp in zip(sampling, lps) if lp is not None}
         return sampled, logprobs

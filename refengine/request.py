@@ -30,7 +30,7 @@ class Request:
     __slots__ = (
         "request_id", "token_ids", "num_prompt_tokens", "params", "eos_token_ids",
         "num_computed_tokens", "status", "stop_reason", "timings", "num_preemptions",
-        "max_model_len",
+        "max_model_len", "forced_ids", "score_log",
     )
 
     def __init__(
@@ -55,6 +55,10 @@ class Request:
         self.stop_reason: int | str | None = None
         self.timings = RequestTimings(arrival=arrival_time if arrival_time is not None else time.monotonic())
         self.num_preemptions = 0
+        # Scoring (evaluation): the "sampled" tokens are these, and each step records
+        # (logprob of the forced token, argmax token, full logprob row or None).
+        self.forced_ids: list[int] | None = None
+        self.score_log: list[tuple] = []
 
     @property
     def num_tokens(self) -> int:

@@ -1,0 +1,236 @@
+"""``modelkit eval``: compare a transformed model with its original on the same inputs.
+
+Everything runs through the reference engine, so KV methods are measured where they
+act: in the cache.
+  ppl           perplexity of held-out continuations scored *through the cache*: the
+                prefix is prefilled, each continuation token is a decode step
+  top1          teacher-forced next-token argmax agreement with the original
+  kl            mean KL(original || model) of next-token distributions (same positions)
+  greedy        greedy generation from held-out chat prompts vs the original's:
+                position-wise token agreement, mean common-prefix fraction, exact match
+  tasks         task suite with exact answers (modelkit.tasks), on the items the
+                original answers correctly
+Writes a JSON file and a markdown table; prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import sys
+import time
+from pathlib import Path
+
+
+def _engine(model_dir: Path, overrides: dict, max_model_len: int):
+    from refengine.config import EngineConfig
+    from refengine.engine import LLMEngine
+
+    kw = dict(max_model_len=max_model_len, kv_cache_memory_gb=1.0, max_num_seqs=32)
+    kw.update(overrides)
+    return LLMEngine(EngineConfig(model=str(model_dir), **kw))
+
+
+def scoring_items(corpus: Path, tok, n: int, prefix: int, cont: int, seed: int) -> list[tuple[list[int], list[int]]]:
+    """Held-out (prefix, continuation) pairs from documents and teacher chats."""
+    import random
+
+    from modelkit.corpus import iter_chat, iter_docs
+
+    seqs = []
+    for d in iter_docs(corpus, "heldout"):
+        seqs.append(tok(d["text"])["input_ids"])
+    for c in iter_chat(corpus, "heldout"):
+        t = tok.apply_chat_template(c["messages"], tokenize=True)
+        seqs.append(list(t["input_ids"] if hasattr(t, "keys") else t))
+    seqs = [s for s in seqs if len(s) >= prefix + cont]
+    random.Random(seed).shuffle(seqs)
+    if len(seqs) < n:
+        raise SystemExit(f"only {len(seqs)} held-out sequences of >= {prefix + cont} tokens in {corpus}")
+    return [(s[:prefix], s[prefix:prefix + cont]) for s in seqs[:n]]
+
+
+def chat_prompts(corpus: Path, tok, n: int, max_prompt: int) -> list[list[int]]:
+    from modelkit.corpus import iter_chat
+
+    out = []
+    for c in iter_chat(corpus, "heldout"):
+        t = tok.apply_chat_template(c["messages"][:1], add_generation_prompt=True, tokenize=True)
+        t = list(t["input_ids"] if hasattr(t, "keys") else t)
+        if len(t) <= max_prompt:
+            out.append(t)
+        if len(out) == n:
+            break
+    return out
+
+
+def score_metrics(base_scores, model_scores) -> dict:
+    import torch
+
+    lp_b = [s[0] for item in base_scores for s in item]
+    lp_m = [s[0] for item in model_scores for s in item]
+    agree = [sb[1] == sm[1] for ib, im in zip(base_scores, model_scores) for sb, sm in zip(ib, im)]
+    kls = []
+    for ib, im in zip(base_scores, model_scores):
+        for sb, sm in zip(ib, im):
+            if sb[2] is not None and sm[2] is not None:
+                kls.append(float((sb[2].exp() * (sb[2] - sm[2])).sum()))
+    ppl_b, ppl_m = math.exp(-sum(lp_b) / len(lp_b)), math.exp(-sum(lp_m) / len(lp_m))
+    return {"ppl_baseline": ppl_b, "ppl": ppl_m, "ppl_increase_pct": 100 * (ppl_m / ppl_b - 1),
+            "top1_agreement": sum(agree) / len(agree), "kl": sum(kls) / len(kls) if kls else None,
+            "positions": len(agree), "torch": torch.__version__}
+
+
+def greedy_metrics(base_out, model_out) -> dict:
+    if not base_out:
+        return {"greedy_token_agreement": None, "greedy_prefix_agreement": None, "greedy_exact_match": None}
+    pos = tot = 0
+    prefix_frac, exact = [], 0
+    for a, b in zip(base_out, model_out):
+        n = max(len(a), len(b))
+        pos += sum(x == y for x, y in zip(a, b))
+        tot += n
+        common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        prefix_frac.append(common / n if n else 1.0)
+        exact += a == b
+    return {"greedy_token_agreement": pos / tot, "greedy_prefix_agreement": sum(prefix_frac) / len(prefix_frac),
+            "greedy_exact_match": exact / len(base_out)}
+
+
+def run_tasks(engine, tok, tasks, max_tokens: int = 24) -> list[bool]:
+    from refengine.sampling_params import SamplingParams
+
+    prompts = []
+    for t in tasks:
+        ids = tok.apply_chat_template([{"role": "user", "content": t.prompt}], add_generation_prompt=True, tokenize=True)
+        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    outs = engine.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0))
+    return [t.correct(tok.decode(o, skip_special_tokens=True)) for t, o in zip(tasks, outs)]
+
+
+class Evaluation:
+    """Baseline figures computed once; ``compare(model)`` runs one transformed model against them."""
+
+    def __init__(self, baseline: Path, corpus: Path, n_score: int = 64, prefix: int = 256, cont: int = 64,
+                 n_gen: int = 32, gen_tokens: int = 64, seed: int = 0, baseline_overrides: dict | None = None):
+        from transformers import AutoTokenizer
+
+        from modelkit.tasks import make_tasks
+        from refengine.sampling_params import SamplingParams
+
+        self.baseline = baseline
+        self.tok = AutoTokenizer.from_pretrained(baseline)
+        self.items = scoring_items(corpus, self.tok, n_score, prefix, cont, seed)
+        self.prompts = chat_prompts(corpus, self.tok, n_gen, 900)
+        self.greedy = SamplingParams(max_tokens=gen_tokens, temperature=0)
+        self.max_len = prefix + cont + gen_tokens + 1024
+        self.setup = {"score_items": n_score, "prefix_tokens": prefix, "continuation_tokens": cont,
+                      "greedy_prompts": len(self.prompts), "greedy_tokens": gen_tokens, "seed": seed}
+        base = _engine(baseline, baseline_overrides or {}, self.max_len)
+        self.scores = self._score(base)
+        self.gen = base.generate(self.prompts, self.greedy)
+        tasks = make_tasks(seed=seed)
+        self.tasks_total = len(tasks)
+        self.tasks = [t for t, ok in zip(tasks, run_tasks(base, self.tok, tasks)) if ok]
+        self.kv_bytes = base.stats().kv_bytes_per_token
+
+    def _score(self, engine) -> list:
+        out = []
+        for i in range(0, len(self.items), 16):          # full logprob rows: keep batches small
+            out += engine.score(self.items[i:i + 16], want_dist=True)
+        return out
+
+    def compare(self, model: Path, overrides: dict) -> dict:
+        eng = _engine(model, overrides, self.max_len)
+        result: dict = {"model": str(model), "baseline": str(self.baseline), "overrides": overrides}
+        result.update(score_metrics(self.scores, self._score(eng)))
+        result.update(greedy_metrics(self.gen, eng.generate(self.prompts, self.greedy)))
+        oks = run_tasks(eng, self.tok, self.tasks)
+        by_kind: dict[str, list[bool]] = {}
+        for t, ok in zip(self.tasks, oks):
+            by_kind.setdefault(t.kind, []).append(ok)
+        result.update({"tasks_kept": len(self.tasks), "tasks_total": self.tasks_total,
+                       "task_accuracy": sum(oks) / len(oks) if oks else None,
+                       "task_accuracy_by_kind": {k: sum(v) / len(v) for k, v in by_kind.items()},
+                       "kv_bytes_per_token": eng.stats().kv_bytes_per_token,
+                       "kv_bytes_per_token_baseline": self.kv_bytes, "setup": self.setup})
+        return result
+
+
+ROWS = [("ppl through cache", "ppl", "{:.3f}"), ("ppl increase vs original", "ppl_increase_pct", "{:+.2f}%"),
+        ("top-1 agreement (teacher-forced)", "top1_agreement", "{:.1%}"), ("KL(original || model)", "kl", "{:.4f}"),
+        ("greedy token agreement", "greedy_token_agreement", "{:.1%}"),
+        ("greedy common-prefix agreement", "greedy_prefix_agreement", "{:.1%}"),
+        ("greedy exact match", "greedy_exact_match", "{:.1%}"),
+        ("task accuracy (items the original solves)", "task_accuracy", "{:.1%}"),
+        ("KV bytes per token", "kv_bytes_per_token", "{:.0f}")]
+
+
+def markdown_table(results: dict[str, dict]) -> str:
+    names = list(results)
+    lines = ["| metric | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for label, key, fmt in ROWS:
+        cells = []
+        for n in names:
+            v = results[n].get(key)
+            cells.append("n/a" if v is None else fmt.format(v))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    out = {}
+    for p in pairs:
+        if "=" not in p:
+            raise SystemExit(f"--engine-arg expects KEY=VALUE, got {p!r}")
+        k, v = p.split("=", 1)
+        try:
+            out[k.replace("-", "_")] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k.replace("-", "_")] = v
+    return out
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="compare transformed models with the original (ppl through cache, KL, "
+                                    "greedy agreement, tasks)", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", action="append", required=True, metavar="[LABEL=]MODEL",
+                   help="model to evaluate (dir or known name), repeatable; optional LABEL= prefix")
+    p.add_argument("--baseline", default="default", help="the original model (default: %(default)s)")
+    p.add_argument("--corpus", required=True, help="corpus directory (held-out split is used)")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="EngineConfig override for the evaluated models, e.g. kv_cache_dtype=fp8_e4m3")
+    p.add_argument("--samples", type=int, default=64, help="scored held-out sequences (default: %(default)s)")
+    p.add_argument("--prefix", type=int, default=256, help="prefix tokens (prefilled)")
+    p.add_argument("--continuation", type=int, default=64, help="continuation tokens (decoded through the cache)")
+    p.add_argument("--gen-prompts", type=int, default=32, help="held-out chat prompts for greedy agreement")
+    p.add_argument("--gen-tokens", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="JSON output path (a .md table is written next to it)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from modelkit.prepare import resolve_model
+
+    baseline = resolve_model(args.baseline)
+    overrides = parse_overrides(args.engine_arg)
+    from tqdm import tqdm
+
+    results, t0 = {}, time.time()
+    ev = Evaluation(baseline, Path(args.corpus), args.samples, args.prefix, args.continuation, args.gen_prompts,
+                    args.gen_tokens, args.seed)
+    for spec in tqdm(args.model, desc="models", unit="model"):
+        label, _, name = spec.rpartition("=")
+        results[label or name] = ev.compare(resolve_model(name), overrides)
+    table = markdown_table(results)
+    print(table)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cmd = "modelkit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        out.write_text(json.dumps({"command": cmd, "seconds": round(time.time() - t0), "results": results}, indent=2))
+        out.with_suffix(".md").write_text(f"Command: `{cmd}`\n\n{table}\n")
+    return 0
