@@ -1,0 +1,112 @@
+"""The worker CLI: flags -> WorkerConfig / EngineConfig, --help, bad model, and
+``python -m worker``; plus the protocol helpers the handlers rely on."""
+
+import subprocess
+import sys
+
+import pytest
+
+from worker.cli import build_parser, config_from_args, main
+from worker.errors import APIError
+from worker.protocol import INT64_MAX, INT64_MIN, ChatCompletionRequest, child_seed, to_sampling_params
+
+
+def cfg(*argv):
+    return config_from_args(build_parser().parse_args(list(argv)), model_dir="/m/SmolLM2")
+
+
+def test_defaults():
+    c = cfg()
+    assert (c.host, c.port, c.engine, c.model_name, c.max_concurrent_requests) == ("127.0.0.1", 8000, "reference",
+                                                                                   "SmolLM2", 0)
+    e = c.engine_config
+    assert (e.model, e.block_size, e.kv_cache_dtype, e.swiftkv, e.kv_methods) == ("/m/SmolLM2", 16, "auto", True, {})
+
+
+def test_every_engine_flag_reaches_the_engine_config():
+    c = cfg("--served-model-name", "a", "b", "--host", "0.0.0.0", "--port", "9000", "--max-model-len", "1024",
+            "--block-size", "32", "--num-kv-blocks", "77", "--kv-cache-memory-gb", "2.5", "--max-num-seqs", "8",
+            "--max-num-batched-tokens", "512", "--kv-cache-dtype", "fp8", "--device", "cpu", "--dtype", "bfloat16",
+            "--seed", "5", "--no-swiftkv", "--torch-threads", "3", "--kv-methods", '{"zack": {"rate": 0.5}}',
+            "--max-concurrent-requests", "10", "--overload-status", "503", "--tokenizer", "/t",
+            "--log-level", "warning")
+    e = c.engine_config
+    assert c.model_names == ("a", "b") and c.model_name == "a"
+    assert (c.host, c.port, c.max_concurrent_requests, c.overload_status) == ("0.0.0.0", 9000, 10, 503)
+    assert (c.tokenizer_path, c.log_level) == ("/t", "warning")
+    assert (e.max_model_len, e.block_size, e.num_kv_blocks, e.kv_cache_memory_gb) == (1024, 32, 77, 2.5)
+    assert (e.max_num_seqs, e.max_num_batched_tokens, e.kv_cache_dtype) == (8, 512, "fp8_e4m3")
+    assert (e.device, e.dtype, e.seed, e.swiftkv, e.torch_threads) == ("cpu", "bfloat16", 5, False, 3)
+    assert e.kv_methods == {"zack": {"rate": 0.5}}
+
+
+@pytest.mark.parametrize("argv", [["--kv-methods", "[1]"], ["--kv-methods", "{bad"], ["--engine", "magic"],
+                                  ["--overload-status", "500"], ["--port", "0"], ["--max-model-len", "1"]])
+def test_bad_flags_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv + ["--model", "/nonexistent"])
+    assert e.value.code == 2
+
+
+def test_unknown_model_is_a_message_not_a_traceback(capsys):
+    assert main(["--model", "/nonexistent/dir"]) == 2
+    assert "cannot use model" in capsys.readouterr().err
+
+
+def test_python_m_worker_help():
+    r = subprocess.run([sys.executable, "-m", "worker", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0
+    for flag in ("--model", "--served-model-name", "--max-model-len", "--kv-cache-dtype", "--no-swiftkv",
+                 "--engine", "--max-concurrent-requests", "--torch-threads"):
+        assert flag in r.stdout
+
+
+def test_child_seeds_are_distinct_and_stay_int64():
+    assert child_seed(None, 3) is None
+    assert [child_seed(10, i) for i in range(3)] == [10, 11, 12]
+    assert child_seed(INT64_MAX, 1) == INT64_MIN
+
+
+def test_to_sampling_params_context_rules():
+    req = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}])
+    assert to_sampling_params(req, prompt_len=10, max_model_len=100, vocab_size=50).max_tokens == 90
+    with pytest.raises(APIError) as e:
+        to_sampling_params(req, prompt_len=100, max_model_len=100, vocab_size=50)
+    assert e.value.status == 400 and "100" in e.value.message
+    req = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], max_tokens=91)
+    with pytest.raises(APIError):
+        to_sampling_params(req, prompt_len=10, max_model_len=100, vocab_size=50)
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_python_m_worker_serves_and_stops_cleanly(smollm2_dir):
+    import signal
+    import time
+
+    import httpx
+    from worker_test_fakes import _free_port
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "worker", "--model", str(smollm2_dir), "--port", str(port),
+                             "--served-model-name", "smol", "--max-model-len", "256", "--num-kv-blocks", "32",
+                             "--torch-threads", "1", "--log-level", "warning"])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert proc.poll() is None, "worker exited during start-up"
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        r = httpx.post(url + "/v1/completions", json={"model": "smol", "prompt": "Hi", "max_tokens": 3}, timeout=120)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    # uvicorn shuts down gracefully, then re-raises SIGTERM so the exit status reports the signal.
+    assert code in (0, -signal.SIGTERM)

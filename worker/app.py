@@ -1,0 +1,99 @@
+"""``build_app(config, engine, tokenizer)``: the worker's FastAPI app (vllm serve's surface).
+
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``
+(with ``max_model_len``), ``GET /health`` (200 when the engine is healthy, else
+503), ``GET /load`` (running / waiting / in-flight / KV usage, for routers),
+``GET /metrics`` (Prometheus, per-app registry), ``GET /version``.
+
+Shared objects live on ``app.state`` (``config``, ``engine``, ``tokenizer``,
+``serving``: a ``worker.serving.ServingState``); nothing is global, so two apps
+can live in one process. The lifespan starts the engine before the first request
+is served and shuts it down at exit.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+import swiftserve
+from worker.config import WorkerConfig
+from worker.errors import APIError, error_response, install_error_handlers
+from worker.protocol import ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse
+from worker.serving import ServingState
+from worker.serving_chat import create_chat_completion
+from worker.serving_completions import create_completion
+
+
+def build_app(config: WorkerConfig, engine, tokenizer) -> FastAPI:
+    state = ServingState(config, engine, tokenizer)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.started = int(time.time())
+        await engine.start()
+        try:
+            yield
+        finally:
+            try:
+                await engine.shutdown()
+            finally:
+                state.close()
+
+    app = FastAPI(title="SwiftServe worker", version=swiftserve.__version__, lifespan=lifespan)
+    app.state.config = config
+    app.state.engine = engine
+    app.state.tokenizer = tokenizer
+    app.state.serving = state
+    app.state.started = int(time.time())     # /v1/models' "created"; reset when the engine starts
+    install_error_handlers(app)
+
+    @app.post("/v1/completions", response_model=CompletionResponse)
+    async def completions(request: CompletionRequest, raw_request: Request):
+        return await create_completion(raw_request.app.state.serving, request, raw_request)
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse)
+    async def chat_completions(request: ChatCompletionRequest, raw_request: Request):
+        return await create_chat_completion(raw_request.app.state.serving, request, raw_request)
+
+    @app.get("/v1/models")
+    async def models(raw_request: Request):
+        st = raw_request.app.state
+        created = st.started
+        data = [{"id": name, "object": "model", "created": created, "owned_by": "swiftserve",
+                 "root": st.config.model_dir, "parent": None, "max_model_len": st.engine.max_model_len,
+                 "permission": []} for name in st.config.model_names]
+        return {"object": "list", "data": data}
+
+    @app.get("/health")
+    async def health(raw_request: Request):
+        if raw_request.app.state.engine.healthy():
+            return Response(status_code=200)
+        return error_response(APIError(503, "The engine is not healthy.", code="engine_unavailable"))
+
+    @app.get("/load")
+    async def load(raw_request: Request):
+        st = raw_request.app.state
+        s = st.engine.stats()
+        return JSONResponse({
+            "model": st.config.model_name,
+            "running": s.num_running, "waiting": s.num_waiting, "in_flight": st.serving.in_flight,
+            "max_concurrent_requests": st.config.max_concurrent_requests,
+            "kv_usage": s.kv_usage, "kv_blocks_used": s.kv_blocks_used, "kv_blocks_total": s.kv_blocks_total,
+            "num_preemptions": s.num_preemptions, "healthy": st.engine.healthy(),
+        })
+
+    @app.get("/metrics")
+    async def metrics(raw_request: Request):
+        return Response(raw_request.app.state.serving.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/version")
+    async def version(raw_request: Request):
+        cfg = raw_request.app.state.config
+        return {"version": swiftserve.__version__, "engine": cfg.engine, "model": cfg.model_name, **cfg.extra}
+
+    return app

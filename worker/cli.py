@@ -1,0 +1,147 @@
+"""``swiftserve-worker`` / ``python -m worker``: serve one model over the OpenAI API.
+
+Flags follow ``vllm serve`` where vLLM has the same knob. The entry point builds
+the one ``WorkerConfig`` (with its ``EngineConfig``), resolves ``--model``
+(``default`` = the embedded SmolLM2-135M-Instruct, prepared on first use), loads
+the tokenizer, creates the engine client through
+``worker.backends.create_engine_client`` and serves with uvicorn. The engine is
+started by the app's lifespan, so ``/health`` answers only once it is ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from refengine.config import EngineConfig
+from swiftserve import envs
+from worker.config import ENGINE_KINDS, OVERLOAD_STATUSES, WorkerConfig
+
+log = logging.getLogger("worker")
+
+KV_CACHE_DTYPES = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3"}
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="swiftserve-worker",
+        description="Serve one model with an OpenAI-compatible API (/v1/completions, /v1/chat/completions, "
+                    "/v1/models, /health, /load, /metrics, /version), like `vllm serve`.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = p.add_argument_group("server")
+    g.add_argument("--model", default="default",
+                   help="HF model directory, a shipped model name, or 'default' for the embedded "
+                        "SmolLM2-135M-Instruct (prepared on first use)")
+    g.add_argument("--served-model-name", nargs="+", default=None,
+                   help="name(s) clients send as 'model'; the first is reported in responses "
+                        "(default: the model directory's name)")
+    g.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model directory)")
+    g.add_argument("--host", default="127.0.0.1", help="interface to bind")
+    g.add_argument("--port", type=int, default=8000, help="port to listen on")
+    g.add_argument("--engine", choices=ENGINE_KINDS, default="reference", help="engine backend")
+    g.add_argument("--max-concurrent-requests", type=int, default=0,
+                   help="generation requests in flight at most; beyond it requests are refused at once "
+                        "with --overload-status (0 = unlimited)")
+    g.add_argument("--overload-status", type=int, choices=OVERLOAD_STATUSES, default=429,
+                   help="HTTP status returned when --max-concurrent-requests is reached")
+    g.add_argument("--max-logprobs", type=int, default=20, help="largest logprobs / top_logprobs accepted")
+    g.add_argument("--log-level", "--uvicorn-log-level", dest="log_level", default=envs.log_level(),
+                   choices=["critical", "error", "warning", "info", "debug", "trace"],
+                   help="log level of the worker and uvicorn (default from SWIFTSERVE_LOG_LEVEL)")
+    e = p.add_argument_group("engine")
+    e.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda' or 'cuda:N'")
+    e.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="weight/activation dtype ('auto': float32 on CPU, bfloat16 on CUDA)")
+    e.add_argument("--seed", type=int, default=0, help="engine random seed")
+    e.add_argument("--max-model-len", type=int, default=None,
+                   help="context length (prompt + output); default: min(model maximum, 8192)")
+    e.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
+    e.add_argument("--num-kv-blocks", type=int, default=None,
+                   help="KV blocks in the pool (default: sized from --kv-cache-memory-gb)")
+    e.add_argument("--kv-cache-memory-gb", type=float, default=1.0, help="memory budget of the KV block pool (GiB)")
+    e.add_argument("--max-num-seqs", type=int, default=64, help="running requests at most")
+    e.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                   help="token budget per engine step (chunked prefill)")
+    e.add_argument("--kv-cache-dtype", choices=sorted(KV_CACHE_DTYPES), default="auto",
+                   help="KV-cache storage: 'auto' (model dtype) or fp8 e4m3 with per-token scales ('fp8' = 'fp8_e4m3')")
+    e.add_argument("--no-swiftkv", dest="swiftkv", action="store_false",
+                   help="run a SwiftKV checkpoint as its baseline model (SwiftKV off)")
+    e.add_argument("--torch-threads", type=int, default=envs.torch_threads(),
+                   help="intra-op CPU threads (default from SWIFTSERVE_TORCH_THREADS, else torch's)")
+    e.add_argument("--kv-methods", type=_json_object, default={},
+                   help='KV methods and their options as a JSON object, e.g. \'{"zack": {"rate": 0.5}}\'')
+    return p
+
+
+def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> WorkerConfig:
+    """Build the WorkerConfig. ``model_dir``: the resolved ``--model`` (resolved here when None)."""
+    if model_dir is None:
+        from modelkit.prepare import resolve_model  # lazy: may prepare the default model
+
+        model_dir = str(resolve_model(args.model))
+    engine_config = EngineConfig(
+        model=str(model_dir), device=args.device, dtype=args.dtype, seed=args.seed,
+        max_model_len=args.max_model_len, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+        kv_cache_memory_gb=args.kv_cache_memory_gb, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_dtype=KV_CACHE_DTYPES[args.kv_cache_dtype],
+        swiftkv=args.swiftkv, torch_threads=args.torch_threads, kv_methods=dict(args.kv_methods))
+    return WorkerConfig(
+        engine_config=engine_config, host=args.host, port=args.port,
+        served_model_name=tuple(args.served_model_name or ()), engine=args.engine, tokenizer=args.tokenizer,
+        max_concurrent_requests=args.max_concurrent_requests, overload_status=args.overload_status,
+        max_logprobs=args.max_logprobs, log_level=args.log_level)
+
+
+def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    for name in ("port", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_logprobs"):
+        if getattr(args, name) < (0 if name == "max_logprobs" else 1):
+            parser.error(f"--{name.replace('_', '-')} must be positive")
+    if args.max_model_len is not None and args.max_model_len < 2:
+        parser.error("--max-model-len must be >= 2")
+    if args.max_concurrent_requests < 0:
+        parser.error("--max-concurrent-requests must be >= 0")
+    if args.kv_cache_memory_gb <= 0:
+        parser.error("--kv-cache-memory-gb must be > 0")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check(args, parser)
+    level = "DEBUG" if args.log_level == "trace" else args.log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = config_from_args(args)
+    except Exception as exc:  # noqa: BLE001 - PrepareError and friends: a message, not a traceback
+        print(f"swiftserve-worker: cannot use model {args.model!r}: {exc}", file=sys.stderr)
+        return 2
+
+    import uvicorn
+    from transformers import AutoTokenizer
+
+    from worker.app import build_app
+    from worker.backends import create_engine_client
+
+    log.info("loading tokenizer from %s", config.tokenizer_path)
+    tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_path)
+    engine = create_engine_client(config)
+    app = build_app(config, engine, tokenizer)
+    log.info("serving %s (%s) on http://%s:%d", config.model_name, config.model_dir, config.host, config.port)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, timeout_graceful_shutdown=10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""WorkerConfig: the one configuration object of a worker process.
+
+Built once at the entry point (``worker.cli``) and passed explicitly to
+``worker.app.build_app`` and ``worker.backends.create_engine_client``. The engine's
+own settings live in the nested ``EngineConfig`` (``engine_config.model`` is the
+HF model directory; the tokenizer is loaded from the same directory unless
+``tokenizer`` says otherwise). Values derived at run time (the engine's
+``max_model_len``) are read from the engine, not stored here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from refengine.config import EngineConfig
+
+ENGINE_KINDS = ("reference",)
+OVERLOAD_STATUSES = (429, 503)
+
+
+@dataclass
+class WorkerConfig:
+    engine_config: EngineConfig
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # Names clients may send as "model"; the first is the one responses report.
+    # Empty: the model directory's name.
+    served_model_name: tuple[str, ...] = ()
+    engine: str = "reference"
+    tokenizer: str | None = None                # None: engine_config.model
+    # Generation requests (HTTP requests, not choices) in flight at most; 0 = unlimited.
+    # Beyond it a request is refused at once with ``overload_status`` (429 or 503).
+    max_concurrent_requests: int = 0
+    overload_status: int = 429
+    max_logprobs: int = 20                      # largest logprobs / top_logprobs accepted
+    log_level: str = "info"                     # uvicorn's log level
+    extra: dict = field(default_factory=dict)   # free-form, reported by /version
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINE_KINDS:
+            raise ValueError(f"engine must be one of {ENGINE_KINDS}, got {self.engine!r}")
+        if self.overload_status not in OVERLOAD_STATUSES:
+            raise ValueError(f"overload_status must be one of {OVERLOAD_STATUSES}")
+        if self.max_concurrent_requests < 0:
+            raise ValueError("max_concurrent_requests must be >= 0 (0 = unlimited)")
+        if isinstance(self.served_model_name, str):
+            self.served_model_name = (self.served_model_name,)
+        self.served_model_name = tuple(self.served_model_name)
+
+    @property
+    def model_dir(self) -> str:
+        return self.engine_config.model
+
+    @property
+    def tokenizer_path(self) -> str:
+        return self.tokenizer or self.engine_config.model
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Accepted model names, first = the name responses carry."""
+        if self.served_model_name:
+            return self.served_model_name
+        return (Path(self.engine_config.model).name or str(self.engine_config.model),)
+
+    @property
+    def model_name(self) -> str:
+        return self.model_names[0]

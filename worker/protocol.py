@@ -1,0 +1,354 @@
+"""The OpenAI wire format: permissive request models, exact response models, and
+the one conversion from a validated request to the engine's ``SamplingParams``.
+
+Requests ignore unknown fields (the OpenAI SDK and vLLM clients send extras), but
+every field declared here either takes effect or is refused with a 400 naming it
+(``validate_request``). Ranges are pydantic ``Field`` bounds, so a wrong type or an
+out-of-range value becomes a 400 through the app's validation handler. Fields
+that need the tokenised prompt (context length, default ``max_tokens``, token id
+ranges) are checked in ``to_sampling_params``, called once per request.
+
+Defaults follow vLLM: completions ``max_tokens`` defaults to 16 and an explicit
+``null`` means "the rest of the context"; chat defaults to the rest of the context.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from refengine.sampling_params import SamplingParams
+from worker.errors import bad_request
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+class _Request(BaseModel):
+    # Unknown fields are accepted and ignored: clients send vendor extras.
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Request):
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False     # vLLM extension: usage in every chunk
+
+
+class _SamplingRequest(_Request):
+    model: str | None = None                        # None: the served model (vLLM allows omitting it)
+    n: int = Field(1, ge=1, le=128)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)          # vLLM extension; -1 or 0 disables
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = Field(None, ge=1)   # keep only the last k prompt tokens
+    user: str | None = None                          # accepted for compatibility; identifies the caller only
+    # Declared so that they are refused rather than silently ignored:
+    logit_bias: dict[str, float] | None = None
+    prompt_logprobs: int | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    response_format: dict[str, Any] | None = None
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0)        # upper bound: WorkerConfig.max_logprobs
+    echo: bool | None = False
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1)
+    add_special_tokens: bool = True
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def logprobs_k(self) -> int | None:
+        return self.logprobs
+
+
+class ChatMessage(BaseModel):
+    # Extra keys (name, tool_calls, tool_call_id, ...) are passed to the chat template.
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)               # deprecated by OpenAI, still sent
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0)    # upper bound: WorkerConfig.max_logprobs
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_special_tokens: bool = False
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None                  # meaningless without tools: accepted
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def logprobs_k(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+AnyRequest = CompletionRequest | ChatCompletionRequest
+
+
+def validate_request(req: AnyRequest, max_logprobs: int = 20) -> None:
+    """Refuse (400) values we accept syntactically but do not support. Needs no tokenizer."""
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options can only be set when stream is true.", "stream_options")
+    if req.logit_bias:
+        raise bad_request("logit_bias is not supported.", "logit_bias")
+    if req.prompt_logprobs is not None:
+        raise bad_request("prompt_logprobs is not supported.", "prompt_logprobs")
+    for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar"):
+        if getattr(req, name) is not None:
+            raise bad_request(f"{name} (guided decoding) is not supported.", name)
+    if req.response_format is not None and req.response_format.get("type", "text") != "text":
+        raise bad_request("response_format other than {'type': 'text'} is not supported.", "response_format")
+    stops = req.stop_list()
+    if any(s == "" for s in stops):
+        raise bad_request("stop strings must not be empty.", "stop")
+    if req.stop_token_ids and any(t < 0 for t in req.stop_token_ids):
+        raise bad_request("stop_token_ids must be non-negative token ids.", "stop_token_ids")
+    mt = req.requested_max_tokens()
+    if mt is not None and req.min_tokens > mt:
+        raise bad_request(f"min_tokens ({req.min_tokens}) must be <= max_tokens ({mt}).", "min_tokens")
+    if isinstance(req, CompletionRequest):
+        if req.best_of is not None and req.best_of != req.n:
+            raise bad_request(f"best_of ({req.best_of}) != n ({req.n}) is not supported.", "best_of")
+        if req.suffix is not None:
+            raise bad_request("suffix is not supported.", "suffix")
+        if req.echo and req.logprobs is not None:
+            raise bad_request("echo together with logprobs needs prompt logprobs, which are not supported.", "echo")
+        if req.logprobs is not None and req.logprobs > max_logprobs:
+            raise bad_request(f"logprobs must be <= {max_logprobs}.", "logprobs")
+        _check_prompt_shape(req.prompt)
+    else:
+        if req.top_logprobs and not req.logprobs:
+            raise bad_request("top_logprobs requires logprobs to be true.", "top_logprobs")
+        if req.top_logprobs is not None and req.top_logprobs > max_logprobs:
+            raise bad_request(f"top_logprobs must be <= {max_logprobs}.", "top_logprobs")
+        if req.tools:
+            raise bad_request("tools (function calling) are not supported.", "tools")
+        if req.tool_choice not in (None, "none", "auto"):
+            raise bad_request("tool_choice requires tools, which are not supported.", "tool_choice")
+        if req.functions or req.function_call not in (None, "none", "auto"):
+            raise bad_request("functions (function calling) are not supported.", "functions")
+        if req.add_generation_prompt and req.continue_final_message:
+            raise bad_request("add_generation_prompt and continue_final_message cannot both be true.",
+                              "continue_final_message")
+        if req.continue_final_message and req.messages[-1].role != "assistant":
+            raise bad_request("continue_final_message needs the last message to be from the assistant.",
+                              "continue_final_message")
+
+
+def _check_prompt_shape(prompt: Any) -> None:
+    if isinstance(prompt, str):
+        if prompt == "":
+            raise bad_request("The prompt must not be empty.", "prompt")
+        return
+    if len(prompt) == 0:
+        raise bad_request("The prompt must not be empty.", "prompt")
+    for p in prompt:
+        if (isinstance(p, (str, list))) and len(p) == 0:
+            raise bad_request("The prompt must not contain an empty prompt.", "prompt")
+        if isinstance(p, int) and p < 0:
+            raise bad_request("Prompt token ids must be non-negative.", "prompt")
+        if isinstance(p, list) and any(t < 0 for t in p):
+            raise bad_request("Prompt token ids must be non-negative.", "prompt")
+
+
+def to_sampling_params(req: AnyRequest, *, prompt_len: int, max_model_len: int, vocab_size: int) -> SamplingParams:
+    """The one conversion from an API request to engine parameters, for one prompt.
+
+    Raises a 400 naming the numbers when the prompt (plus ``max_tokens``) does not fit."""
+    if prompt_len >= max_model_len:
+        raise bad_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, your prompt has "
+            f"{prompt_len} tokens, which leaves no room for a completion. Please reduce the prompt length.",
+            "messages" if isinstance(req, ChatCompletionRequest) else "prompt")
+    requested = req.requested_max_tokens()
+    if requested is None:
+        max_tokens = max_model_len - prompt_len
+    else:
+        if prompt_len + requested > max_model_len:
+            raise bad_request(
+                f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+                f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} in the completion). "
+                "Please reduce the length of the prompt or completion.", "max_tokens")
+        max_tokens = requested
+    stop_ids = tuple(req.stop_token_ids or ())
+    if any(t >= vocab_size for t in stop_ids):
+        raise bad_request(f"stop_token_ids must be < the vocabulary size {vocab_size}.", "stop_token_ids")
+    top_k = req.top_k if req.top_k is not None else 0
+    return SamplingParams(
+        max_tokens=max_tokens,
+        min_tokens=min(req.min_tokens, max_tokens),
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=0 if top_k == -1 else top_k,
+        min_p=req.min_p or 0.0,
+        seed=req.seed,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        stop_token_ids=stop_ids,
+        ignore_eos=req.ignore_eos,
+        logprobs=req.logprobs_k(),
+        stop=tuple(req.stop_list()),
+        include_stop_str_in_output=req.include_stop_str_in_output,
+    )
+
+
+def child_seed(seed: int | None, index: int) -> int | None:
+    """Seed of choice ``index`` of an n>1 request: distinct per choice, reproducible, int64."""
+    if seed is None:
+        return None
+    return ((seed + index - INT64_MIN) % 2**64) + INT64_MIN
+
+
+# ---- responses ------------------------------------------------------------------------------
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def now() -> int:
+    return int(time.time())
+
+
+class UsageInfo(_Response):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class CompletionLogprobs(_Response):
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
+class CompletionChoice(_Response):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(_Response):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=now)
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo
+    system_fingerprint: str | None = None
+
+
+class CompletionStreamResponse(_Response):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class TopLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatLogprobToken(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatChoiceLogprobs(_Response):
+    content: list[ChatLogprobToken] | None = None
+    refusal: list[ChatLogprobToken] | None = None
+
+
+class ChatMessageOut(_Response):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    refusal: str | None = None
+
+
+class ChatChoice(_Response):
+    index: int
+    message: ChatMessageOut
+    logprobs: ChatChoiceLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(_Response):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=now)
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+    system_fingerprint: str | None = None
+
+
+class DeltaMessage(_Response):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatStreamChoice(_Response):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatChoiceLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionStreamResponse(_Response):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatStreamChoice]
+    usage: UsageInfo | None = None

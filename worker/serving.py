@@ -1,0 +1,269 @@
+"""What the completion and chat handlers share: state, admission, choices, streams.
+
+``ServingState`` (on ``app.state.serving``) holds the engine, the tokenizer, the
+metrics and a one-thread executor for tokenisation and chat templates (HF fast
+tokenizers are not safe to call from several threads at once, and the work must
+stay off the event loop).
+
+One *choice* is one engine request. ``run_choice`` turns its ``RequestOutput``
+stream into ``ChoiceEvent``s: text deltas (``OutputText``: incremental
+detokenisation + stop strings), logprobs, and exactly one final event carrying
+``finish_reason``. On a stop-string hit it closes the engine stream and aborts the
+engine request, reporting ``finish_reason="stop"`` and ``stop_reason=<the string>``.
+The engine's EOS / stop token is not part of the text unless
+``include_stop_str_in_output`` (as vLLM).
+
+``ChoiceStreams`` runs each choice in its own asyncio task and merges the events.
+Cancelling it (client disconnect, error) cancels every task synchronously; each
+task's ``finally`` aborts its engine request. Keeping engine consumption in
+separate tasks means cleanup never depends on awaits inside a cancelled scope.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+from starlette.responses import StreamingResponse
+
+from refengine.outputs import TokenLogprob
+from refengine.sampling_params import SamplingParams
+from worker.config import WorkerConfig
+from worker.detokenizer import OutputText
+from worker.errors import APIError, model_not_found
+from worker.logprobs import TokenTexts
+from worker.metrics import RequestTracker, WorkerMetrics
+
+log = logging.getLogger(__name__)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class ServingState:
+    def __init__(self, config: WorkerConfig, engine, tokenizer) -> None:
+        self.config = config
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.vocab_size = len(tokenizer)
+        self.token_texts = TokenTexts(tokenizer)
+        self.in_flight = 0
+        self.metrics = WorkerMetrics(config.model_name, engine, in_flight=lambda: self.in_flight)
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
+
+    # ---- checks -----------------------------------------------------------------------------
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in self.config.model_names:
+            raise model_not_found(name)
+
+    def check_engine(self) -> None:
+        if not self.engine.healthy():
+            raise APIError(503, "The engine is not running.", code="engine_unavailable")
+
+    def admit(self) -> None:
+        """Take one in-flight slot or refuse at once (429 or 503, configured)."""
+        limit = self.config.max_concurrent_requests
+        if limit and self.in_flight >= limit:
+            status = self.config.overload_status
+            raise APIError(status, f"The worker is at its limit of {limit} concurrent requests; retry later.",
+                           code="rate_limit_exceeded" if status == 429 else "overloaded",
+                           headers={"Retry-After": "1"})
+        self.in_flight += 1
+
+    def release(self) -> None:
+        self.in_flight = max(0, self.in_flight - 1)
+
+    async def run_sync(self, fn: Callable, *args, **kwargs) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass
+class ChoiceEvent:
+    index: int
+    text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+
+
+@dataclass
+class ChoiceSpec:
+    index: int
+    engine_request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    skip_special_tokens: bool = True
+
+
+async def run_choice(state: ServingState, spec: ChoiceSpec, tracker: RequestTracker) -> AsyncIterator[ChoiceEvent]:
+    engine, params = state.engine, spec.params
+    text = OutputText(state.tokenizer, spec.prompt_token_ids, params.stop, params.include_stop_str_in_output,
+                      params.min_tokens, spec.skip_special_tokens)
+    gen = engine.generate(spec.engine_request_id, spec.prompt_token_ids, params)
+    done = False
+    n_prompt = len(spec.prompt_token_ids)
+    try:
+        async for out in gen:
+            tracker.on_output(out)
+            ids = out.new_token_ids
+            ended_by_token = out.finished and out.finish_reason == "stop" and ids
+            text_ids = ids[:-1] if ended_by_token and not params.include_stop_str_in_output else ids
+            delta = text.add_tokens(text_ids)
+            ev = ChoiceEvent(spec.index, delta.text, list(out.new_logprobs or []),
+                             num_prompt_tokens=out.num_prompt_tokens or n_prompt,
+                             num_output_tokens=out.num_output_tokens)
+            if delta.stop_string is not None and not out.finished:
+                done = True
+                # Free the engine first, then report: the stop string is the finish.
+                await gen.aclose()
+                await engine.abort(spec.engine_request_id)
+                tracker.on_finish("stop", out.timings)
+                ev.finish_reason, ev.stop_reason = "stop", delta.stop_string
+                yield ev
+                return
+            if out.finished:
+                done = True
+                if delta.stop_string is not None:
+                    ev.finish_reason, ev.stop_reason = "stop", delta.stop_string
+                else:
+                    ev.text += text.finish().text
+                    ev.finish_reason = out.finish_reason or "stop"
+                    ev.stop_reason = out.stop_reason
+                tracker.on_finish(ev.finish_reason, out.timings)
+                yield ev
+                return
+            if ev.text or ev.logprobs:
+                yield ev
+        # The contract says a stream ends with a finished increment; treat anything else as an abort.
+        done = True
+        tracker.on_finish("abort")
+        yield ChoiceEvent(spec.index, text.finish().text, finish_reason="abort",
+                          num_prompt_tokens=n_prompt, num_output_tokens=text.num_tokens)
+    finally:
+        if not done:
+            tracker.on_finish("abort")
+            await gen.aclose()
+            await engine.abort(spec.engine_request_id)
+
+
+class ChoiceStreams:
+    """Merge several choices' event streams; each runs in its own task."""
+
+    _END = object()
+
+    def __init__(self, state: ServingState, specs: list[ChoiceSpec], arrival: float) -> None:
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.remaining = len(specs)
+        self.tasks = [asyncio.create_task(self._drain(state, s, state.metrics.tracker(arrival))) for s in specs]
+
+    async def _drain(self, state: ServingState, spec: ChoiceSpec, tracker: RequestTracker) -> None:
+        it = run_choice(state, spec, tracker)
+        try:
+            async for ev in it:
+                self.queue.put_nowait(ev)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which decides the status
+            self.queue.put_nowait(exc)
+        finally:
+            await it.aclose()
+            self.queue.put_nowait(self._END)
+
+    async def events(self) -> AsyncIterator[ChoiceEvent]:
+        try:
+            while self.remaining:
+                item = await self.queue.get()
+                if item is self._END:
+                    self.remaining -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+        finally:
+            self.cancel()
+
+    def cancel(self) -> None:
+        for t in self.tasks:
+            if not t.done():
+                t.cancel()
+
+
+def engine_error(exc: BaseException) -> APIError:
+    """Map an exception from the engine stream to an API error."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ValueError):
+        return APIError(400, str(exc))
+    log.error("engine error: %r", exc)
+    return APIError(503, f"The engine failed: {exc}", code="engine_error")
+
+
+async def _wait_disconnect(receive) -> None:
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+async def until_disconnect(raw_request, coro):
+    """Run ``coro`` (a non-streaming generation); cancel it if the client goes away."""
+    task = asyncio.ensure_future(coro)
+    watcher = asyncio.ensure_future(_wait_disconnect(raw_request.receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise ClientDisconnected()
+    return task.result()
+
+
+class GuardedStreamingResponse(StreamingResponse):
+    """A StreamingResponse that always closes its body iterator and runs ``on_close``.
+
+    Starlette may stop iterating (client gone) while the generator sits at a
+    ``yield``; closing it here runs the generator's ``finally`` (engine aborts) and
+    ``on_close`` frees the admission slot even if the body never started."""
+
+    def __init__(self, content, on_close: Callable[[], None], **kw) -> None:
+        super().__init__(content, media_type="text/event-stream", **kw)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            try:
+                await self.body_iterator.aclose()
+            finally:
+                self._on_close()
+
+
+def sse(payload: str) -> str:
+    return f"data: {payload}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def monotonic() -> float:
+    return time.monotonic()

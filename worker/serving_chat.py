@@ -1,0 +1,172 @@
+"""``POST /v1/chat/completions``: messages -> chat template -> token ids -> n choices.
+
+The prompt is the tokenizer's chat template rendered to text (``add_generation_prompt``,
+``continue_final_message``, ``chat_template``, ``chat_template_kwargs`` as in vLLM)
+and encoded without adding special tokens (the template has them). Text content
+parts are joined with newlines; other part types are refused. Streaming follows
+OpenAI: each choice's first chunk is ``delta: {role: "assistant", content: ""}``,
+its last one carries ``finish_reason``; with ``include_usage`` a final chunk has
+``choices: []`` and the usage; then ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from fastapi import Request, Response
+
+from worker.errors import APIError, bad_request
+from worker.logprobs import chat_logprobs
+from worker.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionRequest, ChatCompletionResponse,
+                             ChatMessageOut, UsageInfo, child_seed, now, to_sampling_params, validate_request)
+from worker.serving import (SSE_DONE, ChoiceSpec, ChoiceStreams, ClientDisconnected, GuardedStreamingResponse,
+                            ServingState, engine_error, monotonic, new_id, sse, until_disconnect)
+
+# Arguments of apply_chat_template that chat_template_kwargs must not override.
+_RESERVED_KWARGS = {"conversation", "tokenize", "add_generation_prompt", "continue_final_message", "chat_template",
+                    "return_dict", "return_tensors", "padding", "truncation", "max_length", "tokenizer_kwargs",
+                    "return_assistant_tokens_mask"}
+
+
+def conversation(req: ChatCompletionRequest) -> list[dict]:
+    msgs = []
+    for i, m in enumerate(req.messages):
+        d = m.model_dump(exclude_none=True)
+        content = m.content
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                kind = part.get("type")
+                if kind not in ("text", "input_text") or not isinstance(part.get("text"), str):
+                    raise bad_request(f"Content part type {kind!r} is not supported (text only).",
+                                      f"messages.{i}.content")
+                texts.append(part["text"])
+            content = "\n".join(texts)
+        d["content"] = content or ""
+        msgs.append(d)
+    return msgs
+
+
+def _render(tokenizer, msgs, req: ChatCompletionRequest) -> list[int]:
+    """Runs in the executor."""
+    kwargs = dict(req.chat_template_kwargs or {})
+    bad = _RESERVED_KWARGS & kwargs.keys()
+    if bad:
+        raise bad_request(f"chat_template_kwargs may not set {sorted(bad)}.", "chat_template_kwargs")
+    try:
+        text = tokenizer.apply_chat_template(
+            msgs, tokenize=False, add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message, chat_template=req.chat_template, **kwargs)
+    except APIError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - template errors (jinja, missing template) are the client's input
+        raise bad_request(f"Could not apply the chat template: {exc}", "messages") from exc
+    return list(tokenizer.encode(text, add_special_tokens=req.add_special_tokens))
+
+
+async def create_chat_completion(state: ServingState, req: ChatCompletionRequest, raw: Request) -> Response:
+    state.check_model(req.model)
+    validate_request(req, state.config.max_logprobs)
+    state.check_engine()
+    msgs = conversation(req)
+    arrival = monotonic()
+    state.admit()
+    handed_over = False
+    try:
+        ids = await state.run_sync(_render, state.tokenizer, msgs, req)
+        if req.truncate_prompt_tokens is not None and len(ids) > req.truncate_prompt_tokens:
+            ids = ids[-req.truncate_prompt_tokens:]
+        if not ids:
+            raise bad_request("The rendered prompt is empty.", "messages")
+        base = to_sampling_params(req, prompt_len=len(ids), max_model_len=state.engine.max_model_len,
+                                  vocab_size=state.vocab_size)
+        request_id = new_id("chatcmpl")
+        specs = [ChoiceSpec(i, f"{request_id}-{i}", ids,
+                            dataclasses.replace(base, seed=child_seed(base.seed, i)) if i else base,
+                            req.skip_special_tokens) for i in range(req.n)]
+        if req.stream:
+            body = _stream(state, req, request_id, specs, len(ids), arrival)
+            handed_over = True
+            return GuardedStreamingResponse(body, on_close=state.release)
+        try:
+            return await until_disconnect(raw, _full(state, req, request_id, specs, len(ids), arrival))
+        except ClientDisconnected:
+            return Response(status_code=499)
+    finally:
+        if not handed_over:
+            state.release()
+
+
+async def _full(state, req, request_id, specs, prompt_tokens, arrival) -> ChatCompletionResponse:
+    k = req.logprobs_k()
+    choices = {s.index: ChatChoice(index=s.index, message=ChatMessageOut(content=""),
+                                   logprobs=ChatChoiceLogprobs(content=[]) if k is not None else None)
+               for s in specs}
+    out_tokens = {s.index: 0 for s in specs}
+    events = ChoiceStreams(state, specs, arrival).events()
+    try:
+        async for ev in events:
+            c = choices[ev.index]
+            c.message.content += ev.text
+            out_tokens[ev.index] = ev.num_output_tokens
+            if k is not None and ev.logprobs:
+                c.logprobs.content.extend(chat_logprobs(state.token_texts, ev.logprobs, k))
+            if ev.finish_reason is not None:
+                c.finish_reason, c.stop_reason = ev.finish_reason, ev.stop_reason
+    except Exception as exc:  # noqa: BLE001 - mapped to an OpenAI error
+        raise engine_error(exc) from exc
+    finally:
+        await events.aclose()
+    n = sum(out_tokens.values())
+    return ChatCompletionResponse(
+        id=request_id, model=state.config.model_name, choices=[choices[i] for i in sorted(choices)],
+        usage=UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=n, total_tokens=prompt_tokens + n))
+
+
+def _dumps(obj: dict) -> str:
+    return sse(json.dumps(obj, ensure_ascii=False, separators=(",", ":")))
+
+
+async def _stream(state, req, request_id, specs, prompt_tokens, arrival):
+    created, model, k = now(), state.config.model_name, req.logprobs_k()
+    include_usage, continuous = req.include_usage, req.continuous_usage
+    out_tokens = {s.index: 0 for s in specs}
+
+    def chunk(index: int, delta: dict, logprobs=None, finish=None, stop=None) -> str:
+        obj = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+               "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish,
+                            "stop_reason": stop}]}
+        if continuous:
+            n = out_tokens[index]
+            obj["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+        elif include_usage:
+            obj["usage"] = None
+        return _dumps(obj)
+
+    streams = ChoiceStreams(state, specs, arrival)
+    events = streams.events()
+    try:
+        for s in specs:
+            yield chunk(s.index, {"role": "assistant", "content": ""})
+        async for ev in events:
+            out_tokens[ev.index] = ev.num_output_tokens
+            lp = None
+            if k is not None and ev.logprobs:
+                lp = {"content": [e.model_dump() for e in chat_logprobs(state.token_texts, ev.logprobs, k)],
+                      "refusal": None}
+            delta = {"content": ev.text} if ev.text else {}
+            yield chunk(ev.index, delta, lp, ev.finish_reason, ev.stop_reason)
+        if include_usage:
+            n = sum(out_tokens.values())
+            yield _dumps({"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                          "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
+                                                   "total_tokens": prompt_tokens + n}})
+        yield SSE_DONE
+    except Exception as exc:  # noqa: BLE001 - the status line is gone: report in-band, as vLLM does
+        err = exc if isinstance(exc, APIError) else engine_error(exc)
+        yield _dumps(err.body())
+        yield SSE_DONE
+    finally:
+        streams.cancel()
+        await events.aclose()

@@ -1,0 +1,167 @@
+"""``POST /v1/completions``: prompts (text, batch of texts, token ids, batch of token
+ids) -> n choices each, streamed as SSE or returned whole.
+
+Choice ``index`` is ``prompt_index * n + i`` (as vLLM). ``usage.prompt_tokens``
+counts each prompt once, ``completion_tokens`` every generated token of every
+choice (including the EOS / stop token, as vLLM). Flow: cheap checks ->
+admission slot -> tokenise in the executor -> ``to_sampling_params`` per prompt ->
+one engine request per choice (``ChoiceStreams``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from fastapi import Request, Response
+
+from worker.errors import APIError, bad_request
+from worker.logprobs import completion_logprobs
+from worker.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
+                             UsageInfo, child_seed, now, to_sampling_params, validate_request)
+from worker.serving import (SSE_DONE, ChoiceSpec, ChoiceStreams, ClientDisconnected, GuardedStreamingResponse,
+                            ServingState, engine_error, monotonic, new_id, sse, until_disconnect)
+
+
+def _tokenize(tokenizer, prompt, add_special_tokens: bool, truncate: int | None, echo: bool):
+    """Runs in the executor. Returns [(token_ids, echo_text | None)] per prompt."""
+    if isinstance(prompt, str):
+        items = [prompt]
+    elif all(isinstance(p, str) for p in prompt):
+        items = list(prompt)
+    elif all(isinstance(p, int) for p in prompt):
+        items = [list(prompt)]
+    else:
+        items = [list(p) for p in prompt]
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            ids = tokenizer.encode(item, add_special_tokens=add_special_tokens)
+            text = item
+        else:
+            ids, text = item, None
+        if truncate is not None and len(ids) > truncate:
+            ids, text = ids[-truncate:], None
+        if echo and text is None:
+            text = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        out.append((list(ids), text if echo else None))
+    return out
+
+
+async def create_completion(state: ServingState, req: CompletionRequest, raw: Request) -> Response:
+    state.check_model(req.model)
+    validate_request(req, state.config.max_logprobs)
+    state.check_engine()
+    arrival = monotonic()
+    state.admit()
+    handed_over = False
+    try:
+        prompts = await state.run_sync(_tokenize, state.tokenizer, req.prompt, req.add_special_tokens,
+                                       req.truncate_prompt_tokens, bool(req.echo))
+        specs: list[ChoiceSpec] = []
+        request_id = new_id("cmpl")
+        max_model_len = state.engine.max_model_len
+        for p_idx, (ids, _) in enumerate(prompts):
+            if not ids:
+                raise bad_request("The prompt is empty after tokenisation.", "prompt")
+            if any(t >= state.vocab_size for t in ids):
+                raise bad_request(f"Prompt token ids must be < the vocabulary size {state.vocab_size}.", "prompt")
+            base = to_sampling_params(req, prompt_len=len(ids), max_model_len=max_model_len,
+                                      vocab_size=state.vocab_size)
+            for i in range(req.n):
+                index = p_idx * req.n + i
+                params = dataclasses.replace(base, seed=child_seed(base.seed, i)) if i else base
+                specs.append(ChoiceSpec(index, f"{request_id}-{index}", ids, params, req.skip_special_tokens))
+        echo = {s.index: prompts[s.index // req.n][1] for s in specs} if req.echo else {}
+        prompt_tokens = sum(len(ids) for ids, _ in prompts)
+        if req.stream:
+            body = _stream(state, req, request_id, specs, echo, prompt_tokens, arrival)
+            handed_over = True
+            return GuardedStreamingResponse(body, on_close=state.release)
+        try:
+            return await until_disconnect(raw, _full(state, req, request_id, specs, echo, prompt_tokens, arrival))
+        except ClientDisconnected:
+            return Response(status_code=499)
+    finally:
+        if not handed_over:
+            state.release()
+
+
+async def _full(state, req, request_id, specs, echo, prompt_tokens, arrival) -> CompletionResponse:
+    k = req.logprobs
+    choices = {s.index: CompletionChoice(index=s.index, text=echo.get(s.index) or "",
+                                         logprobs=CompletionLogprobs() if k is not None else None) for s in specs}
+    offsets = {s.index: 0 for s in specs}
+    out_tokens = {s.index: 0 for s in specs}
+    events = ChoiceStreams(state, specs, arrival).events()
+    try:
+        async for ev in events:
+            c = choices[ev.index]
+            c.text += ev.text
+            out_tokens[ev.index] = ev.num_output_tokens
+            if k is not None and ev.logprobs:
+                block, offsets[ev.index] = completion_logprobs(state.token_texts, ev.logprobs, k, offsets[ev.index])
+                for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                    getattr(c.logprobs, name).extend(getattr(block, name))
+            if ev.finish_reason is not None:
+                c.finish_reason, c.stop_reason = ev.finish_reason, ev.stop_reason
+    except Exception as exc:  # noqa: BLE001 - mapped to an OpenAI error
+        raise engine_error(exc) from exc
+    finally:
+        await events.aclose()
+    completion_tokens = sum(out_tokens.values())
+    return CompletionResponse(
+        id=request_id, model=state.config.model_name, choices=[choices[i] for i in sorted(choices)],
+        usage=UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                        total_tokens=prompt_tokens + completion_tokens))
+
+
+def _dumps(obj: dict) -> str:
+    return sse(json.dumps(obj, ensure_ascii=False, separators=(",", ":")))
+
+
+async def _stream(state, req, request_id, specs, echo, prompt_tokens, arrival):
+    created, model, k = now(), state.config.model_name, req.logprobs
+    include_usage, continuous = req.include_usage, req.continuous_usage
+    prompt_len = {s.index: len(s.prompt_token_ids) for s in specs}
+    offsets = {s.index: 0 for s in specs}
+    out_tokens = {s.index: 0 for s in specs}
+
+    def chunk(index: int, text: str, logprobs=None, finish=None, stop=None) -> str:
+        obj = {"id": request_id, "object": "text_completion", "created": created, "model": model,
+               "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish,
+                            "stop_reason": stop}]}
+        if continuous:
+            n = out_tokens[index]
+            obj["usage"] = {"prompt_tokens": prompt_len[index], "completion_tokens": n,
+                            "total_tokens": prompt_len[index] + n}
+        elif include_usage:
+            obj["usage"] = None
+        return _dumps(obj)
+
+    streams = ChoiceStreams(state, specs, arrival)
+    events = streams.events()
+    try:
+        for s in specs:
+            if echo.get(s.index):
+                yield chunk(s.index, echo[s.index])
+        async for ev in events:
+            out_tokens[ev.index] = ev.num_output_tokens
+            lp = None
+            if k is not None and ev.logprobs:
+                block, offsets[ev.index] = completion_logprobs(state.token_texts, ev.logprobs, k, offsets[ev.index])
+                lp = block.model_dump()
+            yield chunk(ev.index, ev.text, lp, ev.finish_reason, ev.stop_reason)
+        if include_usage:
+            n = sum(out_tokens.values())
+            yield _dumps({"id": request_id, "object": "text_completion", "created": created, "model": model,
+                          "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
+                                                   "total_tokens": prompt_tokens + n}})
+        yield SSE_DONE
+    except Exception as exc:  # noqa: BLE001 - the status line is gone: report in-band, as vLLM does
+        err = exc if isinstance(exc, APIError) else engine_error(exc)
+        yield _dumps(err.body())
+        yield SSE_DONE
+    finally:
+        streams.cancel()
+        await events.aclose()
