@@ -150,7 +150,8 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
-            extra={"swiftkv_layers": float(r.model.num_kv_layers),
+            extra={"kv_bytes_used": float(bm.num_used * bm.block_size * r.kv.bytes_per_token),
+                   "swiftkv_layers": float(r.model.num_kv_layers),
                    "swiftkv_group_size": float(r.model.group_size)},
         )
 
