@@ -1,0 +1,59 @@
+"""Gateway metrics (prefix ``swiftserve_gateway_``, never ``vllm:``), in a per-app registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
+
+
+class GatewayMetrics:
+    def __init__(self, workers, stale_after: float, now) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        p = "swiftserve_gateway_"
+        self.requests = Counter(p + "requests", "Requests by endpoint and final status", ["endpoint", "status"],
+                                registry=r)
+        self.routed = Counter(p + "routing_decisions", "Requests dispatched to each worker", ["policy", "worker"],
+                              registry=r)
+        self.retries = Counter(p + "retries", "Re-dispatches to another worker before the first byte", ["reason"],
+                               registry=r)
+        self.rejected = Counter(p + "rejected_requests", "Requests refused by the gateway", ["reason"], registry=r)
+        self.ttft = Histogram(p + "time_to_first_byte_seconds", "Time from request to the first response byte",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram(p + "e2e_request_latency_seconds", "Time from request to the last response byte",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.workers, self.stale_after, self.now = workers, stale_after, now
+        r.register(self)
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from gateway.routing import effective_load
+
+        gauges = {
+            "in_flight": GaugeMetricFamily("swiftserve_gateway_worker_in_flight", "Requests in flight per worker",
+                                           labels=["worker"]),
+            "load": GaugeMetricFamily("swiftserve_gateway_worker_effective_load", "Routing load estimate per worker",
+                                      labels=["worker"]),
+            "healthy": GaugeMetricFamily("swiftserve_gateway_worker_healthy", "1 if the worker is routable",
+                                         labels=["worker"]),
+            "waiting": GaugeMetricFamily("swiftserve_gateway_worker_queue_waiting",
+                                         "Last scraped vllm:num_requests_waiting", labels=["worker"]),
+            "running": GaugeMetricFamily("swiftserve_gateway_worker_queue_running",
+                                         "Last scraped vllm:num_requests_running", labels=["worker"]),
+            "kv": GaugeMetricFamily("swiftserve_gateway_worker_kv_cache_usage",
+                                    "Last scraped vllm:kv_cache_usage_perc", labels=["worker"]),
+        }
+        now = self.now()
+        for w in self.workers:
+            gauges["in_flight"].add_metric([w.url], w.in_flight)
+            gauges["load"].add_metric([w.url], effective_load(w, now, self.stale_after))
+            gauges["healthy"].add_metric([w.url], 1.0 if w.healthy else 0.0)
+            for key, attr in (("waiting", "waiting"), ("running", "running"), ("kv", "kv_usage")):
+                v = getattr(w, attr)
+                if v is not None:
+                    gauges[key].add_metric([w.url], v)
+        yield from gauges.values()

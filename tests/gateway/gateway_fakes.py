@@ -1,0 +1,83 @@
+"""Fake vLLM-like workers (real HTTP servers in threads) for gateway tests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FakeWorker:
+    def __init__(self, name: str, delay: float = 0.0, chunks: int = 3, reported_queue: int = 0):
+        self.name, self.delay, self.chunks, self.reported_queue = name, delay, chunks, reported_queue
+        self.active = 0
+        self.served = 0
+        self.cancelled = 0
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        app = FastAPI()
+
+        @app.get("/metrics")
+        async def metrics():
+            q = self.reported_queue
+            return PlainTextResponse(f'vllm:num_requests_running{{model_name="m"}} {float(q)}\n'
+                                     f'vllm:num_requests_waiting{{model_name="m"}} 0.0\n'
+                                     f'vllm:kv_cache_usage_perc{{model_name="m"}} 0.25\n')
+
+        @app.get("/v1/models")
+        async def models():
+            return {"object": "list", "data": [{"id": "m", "object": "model"}]}
+
+        @app.post("/v1/completions")
+        async def completions(request: Request):
+            body = await request.json()
+            self.active += 1
+            self.served += 1
+            if not body.get("stream"):
+                try:
+                    await asyncio.sleep(self.delay)
+                    return JSONResponse({"worker": self.name, "choices": [{"text": "ok"}]})
+                finally:
+                    self.active -= 1
+
+            async def gen():
+                try:
+                    for i in range(self.chunks):
+                        await asyncio.sleep(self.delay)
+                        yield f"data: {json.dumps({'worker': self.name, 'i': i})}\n\n"
+                    yield "data: [DONE]\n\n"
+                except asyncio.CancelledError:
+                    self.cancelled += 1
+                    raise
+                finally:
+                    self.active -= 1
+
+            return StreamingResponse(gen(), media_type="text/event-stream")
+
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> "FakeWorker":
+        self.thread.start()
+        deadline = time.time() + 10
+        while not self.server.started:
+            if time.time() > deadline:
+                raise RuntimeError("fake worker did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(5)
