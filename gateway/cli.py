@@ -40,5 +40,8 @@ def main(argv=None) -> int:
 
     cfg = parse_args(argv)
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from swiftserve.logs import quiet_probe_logs
+
+    quiet_probe_logs()
     uvicorn.run(build_app(cfg), host=cfg.host, port=cfg.port, log_level=cfg.log_level)
     return 0

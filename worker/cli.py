@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     engine = create_engine_client(config)
     app = build_app(config, engine, tokenizer)
     log.info("serving %s (%s) on http://%s:%d", config.model_name, config.model_dir, config.host, config.port)
+    from swiftserve.logs import quiet_probe_logs
+
+    quiet_probe_logs()
     uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, timeout_graceful_shutdown=10)
     return 0
 
