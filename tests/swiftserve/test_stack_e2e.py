@@ -125,3 +125,14 @@ def test_swiftkv_checkpoint_serves_through_the_stack(smollm2_dir, tmp_path):
         assert "swiftserve_worker_kv_bytes_per_token" in m and " 35328.0" in m
     finally:
         assert stop_stack(proc) == 0
+
+
+def test_short_loadtest_against_the_stack(stack, tmp_path):
+    from loadtest.cli import main
+
+    base, _ = stack
+    assert main(["run", "--base-url", base, "--rate", "4", "--num-requests", "6", "--input-len", "64",
+                 "--output-len", "8", "--label", "e2e", "--result-dir", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "e2e-rate4.0.json").read_text())
+    assert res["completed"] == 6 and res["failed"] == 0 and res["total_output_tokens"] == 48
+    assert not res["warnings"] and res["median_ttft_ms"] > 0 and res["median_tpot_ms"] > 0
