@@ -5,43 +5,87 @@ from __future__ import annotations
 import argparse
 import logging
 
+from gateway.auth import key_id, load_keys
 from gateway.config import GatewayConfig
+from gateway.health import HealthPolicy
+from gateway.routing import POLICIES
 from swiftserve import envs
 
 
 def parse_args(argv=None) -> GatewayConfig:
-    d = GatewayConfig()
+    d, h = GatewayConfig(), HealthPolicy()
     p = argparse.ArgumentParser(prog="swiftserve-gateway",
-                                description="OpenAI-compatible gateway routing to the worker with the shortest queue.")
-    p.add_argument("--workers", default=",".join(envs.worker_urls()),
+                                description="OpenAI-compatible gateway routing each request to the worker with the "
+                                            "shortest queue (works with SwiftServe workers and stock `vllm serve`).")
+    g = p.add_argument_group("workers (at least one source)")
+    g.add_argument("--workers", default=",".join(envs.worker_urls()),
                    help="comma-separated worker base URLs (default: $SWIFTSERVE_WORKERS)")
-    p.add_argument("--host", default=d.host)
-    p.add_argument("--port", type=int, default=d.port)
-    p.add_argument("--policy", choices=["jsq", "round_robin"], default=d.policy,
-                   help="routing policy (default: %(default)s)")
-    p.add_argument("--scrape-interval", type=float, default=d.scrape_interval)
-    p.add_argument("--stale-after", type=float, default=d.stale_after)
-    p.add_argument("--first-byte-timeout", type=float, default=d.first_byte_timeout)
-    p.add_argument("--max-attempts", type=int, default=d.max_attempts)
-    p.add_argument("--log-level", default=envs.log_level())
-    a = p.parse_args(argv)
-    workers = [u.strip().rstrip("/") for u in a.workers.split(",") if u.strip()]
-    if not workers:
-        p.error("no workers: pass --workers URL[,URL...] or set SWIFTSERVE_WORKERS")
-    return GatewayConfig(workers=workers, host=a.host, port=a.port, policy=a.policy, scrape_interval=a.scrape_interval,
-                         stale_after=a.stale_after, first_byte_timeout=a.first_byte_timeout,
-                         max_attempts=a.max_attempts, log_level=a.log_level)
+    g.add_argument("--workers-file", default=None,
+                   help="file of worker URLs (one per line, or a YAML/JSON list), re-read when it changes")
+    g.add_argument("--k8s-service", default=None, help="discover workers from this Kubernetes Service's EndpointSlices")
+    g.add_argument("--k8s-namespace", default=d.k8s_namespace)
+    g.add_argument("--k8s-port-name", default=d.k8s_port_name, help="named port of the Service (default: %(default)s)")
+    g.add_argument("--k8s-port", type=int, default=d.k8s_port, help="port when the slice names none")
+    s = p.add_argument_group("server")
+    s.add_argument("--host", default=d.host)
+    s.add_argument("--port", type=int, default=d.port)
+    s.add_argument("--log-level", default=envs.log_level())
+    r = p.add_argument_group("routing")
+    r.add_argument("--policy", choices=POLICIES, default=d.policy, help="routing policy (default: %(default)s)")
+    r.add_argument("--scrape-interval", type=float, default=d.scrape_interval, help="seconds (default: %(default)s)")
+    r.add_argument("--stale-after", type=float, default=d.stale_after,
+                   help="scraped worker figures older than this are ignored (default: %(default)s s)")
+    f = p.add_argument_group("failures and health")
+    f.add_argument("--connect-timeout", type=float, default=d.connect_timeout)
+    f.add_argument("--first-byte-timeout", type=float, default=d.first_byte_timeout)
+    f.add_argument("--max-attempts", type=int, default=d.max_attempts,
+                   help="workers tried before the first byte reaches the client (default: %(default)s)")
+    f.add_argument("--health-interval", type=float, default=h.interval)
+    f.add_argument("--health-fail-threshold", type=int, default=h.fail_threshold)
+    f.add_argument("--health-success-threshold", type=int, default=h.success_threshold)
+    f.add_argument("--breaker-failures", type=int, default=h.breaker_failures)
+    f.add_argument("--breaker-cooldown", type=float, default=h.breaker_cooldown)
+    a = p.add_argument_group("admission, auth and limits")
+    a.add_argument("--max-inflight-per-worker", type=int, default=d.max_inflight_per_worker,
+                   help="a worker with this many requests in flight is saturated (0: unlimited)")
+    a.add_argument("--max-queue", type=int, default=d.max_queue, help="requests waiting when all are saturated")
+    a.add_argument("--queue-timeout", type=float, default=d.queue_timeout)
+    a.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
+    a.add_argument("--api-keys-file", default=None,
+                   help="file with one bearer key per line (adds to $SWIFTSERVE_API_KEYS); no keys: no auth")
+    a.add_argument("--requests-per-minute", type=float, default=0, help="per key (0: unlimited)")
+    a.add_argument("--tokens-per-minute", type=float, default=0, help="per key, prompt + max_tokens (0: unlimited)")
+    a.add_argument("--protect-metrics", action="store_true", help="require the API key on /metrics")
+    a.add_argument("--protect-health", action="store_true", help="require the API key on /health")
+    x = p.parse_args(argv)
+    workers = [u.strip().rstrip("/") for u in x.workers.split(",") if u.strip()]
+    if not (workers or x.workers_file or x.k8s_service):
+        p.error("no workers: pass --workers URL[,URL...], --workers-file, --k8s-service, or set SWIFTSERVE_WORKERS")
+    return GatewayConfig(
+        workers=workers, workers_file=x.workers_file, k8s_service=x.k8s_service, k8s_namespace=x.k8s_namespace,
+        k8s_port_name=x.k8s_port_name, k8s_port=x.k8s_port, host=x.host, port=x.port, policy=x.policy,
+        scrape_interval=x.scrape_interval, stale_after=x.stale_after, connect_timeout=x.connect_timeout,
+        first_byte_timeout=x.first_byte_timeout, max_attempts=x.max_attempts, max_body_bytes=x.max_body_bytes,
+        max_inflight_per_worker=x.max_inflight_per_worker, max_queue=x.max_queue, queue_timeout=x.queue_timeout,
+        api_keys=load_keys(envs.api_keys(), x.api_keys_file), requests_per_minute=x.requests_per_minute,
+        tokens_per_minute=x.tokens_per_minute, protect_metrics=x.protect_metrics, protect_health=x.protect_health,
+        health=HealthPolicy(interval=x.health_interval, fail_threshold=x.health_fail_threshold,
+                            success_threshold=x.health_success_threshold, breaker_failures=x.breaker_failures,
+                            breaker_cooldown=x.breaker_cooldown),
+        log_level=x.log_level)
 
 
 def main(argv=None) -> int:
     import uvicorn
 
     from gateway.app import build_app
+    from swiftserve.logs import quiet_probe_logs
 
     cfg = parse_args(argv)
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from swiftserve.logs import quiet_probe_logs
-
     quiet_probe_logs()
+    log = logging.getLogger("gateway")
+    log.info("policy %s; %d static workers; auth %s (keys %s)", cfg.policy, len(cfg.workers),
+             "on" if cfg.api_keys else "off", ", ".join(key_id(k) for k in cfg.api_keys) or "-")
     uvicorn.run(build_app(cfg), host=cfg.host, port=cfg.port, log_level=cfg.log_level)
     return 0

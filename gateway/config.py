@@ -4,18 +4,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.health import HealthPolicy
+
 
 @dataclass
 class GatewayConfig:
-    workers: list[str] = field(default_factory=list)   # base URLs, e.g. http://10.0.0.5:8000
+    # discovery: static list, a file (re-read on change) and/or a Kubernetes Service
+    workers: list[str] = field(default_factory=list)
+    workers_file: str | None = None
+    k8s_service: str | None = None
+    k8s_namespace: str = "default"
+    k8s_port_name: str | None = "http"
+    k8s_port: int = 8000
     host: str = "127.0.0.1"
     port: int = 8000
-    policy: str = "jsq"                    # jsq | round_robin
+    policy: str = "jsq"                    # jsq | p2c | round_robin | kv
     scrape_interval: float = 0.1           # seconds between /metrics scrapes of each worker
     scrape_timeout: float = 0.5
     stale_after: float = 2.0               # scraped figures older than this count as unknown
     connect_timeout: float = 5.0
-    first_byte_timeout: float = 600.0      # a worker that answers nothing for this long is abandoned
-    max_attempts: int = 2                  # tries on different workers before the first byte
+    first_byte_timeout: float = 600.0      # no byte from the worker for this long: fail over
+    max_attempts: int = 2                  # workers tried before the first byte reaches the client
     max_body_bytes: int = 8 * 1024 * 1024
+    max_inflight_per_worker: int = 0       # 0: unlimited; else saturation point for admission
+    max_queue: int = 256
+    queue_timeout: float = 30.0
+    api_keys: list[str] = field(default_factory=list)
+    requests_per_minute: float = 0         # per key; 0 = unlimited
+    tokens_per_minute: float = 0           # per key; 0 = unlimited
+    protect_metrics: bool = False          # require the API key on /metrics
+    protect_health: bool = False           # require the API key on /health
+    health: HealthPolicy = field(default_factory=HealthPolicy)
     log_level: str = "info"

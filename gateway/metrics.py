@@ -9,7 +9,7 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 
 
 
 class GatewayMetrics:
-    def __init__(self, workers, stale_after: float, now) -> None:
+    def __init__(self, workers, stale_after: float, now, queued=lambda: 0) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         p = "swiftserve_gateway_"
@@ -20,11 +20,14 @@ class GatewayMetrics:
         self.retries = Counter(p + "retries", "Re-dispatches to another worker before the first byte", ["reason"],
                                registry=r)
         self.rejected = Counter(p + "rejected_requests", "Requests refused by the gateway", ["reason"], registry=r)
-        self.ttft = Histogram(p + "time_to_first_byte_seconds", "Time from request to the first response byte",
+        self.ttft = Histogram(p + "time_to_first_token_seconds", "Time from request to the first generated text",
                               buckets=LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram(p + "time_per_output_token_seconds", "(last - first token) / (tokens - 1), per request",
+                              buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28),
+                              registry=r)
         self.e2e = Histogram(p + "e2e_request_latency_seconds", "Time from request to the last response byte",
                              buckets=LATENCY_BUCKETS, registry=r)
-        self.workers, self.stale_after, self.now = workers, stale_after, now
+        self.workers, self.stale_after, self.now, self.queued = workers, stale_after, now, queued
         r.register(self)
 
     def describe(self):
@@ -38,7 +41,11 @@ class GatewayMetrics:
                                            labels=["worker"]),
             "load": GaugeMetricFamily("swiftserve_gateway_worker_effective_load", "Routing load estimate per worker",
                                       labels=["worker"]),
-            "healthy": GaugeMetricFamily("swiftserve_gateway_worker_healthy", "1 if the worker is routable",
+            "healthy": GaugeMetricFamily("swiftserve_gateway_worker_healthy", "1 if active health checks pass",
+                                         labels=["worker"]),
+            "routable": GaugeMetricFamily("swiftserve_gateway_worker_routable",
+                                          "1 if healthy, circuit closed and not draining", labels=["worker"]),
+            "circuit": GaugeMetricFamily("swiftserve_gateway_worker_circuit_open", "1 while the circuit is open",
                                          labels=["worker"]),
             "waiting": GaugeMetricFamily("swiftserve_gateway_worker_queue_waiting",
                                          "Last scraped vllm:num_requests_waiting", labels=["worker"]),
@@ -52,8 +59,13 @@ class GatewayMetrics:
             gauges["in_flight"].add_metric([w.url], w.in_flight)
             gauges["load"].add_metric([w.url], effective_load(w, now, self.stale_after))
             gauges["healthy"].add_metric([w.url], 1.0 if w.healthy else 0.0)
+            gauges["routable"].add_metric([w.url], 1.0 if w.routable(now) else 0.0)
+            gauges["circuit"].add_metric([w.url], 1.0 if w.open_until > now else 0.0)
             for key, attr in (("waiting", "waiting"), ("running", "running"), ("kv", "kv_usage")):
                 v = getattr(w, attr)
                 if v is not None:
                     gauges[key].add_metric([w.url], v)
         yield from gauges.values()
+        q = GaugeMetricFamily("swiftserve_gateway_queue_length", "Requests waiting for a worker with room")
+        q.add_metric([], self.queued())
+        yield q

@@ -2,8 +2,8 @@
 
 Reads vLLM's names (so stock `vllm serve` workers work too): ``vllm:num_requests_waiting``,
 ``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc`` (or the older
-``vllm:gpu_cache_usage_perc``), summed over label sets. A failed scrape marks the worker
-unhealthy after ``FAILS_TO_EJECT`` consecutive failures; one success restores it.
+``vllm:gpu_cache_usage_perc``), summed over label sets. A failed scrape leaves the last
+figures in place, where they go stale (see routing); health is decided by gateway.health.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import httpx
 from gateway.routing import WorkerState
 
 log = logging.getLogger(__name__)
-FAILS_TO_EJECT = 3
 NAMES = {"vllm:num_requests_waiting": "waiting", "vllm:num_requests_running": "running",
          "vllm:kv_cache_usage_perc": "kv_usage", "vllm:gpu_cache_usage_perc": "kv_usage"}
 
@@ -44,7 +43,6 @@ def parse_metrics(text: str) -> dict[str, float]:
 class Scraper:
     def __init__(self, workers: list[WorkerState], client: httpx.AsyncClient, interval: float, timeout: float):
         self.workers, self.client, self.interval, self.timeout = workers, client, interval, timeout
-        self.fails: dict[str, int] = {}
 
     async def scrape_one(self, w: WorkerState) -> None:
         in_flight = w.in_flight
@@ -52,16 +50,8 @@ class Scraper:
             r = await self.client.get(w.url + "/metrics", timeout=self.timeout)
             r.raise_for_status()
             m = parse_metrics(r.text)
-        except (httpx.HTTPError, OSError) as exc:
-            n = self.fails[w.url] = self.fails.get(w.url, 0) + 1
-            if n >= FAILS_TO_EJECT and w.healthy:
-                log.warning("worker %s unhealthy: %s", w.url, exc)
-                w.healthy = False
+        except (httpx.HTTPError, OSError, ValueError):
             return
-        if not w.healthy:
-            log.info("worker %s healthy again", w.url)
-        self.fails[w.url] = 0
-        w.healthy = True
         w.waiting, w.running, w.kv_usage = m.get("waiting"), m.get("running"), m.get("kv_usage")
         w.scraped_at, w.in_flight_at_scrape = time.monotonic(), in_flight
 

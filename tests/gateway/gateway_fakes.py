@@ -20,8 +20,9 @@ def free_port() -> int:
 
 
 class FakeWorker:
-    def __init__(self, name: str, delay: float = 0.0, chunks: int = 3, reported_queue: int = 0):
+    def __init__(self, name: str, delay: float = 0.0, chunks: int = 3, reported_queue: int = 0, status: int = 200):
         self.name, self.delay, self.chunks, self.reported_queue = name, delay, chunks, reported_queue
+        self.status = status
         self.active = 0
         self.served = 0
         self.cancelled = 0
@@ -43,8 +44,10 @@ class FakeWorker:
         @app.post("/v1/completions")
         async def completions(request: Request):
             body = await request.json()
-            self.active += 1
             self.served += 1
+            if self.status != 200:
+                return JSONResponse({"error": {"message": "boom"}}, status_code=self.status)
+            self.active += 1
             if not body.get("stream"):
                 try:
                     await asyncio.sleep(self.delay)
@@ -56,7 +59,8 @@ class FakeWorker:
                 try:
                     for i in range(self.chunks):
                         await asyncio.sleep(self.delay)
-                        yield f"data: {json.dumps({'worker': self.name, 'i': i})}\n\n"
+                        yield f"data: {json.dumps({'worker': self.name, 'i': i, 'choices': [{'text': 'tok'}]})}\n\n"
+                    yield f"data: {json.dumps({'choices': [], 'usage': {'completion_tokens': self.chunks}})}\n\n"
                     yield "data: [DONE]\n\n"
                 except asyncio.CancelledError:
                     self.cancelled += 1

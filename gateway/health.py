@@ -1,0 +1,89 @@
+"""Worker health: active checks with thresholds, passive outcomes with a circuit breaker.
+
+Active: ``GET /health`` every ``interval`` seconds; a worker turns unhealthy after
+``fail_threshold`` consecutive failures and healthy again after ``success_threshold``
+consecutive successes (separate thresholds: no flapping on one lost probe).
+
+Passive: every proxied request reports its outcome. ``breaker_failures`` consecutive
+failures (connection errors, timeouts before the first byte, 5xx) open the circuit
+for ``breaker_cooldown`` seconds; then one trial request is let through (half-open);
+its success closes the circuit, its failure re-opens it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from gateway.routing import WorkerState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class HealthPolicy:
+    interval: float = 1.0
+    timeout: float = 1.0
+    fail_threshold: int = 3
+    success_threshold: int = 2
+    breaker_failures: int = 5
+    breaker_cooldown: float = 10.0
+
+
+class Health:
+    def __init__(self, policy: HealthPolicy) -> None:
+        self.p = policy
+        self._fails: dict[str, int] = {}
+        self._oks: dict[str, int] = {}
+
+    # ---- active -----------------------------------------------------------------------------
+    def probe_result(self, w: WorkerState, ok: bool) -> None:
+        if ok:
+            self._fails[w.url] = 0
+            self._oks[w.url] = self._oks.get(w.url, 0) + 1
+            if not w.healthy and self._oks[w.url] >= self.p.success_threshold:
+                log.info("worker %s is healthy", w.url)
+                w.healthy = True
+        else:
+            self._oks[w.url] = 0
+            self._fails[w.url] = self._fails.get(w.url, 0) + 1
+            if w.healthy and self._fails[w.url] >= self.p.fail_threshold:
+                log.warning("worker %s is unhealthy (%d failed probes)", w.url, self._fails[w.url])
+                w.healthy = False
+
+    async def probe(self, client: httpx.AsyncClient, w: WorkerState) -> None:
+        try:
+            r = await client.get(w.url + "/health", timeout=self.p.timeout)
+            ok = r.status_code == 200
+        except (httpx.HTTPError, OSError):
+            ok = False
+        self.probe_result(w, ok)
+
+    async def run(self, client: httpx.AsyncClient, workers) -> None:
+        while True:
+            await asyncio.gather(*(self.probe(client, w) for w in list(workers())))
+            await asyncio.sleep(self.p.interval)
+
+    # ---- passive ------------------------------------------------------------------------------
+    def on_dispatch(self, w: WorkerState, now: float) -> None:
+        if w.open_until and w.open_until <= now:
+            w.trial_in_flight = True            # half-open: this request is the trial
+
+    def on_result(self, w: WorkerState, ok: bool, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        was_trial = w.trial_in_flight
+        w.trial_in_flight = False
+        if ok:
+            w.failures = 0
+            if w.open_until:
+                log.info("circuit to %s closed", w.url)
+            w.open_until = 0.0
+            return
+        w.failures += 1
+        if was_trial or w.failures >= self.p.breaker_failures:
+            w.open_until = now + self.p.breaker_cooldown
+            log.warning("circuit to %s open for %.0fs after %d failures", w.url, self.p.breaker_cooldown, w.failures)
