@@ -1,0 +1,179 @@
+"""Gateway benchmark, measured side by side in one run.
+
+1. Overhead: the same closed-loop load (``--concurrency`` clients, streaming requests)
+   straight to a fast stub worker and through the gateway in front of it, alternated;
+   reports added p50/p99 latency and the maximum requests/s each path sustained.
+2. Routing: Poisson arrivals through the gateway to two stub workers that serve one
+   request at a time, one of them ``--slow-factor`` times slower; JSQ vs round-robin
+   p50/p99 TTFT.
+
+    python benchmarks/gateway_bench.py --out results/gateway/bench.json
+
+Writes JSON and a markdown table next to it, with the command at the top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def wait_ready(url: str, path: str = "/health", timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if httpx.get(url + path, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not become ready")
+
+
+async def one(client: httpx.AsyncClient, url: str) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    ttft = None
+    async with client.stream("POST", url + "/v1/completions",
+                             json={"model": "stub", "prompt": "x", "max_tokens": 5, "stream": True}) as r:
+        async for line in r.aiter_lines():
+            if ttft is None and line.startswith("data: {\"choices\": [{"):
+                ttft = time.perf_counter() - t0
+    return ttft or 0.0, time.perf_counter() - t0
+
+
+async def closed_loop(url: str, concurrency: int, seconds: float) -> dict:
+    lat = []
+    stop = time.perf_counter() + seconds
+    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=concurrency * 2)) as c:
+        async def client():
+            while time.perf_counter() < stop:
+                lat.append((await one(c, url))[1])
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        dur = time.perf_counter() - t0
+    a = np.asarray(lat) * 1000
+    return {"requests": len(lat), "rps": len(lat) / dur, "p50_ms": float(np.percentile(a, 50)),
+            "p99_ms": float(np.percentile(a, 99))}
+
+
+async def poisson(url: str, rate: float, n: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    offsets = np.cumsum(rng.exponential(1 / rate, n))
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=None)) as c:
+        t0 = time.perf_counter()
+
+        async def at(o):
+            await asyncio.sleep(max(0.0, t0 + o - time.perf_counter()))
+            return await one(c, url)
+
+        res = await asyncio.gather(*(at(o) for o in offsets))
+    ttft = np.asarray([r[0] for r in res]) * 1000
+    return {"p50_ttft_ms": float(np.percentile(ttft, 50)), "p99_ttft_ms": float(np.percentile(ttft, 99)),
+            "mean_ttft_ms": float(ttft.mean())}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=8.0, help="per overhead round")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating direct/gateway rounds")
+    ap.add_argument("--rate", type=float, default=8.0, help="Poisson req/s for the routing test")
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--service-ms", type=float, default=50.0, help="fast worker time per request")
+    ap.add_argument("--slow-factor", type=float, default=4.0)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    procs = []
+    try:
+        # ---- 1. overhead --------------------------------------------------------------------
+        wp, gp = free_port(), free_port()
+        w = f"http://127.0.0.1:{wp}"
+        g = f"http://127.0.0.1:{gp}"
+        procs.append(spawn([str(HERE / "stub_worker.py"), "--port", str(wp)]))
+        procs.append(spawn(["-m", "gateway", "--workers", w, "--port", str(gp), "--log-level", "warning"]))
+        wait_ready(w)
+        wait_ready(g)
+        rounds = {"direct": [], "gateway": []}
+        for _ in range(a.rounds):
+            for k, url in (("direct", w), ("gateway", g)):
+                rounds[k].append(asyncio.run(closed_loop(url, a.concurrency, a.seconds)))
+        over = {k: {m: statistics.median(r[m] for r in v) for m in ("rps", "p50_ms", "p99_ms")}
+                for k, v in rounds.items()}
+        over["added_p50_ms"] = over["gateway"]["p50_ms"] - over["direct"]["p50_ms"]
+        over["added_p99_ms"] = over["gateway"]["p99_ms"] - over["direct"]["p99_ms"]
+        for p in procs:
+            p.terminate()
+        procs.clear()
+        # ---- 2. routing with one slow worker -----------------------------------------------------
+        s = a.service_ms / 1000
+        fast_p, slow_p = free_port(), free_port()
+        fast, slow = f"http://127.0.0.1:{fast_p}", f"http://127.0.0.1:{slow_p}"
+        procs.append(spawn([str(HERE / "stub_worker.py"), "--port", str(fast_p), "--ttft", str(s / 2),
+                            "--itl", str(s / 8), "--serial"]))
+        procs.append(spawn([str(HERE / "stub_worker.py"), "--port", str(slow_p), "--ttft", str(s / 2 * a.slow_factor),
+                            "--itl", str(s / 8 * a.slow_factor), "--serial"]))
+        wait_ready(fast)
+        wait_ready(slow)
+        routing = {}
+        for policy in ("jsq", "round_robin"):
+            port = free_port()
+            gw = spawn(["-m", "gateway", "--workers", f"{fast},{slow}", "--port", str(port), "--policy", policy,
+                        "--log-level", "warning"])
+            url = f"http://127.0.0.1:{port}"
+            wait_ready(url)
+            routing[policy] = asyncio.run(poisson(url, a.rate, a.requests, seed=0))
+            gw.terminate()
+            gw.wait(10)
+    finally:
+        for p in procs:
+            p.terminate()
+    cmd = "python " + " ".join(shlex.quote(x) for x in [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+    result = {"command": cmd, "overhead": over, "overhead_rounds": rounds, "routing": routing,
+              "settings": vars(a)}
+    md = [f"# Gateway benchmark\n\nCommand: `{cmd}`\n",
+          f"Overhead ({a.concurrency} concurrent streaming clients, fast stub worker, medians of {a.rounds} "
+          "alternating rounds, this machine: 2 cores shared by clients, gateway and worker):\n",
+          "| path | requests/s | p50 latency (ms) | p99 latency (ms) |", "|---|---:|---:|---:|"]
+    for k in ("direct", "gateway"):
+        o = over[k]
+        md.append(f"| {k} | {o['rps']:.0f} | {o['p50_ms']:.1f} | {o['p99_ms']:.1f} |")
+    md.append(f"\nAdded by the gateway: p50 {over['added_p50_ms']:+.1f} ms, p99 {over['added_p99_ms']:+.1f} ms.\n")
+    md += [f"Routing (Poisson {a.rate} req/s, {a.requests} requests, two one-at-a-time workers, one "
+           f"{a.slow_factor:g}x slower):\n", "| policy | p50 TTFT (ms) | p99 TTFT (ms) |", "|---|---:|---:|"]
+    for k, v in routing.items():
+        md.append(f"| {k} | {v['p50_ttft_ms']:.0f} | {v['p99_ttft_ms']:.0f} |")
+    print("\n".join(md))
+    if a.out:
+        out = Path(a.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+        out.with_suffix(".md").write_text("\n".join(md) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
