@@ -2,7 +2,10 @@
 
 Active: ``GET /health`` every ``interval`` seconds; a worker turns unhealthy after
 ``fail_threshold`` consecutive failures and healthy again after ``success_threshold``
-consecutive successes (separate thresholds: no flapping on one lost probe).
+consecutive successes (separate thresholds: no flapping on one lost probe). A worker
+that has never answered a probe (still loading its model) has no history to protect:
+its first failed probe marks it unhealthy and its first good probe marks it healthy,
+so a fresh stack routes as soon as its workers are up.
 
 Passive: every proxied request reports its outcome. ``breaker_failures`` consecutive
 failures (connection errors, timeouts before the first byte, 5xx) open the circuit
@@ -39,19 +42,22 @@ class Health:
         self.p = policy
         self._fails: dict[str, int] = {}
         self._oks: dict[str, int] = {}
+        self._seen_up: set[str] = set()     # workers that have passed at least one probe
 
     # ---- active -----------------------------------------------------------------------------
     def probe_result(self, w: WorkerState, ok: bool) -> None:
+        first_time = w.url not in self._seen_up
         if ok:
+            self._seen_up.add(w.url)
             self._fails[w.url] = 0
             self._oks[w.url] = self._oks.get(w.url, 0) + 1
-            if not w.healthy and self._oks[w.url] >= self.p.success_threshold:
+            if not w.healthy and (first_time or self._oks[w.url] >= self.p.success_threshold):
                 log.info("worker %s is healthy", w.url)
                 w.healthy = True
         else:
             self._oks[w.url] = 0
             self._fails[w.url] = self._fails.get(w.url, 0) + 1
-            if w.healthy and self._fails[w.url] >= self.p.fail_threshold:
+            if w.healthy and (first_time or self._fails[w.url] >= self.p.fail_threshold):
                 log.warning("worker %s is unhealthy (%d failed probes)", w.url, self._fails[w.url])
                 w.healthy = False
 

@@ -1,8 +1,8 @@
 """``swiftserve up``: start a whole stack (gateway + N workers) on one machine.
 
 It prepares the model once (so workers do not race on the download), starts each
-worker and then the gateway as child processes, waits until every one answers
-``/health``, prints how to call it, and keeps supervising: if any child exits,
+worker and then the gateway as child processes, waits until every worker answers
+``/health`` and the gateway routes to all of them, prints how to call it, and keeps supervising: if any child exits,
 or on Ctrl-C / SIGTERM, it stops all of them (SIGTERM, then SIGKILL after a grace
 period) and exits non-zero when a child failed.
 """
@@ -10,6 +10,7 @@ period) and exits non-zero when a child failed.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -51,10 +52,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _healthy(url: str) -> bool:
+def _healthy(url: str, routable: int | None = None) -> bool:
+    """``/health`` answers 200 (and, for the gateway, it routes to ``routable`` workers)."""
     try:
         with urllib.request.urlopen(url + "/health", timeout=2) as r:
-            return r.status == 200
+            if r.status != 200:
+                return False
+            return routable is None or json.loads(r.read()).get("routable_workers", 0) >= routable
     except Exception:  # noqa: BLE001 - any failure means "not yet"
         return False
 
@@ -99,13 +103,17 @@ def up(args: argparse.Namespace) -> int:
         if args.policy:
             gw += ["--policy", args.policy]
         procs.append(subprocess.Popen(gw))
-        urls = worker_urls + [f"http://{args.host}:{args.port}"]
+        gateway_url = f"http://{args.host}:{args.port}"
         deadline = time.monotonic() + args.startup_timeout
-        pending = set(urls)
+        pending = set(worker_urls) | {gateway_url}
         while pending and not stopping:
-            for u in list(pending):
+            for u in sorted(pending - {gateway_url}):
                 if _healthy(u):
                     pending.discard(u)
+            # Ready only when the gateway itself routes to every worker (its health checks
+            # have seen them up), so the first request after "ready" cannot get a 503.
+            if pending == {gateway_url} and _healthy(gateway_url, routable=args.workers):
+                pending.clear()
             if any(p.poll() is not None for p in procs):
                 print("swiftserve: a process exited during start-up; stopping", file=sys.stderr)
                 return 1

@@ -37,6 +37,10 @@ class FakeWorker:
                                      f'vllm:num_requests_waiting{{model_name="m"}} 0.0\n'
                                      f'vllm:kv_cache_usage_perc{{model_name="m"}} 0.25\n')
 
+        @app.get("/health")
+        async def health():
+            return PlainTextResponse("")
+
         @app.get("/v1/models")
         async def models():
             return {"object": "list", "data": [{"id": "m", "object": "model"}]}

@@ -41,10 +41,25 @@ def test_p2c_and_kv_policies():
 def test_health_thresholds_do_not_flap():
     h = Health(HealthPolicy(fail_threshold=3, success_threshold=2))
     w = WorkerState("a")
+    h.probe_result(w, True)                     # seen up once: thresholds apply from now on
     for ok, expect in ((False, True), (False, True), (True, True), (False, True), (False, True), (False, False),
                        (True, False), (True, True)):
         h.probe_result(w, ok)
         assert w.healthy is expect
+
+
+def test_health_of_a_worker_still_starting():
+    """Never seen up: the first failed probe excludes it, the first good one admits it (no
+    threshold wait after model loading, which is what a freshly started stack needs)."""
+    h = Health(HealthPolicy(fail_threshold=3, success_threshold=2))
+    w = WorkerState("a")
+    h.probe_result(w, False)
+    assert w.healthy is False
+    h.probe_result(w, False)
+    h.probe_result(w, True)
+    assert w.healthy is True
+    h.probe_result(w, False)                    # now a seasoned worker: one lost probe is tolerated
+    assert w.healthy is True
 
 
 def test_circuit_breaker_opens_half_opens_and_closes():
