@@ -179,7 +179,7 @@ def chat_prompts(corpus_dir: Path, n_train: int, n_heldout: int, seed: int = 0,
 
 
 def generate_answers(corpus_dir: Path, model_dir: Path, prompts: list[dict], max_tokens: int = 160,
-                     batch: int = 32, seed: int = 0, max_prompt_tokens: int = 900, dtype: str = "bfloat16") -> int:
+                     batch: int = 32, seed: int = 0, max_prompt_tokens: int = 900, dtype: str = "auto") -> int:
     """Answer prompts with the teacher via the reference engine; append to chat.jsonl. Resumable."""
     from tqdm import tqdm
     from transformers import AutoTokenizer
@@ -197,7 +197,8 @@ def generate_answers(corpus_dir: Path, model_dir: Path, prompts: list[dict], max
     if not todo:
         return 0
     tok = AutoTokenizer.from_pretrained(model_dir)
-    # bf16 on CPU (AVX-512 bf16) is ~3x faster than fp32 here; answers are data, not a reference.
+    # "auto" = float32 on CPU (bf16 GEMMs with few rows, i.e. decode steps, are ~2x slower than
+    # fp32 on this CPU), bfloat16 on CUDA. Answers are data, not a reference.
     eng = LLMEngine(EngineConfig(model=str(model_dir), max_model_len=2048, kv_cache_memory_gb=1.0,
                                  max_num_seqs=batch, seed=seed, dtype=dtype))
     bar = tqdm(total=len(todo), desc="teacher answers", unit="prompt")
@@ -234,11 +235,12 @@ def iter_chat(corpus_dir: Path, split: str | None = None) -> Iterator[dict]:
 
 
 def build(out_dir: Path, model_dir: Path, n_chat_train: int, n_chat_heldout: int, seed: int = 0,
-          heldout_fraction: float = 0.05) -> dict:
+          heldout_fraction: float = 0.05, max_answer_tokens: int = 160, dtype: str = "auto") -> dict:
     manifest = collect(out_dir, heldout_fraction)
     prompts = chat_prompts(out_dir, n_chat_train, n_chat_heldout, seed)
-    generate_answers(out_dir, model_dir, prompts, seed=seed)
-    manifest.update({"teacher": model_dir.name, "teacher_dtype": "bfloat16", "chat_train": n_chat_train, "chat_heldout": n_chat_heldout,
+    generate_answers(out_dir, model_dir, prompts, max_tokens=max_answer_tokens, seed=seed, dtype=dtype)
+    manifest.update({"teacher": model_dir.name, "teacher_dtype": dtype, "chat_train": n_chat_train,
+                     "chat_heldout": n_chat_heldout, "max_answer_tokens": max_answer_tokens,
                      "seed": seed, "python": sys.version.split()[0]})
     counts: dict[str, int] = {}
     for d in iter_docs(out_dir):

@@ -17,6 +17,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat-train", type=int, default=800, help="teacher-answered training prompts")
     p.add_argument("--chat-heldout", type=int, default=100, help="teacher-answered held-out prompts")
     p.add_argument("--heldout-fraction", type=float, default=0.05)
+    p.add_argument("--max-answer-tokens", type=int, default=160, help="length limit of teacher answers")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="teacher dtype (auto: float32 on CPU, bfloat16 on CUDA)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
 
@@ -26,6 +29,6 @@ def run(args: argparse.Namespace) -> int:
     from modelkit.prepare import resolve_model
 
     manifest = build(Path(args.output), resolve_model(args.model), args.chat_train, args.chat_heldout,
-                     args.seed, args.heldout_fraction)
+                     args.seed, args.heldout_fraction, args.max_answer_tokens, args.dtype)
     print(json.dumps(manifest["counts"], indent=2))
     return 0

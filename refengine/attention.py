@@ -11,7 +11,8 @@ Queries are the step's flattened tokens ``q [T, heads, head_dim]``.
   into ``[B, max_blocks * block_size]`` rows, positions past a sequence's length
   masked out.
 
-GQA runs through SDPA's ``enable_gqa`` (no repeat of K/V in memory).
+GQA: prefills use SDPA's ``enable_gqa``; decodes fold each KV head's query heads
+into query rows (no repeat of K/V in memory either way).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ class PrefillSeq:
 class DecodeGroup:
     q_rows: torch.Tensor                 # [B] rows of q
     blocks: torch.Tensor                 # [B, max_blocks] block ids (padding repeats block 0)
-    mask: torch.Tensor | None            # [B, 1, 1, max_blocks*block_size] bool; None if no padding
+    mask: torch.Tensor | None            # [B, 1, 1, max_blocks*block_size] bool (broadcast over heads and
+                                         # query rows); None if no padding
     lengths: list[int] = field(default_factory=list)
 
 
@@ -68,11 +70,18 @@ def paged_attention(q: torch.Tensor, cache, batch: AttnBatch, scale: float) -> t
         k, v = cache.gather(d.blocks.reshape(-1))               # [B*maxblk, bs, kvh, d]
         k = k.view(B, -1, *k.shape[2:])                         # [B, L, kvh, d]
         v = v.view(B, -1, *v.shape[2:])
-        qd = q[d.q_rows].unsqueeze(2)                           # [B, h, 1, d]
-        o = _sdpa(qd, k.transpose(1, 2), v.transpose(1, 2), d.mask, False, scale)
+        # One query position per sequence, so the query heads sharing a KV head can be
+        # laid out as that KV head's query *rows*: [B, kvh, group, d] against K/V
+        # [B, kvh, L, d]. Plain SDPA then needs neither enable_gqa nor a K/V repeat
+        # (on CPU in bf16 this is ~8x faster than enable_gqa). Head h uses KV head
+        # h // group, as in HF's repeat_kv.
+        kvh = k.shape[2]
+        qd = q[d.q_rows].view(B, kvh, q.shape[1] // kvh, q.shape[2])       # [B, kvh, group, d]
+        o = F.scaled_dot_product_attention(qd, k.transpose(1, 2), v.transpose(1, 2), attn_mask=d.mask,
+                                           scale=scale)                    # [B, kvh, group, dv]
         if out is None:
             out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
-        out[d.q_rows] = o.squeeze(2)
+        out[d.q_rows] = o.reshape(B, q.shape[1], v.shape[-1])
     return out
 
 
