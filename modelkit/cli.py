@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "modelkit.swiftkv",       # convert-swiftkv
     "modelkit.corpus_cli",    # build-corpus
     "modelkit.distill",       # distill
+    "modelkit.distill_plot",  # plot-distill
     "modelkit.evaluate",      # eval
 ]
 

@@ -182,4 +182,10 @@ class Trainer:
                "train_windows": len(self.train), "heldout_windows": len(self.heldout),
                "heldout_kl_T1": final, "outputs": {g: str(p) for g, p in paths.items()}}
         (self.out / "run.json").write_text(json.dumps(run, indent=2))
+        try:
+            from modelkit.distill_plot import plot_run
+
+            plot_run(self.out)
+        except ImportError:                  # matplotlib is in the loadtest/dev extras only
+            pass
         return run
