@@ -84,6 +84,6 @@ def test_locust_headless_open_loop(tmp_path):
                "--output-len", "4", "--csv", str(tmp_path / "lc"), "--only-summary"]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2])
     stats = (tmp_path / "lc_stats.csv").read_text()
-    assert "TTFT" in stats and "TPOT" in stats and "POST completions" in stats, p.stdout + p.stderr
+    assert "TTFT" in stats and "TPOT" in stats and "E2E" in stats and "POST completions" in stats, p.stdout + p.stderr
     n_requests = len(srv.bodies)
     assert 8 <= n_requests <= 40           # ~5 req/s over ~4 s, not users x loop speed
