@@ -2,9 +2,9 @@
 
 It prepares the model once (so workers do not race on the download), starts each
 worker and then the gateway as child processes, waits until every worker answers
-``/health`` and the gateway routes to all of them, prints how to call it, and keeps supervising: if any child exits,
-or on Ctrl-C / SIGTERM, it stops all of them (SIGTERM, then SIGKILL after a grace
-period) and exits non-zero when a child failed.
+``/health`` and then until the gateway routes to all of them, prints how to call it,
+and keeps supervising: if any child exits, or on Ctrl-C / SIGTERM, it stops all of
+them (SIGTERM, then SIGKILL after a grace period) and exits non-zero when a child failed.
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ behind the HPA and in the KEDA query must be in that output (histograms as
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import httpx
 import pytest
 import yaml
 from deploy_support import K8S, ROOT, exposed_names, promql_metrics
+from proc_support import free_port, wait_healthy
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 
@@ -40,28 +40,6 @@ def referenced_metrics() -> dict[str, set[str]]:
     return uses
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, log, timeout: float) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            log.seek(0)
-            raise AssertionError(f"process exited with {proc.returncode}:\n{log.read()[-4000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    log.seek(0)
-    raise AssertionError(f"{url} not healthy after {timeout} s:\n{log.read()[-4000:]}")
-
-
 def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -75,7 +53,7 @@ def _stop(proc: subprocess.Popen) -> None:
 @pytest.fixture(scope="module")
 def stack(smollm2_dir, tmp_path_factory):
     logs = tmp_path_factory.mktemp("logs")
-    wport, gport = _free_port(), _free_port()
+    wport, gport = free_port(), free_port()
     procs = []
     try:
         wlog = open(logs / "worker.log", "w+")
@@ -84,13 +62,13 @@ def stack(smollm2_dir, tmp_path_factory):
              "--max-model-len", "1024", "--kv-cache-memory-gb", "0.1", "--served-model-name", "smol"],
             cwd=ROOT, stdout=wlog, stderr=subprocess.STDOUT, start_new_session=True))
         worker = f"http://127.0.0.1:{wport}"
-        _wait_healthy(worker, procs[0], wlog, 300)
+        wait_healthy(worker, procs[0], 300, wlog)
         glog = open(logs / "gateway.log", "w+")
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "gateway", "--workers", worker, "--port", str(gport)],
             cwd=ROOT, stdout=glog, stderr=subprocess.STDOUT, start_new_session=True))
         gateway = f"http://127.0.0.1:{gport}"
-        _wait_healthy(gateway, procs[1], glog, 60)
+        wait_healthy(gateway, procs[1], 60, glog)
         yield worker, gateway
     finally:
         for p in reversed(procs):

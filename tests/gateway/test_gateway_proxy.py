@@ -13,7 +13,8 @@ import pytest
 import uvicorn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gateway_fakes import FakeWorker, free_port  # noqa: E402
+from gateway_fakes import FakeWorker  # noqa: E402
+from proc_support import free_port  # noqa: E402
 
 from gateway.app import build_app  # noqa: E402
 from gateway.config import GatewayConfig  # noqa: E402

@@ -7,31 +7,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gateway_fakes import free_port  # noqa: E402
+from proc_support import free_port, wait_healthy  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 VLLM_PY = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
-
-
-def wait(url: str, proc: subprocess.Popen, timeout: float = 400) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"{url}: process exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise AssertionError(f"{url} not healthy after {timeout}s")
 
 
 @pytest.mark.skipif(not VLLM_PY.exists(), reason="no .venv-vllm (make test builds it unless WITH_VLLM=0)")
@@ -51,13 +36,13 @@ def test_gateway_routes_to_stock_vllm_and_swiftserve(smollm2_dir, tmp_path):
     ]
     vllm, ours = f"http://127.0.0.1:{vp}", f"http://127.0.0.1:{wp}"
     try:
-        wait(ours, procs[1])
-        wait(vllm, procs[0])
+        wait_healthy(ours, procs[1], 400)
+        wait_healthy(vllm, procs[0], 400)
         procs.append(subprocess.Popen([sys.executable, "-m", "gateway", "--workers", f"{vllm},{ours}", "--port",
                                        str(gp), "--policy", "round_robin"], stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL, start_new_session=True))
         gw = f"http://127.0.0.1:{gp}"
-        wait(gw, procs[2], 30)
+        wait_healthy(gw, procs[2], 30)
         texts = []
         for _ in range(4):
             r = httpx.post(gw + "/v1/completions", timeout=120,

@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from proc_support import free_port
 
 
 class FakeOpenAI:

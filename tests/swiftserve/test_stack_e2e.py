@@ -4,7 +4,6 @@ called with httpx and the official openai SDK, streaming and not, then stopped w
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -12,14 +11,9 @@ import time
 
 import httpx
 import pytest
+from proc_support import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_stack(model: str, port: int, wport: int, extra=()):

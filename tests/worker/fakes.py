@@ -20,12 +20,12 @@ free port (for the openai SDK and real client disconnects).
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from functools import lru_cache
 from typing import Callable
 
+from proc_support import free_port
 from refengine.outputs import EngineStats, RequestOutput, RequestTimings, TokenLogprob
 from refengine.sampling_params import SamplingParams
 
@@ -184,19 +184,13 @@ def parse_sse(body: str) -> list:
     return events
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class ServerThread:
     """uvicorn serving ``app`` on a free port in a daemon thread; a context manager."""
 
     def __init__(self, app, startup_timeout: float = 60.0) -> None:
         import uvicorn
 
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                                     lifespan="on"))

@@ -85,9 +85,9 @@ def test_python_m_worker_serves_and_stops_cleanly(smollm2_dir):
     import time
 
     import httpx
-    from worker_test_fakes import _free_port
+    from proc_support import free_port
 
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "worker", "--model", str(smollm2_dir), "--port", str(port),
                              "--served-model-name", "smol", "--max-model-len", "256", "--num-kv-blocks", "32",
                              "--torch-threads", "1", "--log-level", "warning"])
