@@ -3,7 +3,9 @@
 Reads ``train_log.jsonl`` (one JSON line per optimiser step, written by
 ``modelkit distill``) and draws, per AcrossKV group size ``g``: the training loss
 (KL at the training temperature times T^2, moving average over ``--smooth`` steps)
-and the held-out KL at temperature 1 at each evaluation, against tokens seen.
+and the held-out KL at temperature 1 at each evaluation, against tokens seen. When
+the run directory has ``init.json`` (its starting point's held-out KL), that is the
+held-out curve's point at 0 tokens.
 """
 
 from __future__ import annotations
@@ -35,6 +37,14 @@ def moving_average(xs: list[float], k: int) -> list[float]:
     return out
 
 
+def heldout_points(run_dir: Path, recs: list[dict], g: int) -> list[tuple[float, float]]:
+    """(million tokens, held-out KL) of group g, starting with the initial point from init.json."""
+    init_path = run_dir / "init.json"
+    start = json.loads(init_path.read_text()).get("heldout_kl_T1", {}) if init_path.is_file() else {}
+    pts = [(0.0, float(start[str(g)]))] if str(g) in start else []
+    return pts + [(r["tokens"] / 1e6, r[f"heldout_kl_g{g}"]) for r in recs if f"heldout_kl_g{g}" in r]
+
+
 def plot_run(run_dir: Path, out: Path | None = None, smooth: int = 10) -> Path:
     import matplotlib
 
@@ -47,7 +57,7 @@ def plot_run(run_dir: Path, out: Path | None = None, smooth: int = 10) -> Path:
     for g in groups:
         pts = [(r["tokens"] / 1e6, r[f"loss_g{g}"]) for r in recs if f"loss_g{g}" in r]
         ax1.plot([p[0] for p in pts], moving_average([p[1] for p in pts], smooth), label=f"g={g}")
-        ev = [(r["tokens"] / 1e6, r[f"heldout_kl_g{g}"]) for r in recs if f"heldout_kl_g{g}" in r]
+        ev = heldout_points(run_dir, recs, g)
         if ev:
             ax2.plot([p[0] for p in ev], [p[1] for p in ev], marker="o", label=f"g={g}")
     ax1.set(title=f"training loss (T^2 KL, {smooth}-step mean)", xlabel="tokens seen (M)", ylabel="loss")

@@ -50,6 +50,42 @@ class Trainer:
         self.tokens_seen = 0
         self.elapsed = 0.0
         self._fwd = torch.compile(self._forward) if cfg.compile else self._forward
+        self.init_info: dict = {"init": cfg.init}
+
+    def initialise(self) -> dict:
+        """Apply ``cfg.init`` to a fresh run (a resumed run takes its tensors from state.pt)."""
+        from modelkit.distill_init import fit_swiftkv_kv, load_into
+
+        cfg = self.cfg
+        if cfg.init == "lstsq":
+            t0 = time.time()
+            gen = torch.Generator().manual_seed(cfg.seed + 1)
+            pick = torch.randperm(len(self.train), generator=gen)[:cfg.init_windows]
+            with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
+                tensors, tokens = fit_swiftkv_kv(self.model, self.train[pick], cfg.micro_batch)
+            load_into(self.model, tensors)
+            self.init_info.update(tokens=tokens, seconds=round(time.time() - t0, 1))
+            if tokens < 10 * self.model.spec.hidden_size:   # each regression has hidden_size inputs
+                print(f"warning: least squares fitted on only {tokens} tokens for {self.model.spec.hidden_size} "
+                      "inputs per projection; raise --init-windows (the fit may not generalise)")
+        elif cfg.init != "original":
+            from safetensors.torch import load_file
+
+            src = Path(cfg.init)
+            files = {g: src / f"swiftkv-l{cfg.l}-g{g}.safetensors" for g in cfg.groups}
+            missing = [str(f) for f in files.values() if not f.is_file()]
+            if missing:
+                raise SystemExit(f"--init {cfg.init}: expected 'original', 'lstsq' or a run directory with "
+                                 f"{', '.join(missing)}")
+            load_into(self.model, {g: load_file(str(f)) for g, f in files.items()})
+        if cfg.init != "original":      # kept so that the starting point can be evaluated on its own
+            self.export(prefix="init-")
+        self.init_info["heldout_kl_T1"] = self.evaluate()
+        print(f"init {cfg.init}: held-out KL(T=1) " +
+              ", ".join(f"g={g} {v:.4f}" for g, v in self.init_info["heldout_kl_T1"].items()))
+        with open(self.out / "init.json", "w") as f:
+            json.dump(self.init_info, f, indent=2)
+        return self.init_info
 
     # ---- one forward for all students -----------------------------------------------------
     def _forward(self, ids: torch.Tensor):
@@ -79,10 +115,11 @@ class Trainer:
         if not path.exists():
             return False
         st = torch.load(path, map_location=self.device, weights_only=False)
-        keep = ("l", "groups", "seq_len", "micro_batch", "grad_accum", "steps", "seed", "corpus")
+        keep = ("l", "groups", "seq_len", "micro_batch", "grad_accum", "steps", "seed", "corpus", "init")
         for k in keep:
-            if st["config"][k] != getattr(self.cfg, k):
-                raise SystemExit(f"cannot resume: {k}={st['config'][k]!r} in {path}, {getattr(self.cfg, k)!r} now")
+            was = st["config"].get(k, DistillConfig.__dataclass_fields__[k].default)
+            if was != getattr(self.cfg, k):
+                raise SystemExit(f"cannot resume: {k}={was!r} in {path}, {getattr(self.cfg, k)!r} now")
         with torch.no_grad():
             for g, tensors in st["students"].items():
                 for name, t in tensors.items():
@@ -91,16 +128,20 @@ class Trainer:
         self.step, self.tokens_seen, self.elapsed = st["step"], st["tokens_seen"], st["elapsed"]
         return True
 
-    def export(self) -> dict[int, Path]:
+    def export(self, prefix: str = "swiftkv-") -> dict[int, Path]:
         from safetensors.torch import save_file
 
         paths = {}
         for g in self.cfg.groups:
-            p = self.out / f"swiftkv-l{self.cfg.l}-g{g}.safetensors"
+            p = self.out / f"{prefix}l{self.cfg.l}-g{g}.safetensors"
             save_file({k: v.to(torch.bfloat16).contiguous().cpu() for k, v in self.model.swiftkv_state(g).items()},
                       str(p), metadata={"format": "pt", "l": str(self.cfg.l), "g": str(g), "step": str(self.step)})
             paths[g] = p
         return paths
+
+    def _init_record(self) -> dict:
+        path = self.out / "init.json"
+        return json.loads(path.read_text()) if path.exists() else self.init_info
 
     @torch.no_grad()
     def evaluate(self) -> dict[int, float]:
@@ -179,7 +220,7 @@ class Trainer:
                "device": str(self.device), "torch": torch.__version__,
                "hardware": f"{platform.machine()}, {os.cpu_count()} cpus, {torch.get_num_threads()} threads"
                            + (f", {torch.cuda.get_device_name()}" if self.device.type == "cuda" else ""),
-               "train_windows": len(self.train), "heldout_windows": len(self.heldout),
+               "train_windows": len(self.train), "heldout_windows": len(self.heldout), "init": self._init_record(),
                "heldout_kl_T1": final, "outputs": {g: str(p) for g, p in paths.items()}}
         (self.out / "run.json").write_text(json.dumps(run, indent=2))
         try:

@@ -62,9 +62,8 @@ def test_lr_schedule():
     assert lr_at(cfg, 99) < 0.01 and lr_at(cfg, 55) == pytest.approx(0.5, abs=0.02)
 
 
-def test_run_stops_and_resumes(smollm2_dir, tmp_path):
-    from modelkit.distill_train import Trainer
-
+@pytest.fixture
+def tiny_corpus(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     text = "The quick brown fox jumps over the lazy dog. " * 60
@@ -72,14 +71,37 @@ def test_run_stops_and_resumes(smollm2_dir, tmp_path):
         for i, split in enumerate(["train"] * 6 + ["heldout"] * 2):
             f.write(json.dumps({"id": f"d{i}", "source": "t", "license": "x", "kind": "text", "split": split,
                                 "text": f"Document {i}. " + text}) + "\n")
-    cfg = DistillConfig(model=str(smollm2_dir), output=str(tmp_path / "run"), corpus=str(corpus), l=15, groups=[2],
-                        seq_len=64, micro_batch=1, grad_accum=1, steps=3, compile=False, eval_every=2,
-                        eval_windows=1, save_every=1, max_hours=1e-9, dtype="float32")
-    first = Trainer(cfg, smollm2_dir).run()
+    return corpus
+
+
+def test_run_stops_and_resumes(smollm2_dir, tmp_path, tiny_corpus):
+    from modelkit.distill_train import Trainer
+
+    cfg = DistillConfig(model=str(smollm2_dir), output=str(tmp_path / "run"), corpus=str(tiny_corpus), l=15,
+                        groups=[2], seq_len=64, micro_batch=1, grad_accum=1, steps=3, compile=False, eval_every=2,
+                        eval_windows=1, save_every=1, max_hours=1e-9, dtype="float32", init="lstsq", init_windows=2)
+    t1 = Trainer(cfg, smollm2_dir)
+    info = t1.initialise()
+    assert info["tokens"] == 2 * 64 and info["heldout_kl_T1"][2] > 0
+    first = t1.run()
     assert first["stopped"] and first["step"] == 1
     t2 = Trainer(cfg.__class__(**{**cfg.__dict__, "max_hours": None}), smollm2_dir)
     assert t2.load_state() and t2.step == 1
     done = t2.run()
     assert done["steps"] == 3 and (tmp_path / "run" / "swiftkv-l15-g2.safetensors").is_file()
+    assert done["init"]["init"] == "lstsq" and done["init"]["tokens"] == 128
     log = [json.loads(line) for line in open(tmp_path / "run" / "train_log.jsonl")]
     assert [r["step"] for r in log] == [1, 2, 3] and "heldout_kl_g2" in log[1]
+
+    # A new run warm-starts from the exported tensors; anything else is refused with a clear message.
+    from safetensors.torch import load_file
+
+    warm = Trainer(cfg.__class__(**{**cfg.__dict__, "output": str(tmp_path / "warm"), "init": str(tmp_path / "run")}),
+                   smollm2_dir)
+    warm.initialise()
+    exported = load_file(str(tmp_path / "run" / "swiftkv-l15-g2.safetensors"))
+    for name, t in warm.model.swiftkv_state(2).items():
+        assert torch.equal(t, exported[name].float()), name
+    bad = Trainer(cfg.__class__(**{**cfg.__dict__, "output": str(tmp_path / "bad"), "init": "nowhere"}), smollm2_dir)
+    with pytest.raises(SystemExit, match="original.*lstsq"):
+        bad.initialise()
