@@ -17,14 +17,13 @@ float64, over a few hundred teacher-forward windows (no backward), so the fit co
 less than one percent of a distillation run and needs no extra memory.
 
 ``fit_swiftkv_kv(model, windows, ...)`` -> ``{g: {checkpoint name: tensor}}`` for the
-K/V tensors of every student of ``model``; queries and ``norm_swiftkv`` keep their
-initialisation (distillation trains them).
+K/V tensors of every student of ``model`` (load them with ``model.load_swiftkv``);
+queries and ``norm_swiftkv`` keep their initialisation (distillation trains them).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from refengine.models.llama import rms_norm
 
@@ -53,12 +52,10 @@ def kv_statistics(model, windows: torch.Tensor, micro_batch: int = 2, device=Non
             x = torch.cat([x, torch.ones_like(x[:, :1])], -1)
         xtx += x.T @ x
         for i in range(l, model.L):
-            lay = model.layers[i]
-            qkv = F.linear(rms_norm(h, lay["ln1"], s.rms_norm_eps), lay["qkv"], lay["qkv_b"])
-            _, k, v = qkv.split([s.num_heads * s.head_dim, kvd, kvd], -1)
-            xty[i][0].add_(x.T @ k.reshape(-1, kvd).double())
-            xty[i][1].add_(x.T @ v.reshape(-1, kvd).double())
-            h = model._layer(lay, h, cos, sin)
+            qkv = model.qkv(model.layers[i], h)
+            xty[i][0].add_(x.T @ qkv[1].reshape(-1, kvd).double())
+            xty[i][1].add_(x.T @ qkv[2].reshape(-1, kvd).double())
+            h = model._layer(model.layers[i], h, cos, sin, qkv)
         tokens += ids.numel()
     return xtx, xty, tokens
 
@@ -90,14 +87,3 @@ def fit_swiftkv_kv(model, windows: torch.Tensor, micro_batch: int = 2, ridge: fl
     xtx, xty, tokens = kv_statistics(model, windows, micro_batch, progress=progress)
     return solve_kv(model, xtx, xty, ridge), tokens
 
-
-def load_into(model, tensors: dict[int, dict[str, torch.Tensor]]) -> None:
-    """Copy tensors (checkpoint names) into the students' parameters."""
-    with torch.no_grad():
-        for g, named in tensors.items():
-            params = model.students[str(g)]
-            for name, t in named.items():
-                key = name.replace(".", "__")
-                if key not in params or params[key].shape != t.shape:
-                    raise ValueError(f"tensor {name} {tuple(t.shape)} does not fit student g={g}")
-                params[key].copy_(t.to(params[key].dtype))

@@ -31,8 +31,7 @@ from refengine.weights import WeightSource
 
 class SwiftKVDistillModel(nn.Module):
     def __init__(self, base_dir, l: int, groups: list[int], dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu", max_positions: int = 4096,
-                 init: dict[int, dict[str, torch.Tensor]] | None = None):
+                 device: torch.device | str = "cpu", max_positions: int = 4096):
         super().__init__()
         spec = load_model_spec(base_dir)
         if spec.is_swiftkv_checkpoint:
@@ -65,10 +64,6 @@ class SwiftKVDistillModel(nn.Module):
         self.students = nn.ModuleDict()
         for g in self.groups:
             start = init_swiftkv_tensors(lambda n: w.get(n, torch.float32), self.L, l, g, spec.qkv_bias)
-            for k, v in ((init or {}).get(g) or {}).items():
-                if k not in start or start[k].shape != v.shape:
-                    raise ValueError(f"init tensor {k} does not fit this (l={l}, g={g}) model")
-                start[k] = v.float()
             self.students[str(g)] = nn.ParameterDict(
                 {k.replace(".", "__"): nn.Parameter(v.to(device)) for k, v in start.items()})
         w.close()
@@ -77,6 +72,17 @@ class SwiftKVDistillModel(nn.Module):
     def swiftkv_state(self, g: int) -> dict[str, torch.Tensor]:
         """Student g's trainable tensors under their checkpoint names."""
         return {k.replace("__", "."): v.detach() for k, v in self.students[str(g)].items()}
+
+    @torch.no_grad()
+    def load_swiftkv(self, tensors: dict[int, dict[str, torch.Tensor]]) -> None:
+        """Copy tensors (checkpoint names, any dtype) into the students' parameters, by group size."""
+        for g, named in tensors.items():
+            params = self.students[str(g)]
+            for name, t in named.items():
+                key = name.replace(".", "__")
+                if key not in params or params[key].shape != t.shape:
+                    raise ValueError(f"tensor {name} {tuple(t.shape)} does not fit student g={g}")
+                params[key].copy_(t.to(params[key].dtype))
 
     def parameters_of(self, g: int) -> list[nn.Parameter]:
         return list(self.students[str(g)].values())
@@ -98,10 +104,16 @@ class SwiftKVDistillModel(nn.Module):
         gate, up = F.linear(rms_norm(h, lay["ln2"], self.spec.rms_norm_eps), lay["gate_up"]).chunk(2, -1)
         return h + F.linear(F.silu(gate) * up, lay["down"])
 
-    def _layer(self, lay, h, cos, sin):
+    def qkv(self, lay, h) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Original projections of one layer, before RoPE: q [B,T,nh*d], k and v [B,T,nkv*d]."""
         s = self.spec
         qkv = F.linear(rms_norm(h, lay["ln1"], s.rms_norm_eps), lay["qkv"], lay["qkv_b"])
-        q, k, v = qkv.split([s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.num_kv_heads * s.head_dim], -1)
+        return qkv.split([s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.num_kv_heads * s.head_dim], -1)
+
+    def _layer(self, lay, h, cos, sin, qkv=None):
+        """One original layer; ``qkv`` = ``self.qkv(lay, h)`` when the caller already has it."""
+        s = self.spec
+        q, k, v = qkv if qkv is not None else self.qkv(lay, h)
         q, k = self._rot(self._heads(q, s.num_heads), cos, sin), self._rot(self._heads(k, s.num_kv_heads), cos, sin)
         a = F.scaled_dot_product_attention(q, k, self._heads(v, s.num_kv_heads), is_causal=True, enable_gqa=True)
         return self._tail(lay, h, a)

@@ -37,10 +37,14 @@ def moving_average(xs: list[float], k: int) -> list[float]:
     return out
 
 
-def heldout_points(run_dir: Path, recs: list[dict], g: int) -> list[tuple[float, float]]:
-    """(million tokens, held-out KL) of group g, starting with the initial point from init.json."""
-    init_path = run_dir / "init.json"
-    start = json.loads(init_path.read_text()).get("heldout_kl_T1", {}) if init_path.is_file() else {}
+def initial_kl(run_dir: Path) -> dict[str, float]:
+    """The starting point's held-out KL by group size (from init.json; empty if the run has none)."""
+    path = run_dir / "init.json"
+    return json.loads(path.read_text()).get("heldout_kl_T1", {}) if path.is_file() else {}
+
+
+def heldout_points(recs: list[dict], g: int, start: dict[str, float]) -> list[tuple[float, float]]:
+    """(million tokens, held-out KL) of group g, beginning at 0 tokens with ``start[str(g)]`` when known."""
     pts = [(0.0, float(start[str(g)]))] if str(g) in start else []
     return pts + [(r["tokens"] / 1e6, r[f"heldout_kl_g{g}"]) for r in recs if f"heldout_kl_g{g}" in r]
 
@@ -53,11 +57,12 @@ def plot_run(run_dir: Path, out: Path | None = None, smooth: int = 10) -> Path:
 
     recs = read_log(run_dir)
     groups = sorted({int(m.group(1)) for r in recs for k in r if (m := re.fullmatch(r"loss_g(\d+)", k))})
+    start = initial_kl(run_dir)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for g in groups:
         pts = [(r["tokens"] / 1e6, r[f"loss_g{g}"]) for r in recs if f"loss_g{g}" in r]
         ax1.plot([p[0] for p in pts], moving_average([p[1] for p in pts], smooth), label=f"g={g}")
-        ev = heldout_points(run_dir, recs, g)
+        ev = heldout_points(recs, g, start)
         if ev:
             ax2.plot([p[0] for p in ev], [p[1] for p in ev], marker="o", label=f"g={g}")
     ax1.set(title=f"training loss (T^2 KL, {smooth}-step mean)", xlabel="tokens seen (M)", ylabel="loss")

@@ -50,21 +50,21 @@ class Trainer:
         self.tokens_seen = 0
         self.elapsed = 0.0
         self._fwd = torch.compile(self._forward) if cfg.compile else self._forward
-        self.init_info: dict = {"init": cfg.init}
 
     def initialise(self) -> dict:
         """Apply ``cfg.init`` to a fresh run (a resumed run takes its tensors from state.pt)."""
-        from modelkit.distill_init import fit_swiftkv_kv, load_into
+        from modelkit.distill_init import fit_swiftkv_kv
 
         cfg = self.cfg
+        info: dict = {"init": cfg.init}
         if cfg.init == "lstsq":
             t0 = time.time()
             gen = torch.Generator().manual_seed(cfg.seed + 1)
             pick = torch.randperm(len(self.train), generator=gen)[:cfg.init_windows]
             with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
                 tensors, tokens = fit_swiftkv_kv(self.model, self.train[pick], cfg.micro_batch)
-            load_into(self.model, tensors)
-            self.init_info.update(tokens=tokens, seconds=round(time.time() - t0, 1))
+            self.model.load_swiftkv(tensors)
+            info.update(tokens=tokens, seconds=round(time.time() - t0, 1))
             if tokens < 10 * self.model.spec.hidden_size:   # each regression has hidden_size inputs
                 print(f"warning: least squares fitted on only {tokens} tokens for {self.model.spec.hidden_size} "
                       "inputs per projection; raise --init-windows (the fit may not generalise)")
@@ -77,15 +77,15 @@ class Trainer:
             if missing:
                 raise SystemExit(f"--init {cfg.init}: expected 'original', 'lstsq' or a run directory with "
                                  f"{', '.join(missing)}")
-            load_into(self.model, {g: load_file(str(f)) for g, f in files.items()})
+            self.model.load_swiftkv({g: load_file(str(f)) for g, f in files.items()})
         if cfg.init != "original":      # kept so that the starting point can be evaluated on its own
             self.export(prefix="init-")
-        self.init_info["heldout_kl_T1"] = self.evaluate()
+        info["heldout_kl_T1"] = self.evaluate()
         print(f"init {cfg.init}: held-out KL(T=1) " +
-              ", ".join(f"g={g} {v:.4f}" for g, v in self.init_info["heldout_kl_T1"].items()))
+              ", ".join(f"g={g} {v:.4f}" for g, v in info["heldout_kl_T1"].items()))
         with open(self.out / "init.json", "w") as f:
-            json.dump(self.init_info, f, indent=2)
-        return self.init_info
+            json.dump(info, f, indent=2)
+        return info
 
     # ---- one forward for all students -----------------------------------------------------
     def _forward(self, ids: torch.Tensor):
@@ -120,10 +120,7 @@ class Trainer:
             was = st["config"].get(k, DistillConfig.__dataclass_fields__[k].default)
             if was != getattr(self.cfg, k):
                 raise SystemExit(f"cannot resume: {k}={was!r} in {path}, {getattr(self.cfg, k)!r} now")
-        with torch.no_grad():
-            for g, tensors in st["students"].items():
-                for name, t in tensors.items():
-                    self.model.students[str(g)][name.replace(".", "__")].copy_(t)
+        self.model.load_swiftkv(st["students"])
         self.opt.load_state_dict(st["optimizer"])
         self.step, self.tokens_seen, self.elapsed = st["step"], st["tokens_seen"], st["elapsed"]
         return True
@@ -140,8 +137,9 @@ class Trainer:
         return paths
 
     def _init_record(self) -> dict:
+        """What ``initialise`` recorded; a run started without it began from the constructor's (papers') tensors."""
         path = self.out / "init.json"
-        return json.loads(path.read_text()) if path.exists() else self.init_info
+        return json.loads(path.read_text()) if path.exists() else {"init": "original"}
 
     @torch.no_grad()
     def evaluate(self) -> dict[int, float]:

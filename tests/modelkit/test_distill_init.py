@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from modelkit.distill_init import fit_swiftkv_kv, load_into, solve_kv
+from modelkit.distill_init import fit_swiftkv_kv, solve_kv
 from modelkit.distill_model import SwiftKVDistillModel, distill_loss
 
 
@@ -64,8 +64,8 @@ def test_lstsq_init_beats_the_papers_init_on_unseen_text(smollm2_dir):
     before = {g: kl(g) for g in (1, 2)}
     tensors, tokens = fit_swiftkv_kv(model, fit, micro_batch=4, progress=False)
     assert tokens == 16 * 128 and set(tensors) == {1, 2}
-    load_into(model, tensors)
+    model.load_swiftkv(tensors)
     after = {g: kl(g) for g in (1, 2)}
     assert after[1] < 0.7 * before[1] and after[2] < 0.7 * before[2], (before, after)
     with pytest.raises(ValueError):
-        load_into(model, {1: {"model.layers.15.self_attn.k_proj_swiftkv.weight": torch.zeros(3, 3)}})
+        model.load_swiftkv({1: {"model.layers.15.self_attn.k_proj_swiftkv.weight": torch.zeros(3, 3)}})

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from modelkit.cli import main
-from modelkit.distill_plot import heldout_points, moving_average, read_log
+from modelkit.distill_plot import heldout_points, initial_kl, moving_average, read_log
 
 
 def _write_log(run):
@@ -30,9 +30,10 @@ def test_read_log_keeps_last_record_per_step(tmp_path):
 def test_heldout_curve_starts_at_the_initial_point(tmp_path):
     _write_log(tmp_path / "run")
     recs = read_log(tmp_path / "run")
-    assert heldout_points(tmp_path / "run", recs, 2)[0] == (10 * 1024 / 1e6, 0.2)
+    assert initial_kl(tmp_path / "run") == {}
+    assert heldout_points(recs, 2, initial_kl(tmp_path / "run"))[0] == (10 * 1024 / 1e6, 0.2)
     (tmp_path / "run" / "init.json").write_text(json.dumps({"init": "lstsq", "heldout_kl_T1": {"1": 0.4, "2": 1.9}}))
-    pts = heldout_points(tmp_path / "run", recs, 2)
+    pts = heldout_points(recs, 2, initial_kl(tmp_path / "run"))
     assert pts[0] == (0.0, 1.9) and len(pts) == 4
 
 
