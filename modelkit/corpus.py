@@ -148,14 +148,18 @@ TOPICS = [
 
 def chat_prompts(corpus_dir: Path, n_train: int, n_heldout: int, seed: int = 0,
                  min_chars: int = 600, max_chars: int = 2400) -> list[dict]:
-    """Deterministic list of chat prompts: ~70% passage questions, ~15% code, ~15% general."""
-    rng = random.Random(seed)
+    """Deterministic list of chat prompts: ~70% passage questions, ~15% code, ~15% general.
+
+    Each split draws from its own seeded RNG, so asking for more training prompts keeps
+    the held-out prompts (and the first training prompts) unchanged.
+    """
     pools: dict[str, list[dict]] = {"train": [], "heldout": []}
     for d in iter_docs(corpus_dir):
         if len(d["text"]) >= min_chars:
             pools[d["split"]].append(d)
     out = []
     for split, n in (("train", n_train), ("heldout", n_heldout)):
+        rng = random.Random(f"{seed}-{split}")
         docs = pools[split]
         rng.shuffle(docs)
         for i in range(n):
