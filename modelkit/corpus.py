@@ -211,8 +211,7 @@ def generate_answers(corpus_dir: Path, model_dir: Path, prompts: list[dict], max
             group = todo[i:i + batch]
             ids = []
             for p in group:
-                t = tok.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=True)
-                t = list(t["input_ids"] if hasattr(t, "keys") else t)
+                t = chat_ids(tok, p["messages"], add_generation_prompt=True)
                 ids.append(t[-max_prompt_tokens:] if len(t) > max_prompt_tokens else t)
             params = [SamplingParams(max_tokens=max_tokens, temperature=0.7, top_p=0.9,
                                      seed=seed * 1_000_003 + int(p["id"].rsplit("-", 1)[1])) for p in group]
@@ -225,6 +224,13 @@ def generate_answers(corpus_dir: Path, model_dir: Path, prompts: list[dict], max
             bar.update(len(group))
     bar.close()
     return len(todo)
+
+
+def chat_ids(tok, messages: list[dict], add_generation_prompt: bool = False) -> list[int]:
+    """Token ids of ``messages`` rendered with the model's chat template. (Recent
+    transformers return a BatchEncoding from ``tokenize=True``, older ones a list.)"""
+    t = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+    return list(t["input_ids"] if hasattr(t, "keys") else t)
 
 
 def iter_chat(corpus_dir: Path, split: str | None = None) -> Iterator[dict]:

@@ -23,7 +23,7 @@ def load_windows(corpus_dir: Path, model_dir: Path, split: str, seq_len: int, ch
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    from modelkit.corpus import iter_chat, iter_docs
+    from modelkit.corpus import chat_ids, iter_chat, iter_docs
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     eos = tok.eos_token_id
@@ -32,9 +32,7 @@ def load_windows(corpus_dir: Path, model_dir: Path, split: str, seq_len: int, ch
     for d in tqdm(docs, desc=f"tokenising {split} documents", unit="doc"):
         seqs.append(tok(d["text"])["input_ids"] + [eos])
     for c in iter_chat(corpus_dir, split):
-        t = tok.apply_chat_template(c["messages"], tokenize=True)
-        ids = list(t["input_ids"] if hasattr(t, "keys") else t)
-        seqs.extend([ids] * chat_repeats)
+        seqs.extend([chat_ids(tok, c["messages"])] * chat_repeats)
     if not seqs:
         raise SystemExit(f"corpus {corpus_dir} has no {split} documents; run `modelkit build-corpus` first")
     random.Random(seed).shuffle(seqs)

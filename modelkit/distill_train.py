@@ -24,6 +24,11 @@ from modelkit.distill_data import load_windows
 from modelkit.distill_model import SwiftKVDistillModel, distill_loss
 
 
+def tensor_file(run_dir: Path, l: int, g: int, prefix: str = "swiftkv-") -> Path:
+    """Where a run keeps student g's exported tensors (``init-`` prefix: its starting point)."""
+    return Path(run_dir) / f"{prefix}l{l}-g{g}.safetensors"
+
+
 class Trainer:
     def __init__(self, cfg: DistillConfig, base_dir: Path):
         self.cfg = cfg
@@ -72,7 +77,7 @@ class Trainer:
             from safetensors.torch import load_file
 
             src = Path(cfg.init)
-            files = {g: src / f"swiftkv-l{cfg.l}-g{g}.safetensors" for g in cfg.groups}
+            files = {g: tensor_file(src, cfg.l, g) for g in cfg.groups}
             missing = [str(f) for f in files.values() if not f.is_file()]
             if missing:
                 raise SystemExit(f"--init {cfg.init}: expected 'original', 'lstsq' or a run directory with "
@@ -130,7 +135,7 @@ class Trainer:
 
         paths = {}
         for g in self.cfg.groups:
-            p = self.out / f"{prefix}l{self.cfg.l}-g{g}.safetensors"
+            p = tensor_file(self.out, self.cfg.l, g, prefix)
             save_file({k: v.to(torch.bfloat16).contiguous().cpu() for k, v in self.model.swiftkv_state(g).items()},
                       str(p), metadata={"format": "pt", "l": str(self.cfg.l), "g": str(g), "step": str(self.step)})
             paths[g] = p

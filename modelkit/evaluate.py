@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from modelkit.corpus import chat_ids, iter_chat, iter_docs
+
 
 def _engine(model_dir: Path, overrides: dict, max_model_len: int):
     from refengine.config import EngineConfig
@@ -37,14 +39,11 @@ def scoring_items(corpus: Path, tok, n: int, prefix: int, cont: int, seed: int) 
     """Held-out (prefix, continuation) pairs from documents and teacher chats."""
     import random
 
-    from modelkit.corpus import iter_chat, iter_docs
-
     seqs = []
     for d in iter_docs(corpus, "heldout"):
         seqs.append(tok(d["text"])["input_ids"])
     for c in iter_chat(corpus, "heldout"):
-        t = tok.apply_chat_template(c["messages"], tokenize=True)
-        seqs.append(list(t["input_ids"] if hasattr(t, "keys") else t))
+        seqs.append(chat_ids(tok, c["messages"]))
     seqs = [s for s in seqs if len(s) >= prefix + cont]
     random.Random(seed).shuffle(seqs)
     if len(seqs) < n:
@@ -53,12 +52,9 @@ def scoring_items(corpus: Path, tok, n: int, prefix: int, cont: int, seed: int) 
 
 
 def chat_prompts(corpus: Path, tok, n: int, max_prompt: int) -> list[list[int]]:
-    from modelkit.corpus import iter_chat
-
     out = []
     for c in iter_chat(corpus, "heldout"):
-        t = tok.apply_chat_template(c["messages"][:1], add_generation_prompt=True, tokenize=True)
-        t = list(t["input_ids"] if hasattr(t, "keys") else t)
+        t = chat_ids(tok, c["messages"][:1], add_generation_prompt=True)
         if len(t) <= max_prompt:
             out.append(t)
         if len(out) == n:
@@ -102,10 +98,7 @@ def greedy_metrics(base_out, model_out) -> dict:
 def run_tasks(engine, tok, tasks, max_tokens: int = 24) -> list[bool]:
     from refengine.sampling_params import SamplingParams
 
-    prompts = []
-    for t in tasks:
-        ids = tok.apply_chat_template([{"role": "user", "content": t.prompt}], add_generation_prompt=True, tokenize=True)
-        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    prompts = [chat_ids(tok, [{"role": "user", "content": t.prompt}], add_generation_prompt=True) for t in tasks]
     outs = engine.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0))
     return [t.correct(tok.decode(o, skip_special_tokens=True)) for t, o in zip(tasks, outs)]
 

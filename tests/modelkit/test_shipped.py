@@ -5,6 +5,7 @@ smaller KV footprint is checked."""
 
 import pytest
 
+from modelkit.corpus import chat_ids
 from modelkit.shipped import materialize, names
 from refengine.config import EngineConfig
 from refengine.engine import LLMEngine
@@ -23,9 +24,7 @@ def test_shipped_swiftkv_answers_like_the_original():
     assert "SmolLM2-135M-Instruct-SwiftKV" in names()
     ckpt = materialize("SmolLM2-135M-Instruct-SwiftKV")
     tok = AutoTokenizer.from_pretrained(ckpt)
-    ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                  add_generation_prompt=True, tokenize=True)
-    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    ids = chat_ids(tok, [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True)
     (out,) = _engine(ckpt).generate([ids], SamplingParams(max_tokens=16, temperature=0))
     assert "Paris" in tok.decode(out, skip_special_tokens=True)
 

@@ -1,0 +1,62 @@
+"""The evaluator behind the quality reports: metric arithmetic on hand-made inputs, and on
+the real SmolLM2 the original compared with itself scores as identical while an FP8 KV
+cache scores as close but not identical, with a smaller KV footprint."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from modelkit.evaluate import Evaluation, greedy_metrics, markdown_table, score_metrics
+
+
+def test_greedy_metrics():
+    same = greedy_metrics([[1, 2, 3, 4]], [[1, 2, 3, 4]])
+    assert same == {"greedy_token_agreement": 1.0, "greedy_prefix_agreement": 1.0, "greedy_exact_match": 1.0}
+    # Diverges at position 2; position 3 agrees again; the longer output sets the length.
+    m = greedy_metrics([[1, 2, 3, 4], [5, 6]], [[1, 2, 9, 4, 7], [5, 6]])
+    assert m["greedy_token_agreement"] == pytest.approx(5 / 7)
+    assert m["greedy_prefix_agreement"] == pytest.approx((2 / 5 + 1) / 2)
+    assert m["greedy_exact_match"] == 0.5
+    assert greedy_metrics([], [])["greedy_token_agreement"] is None
+
+
+def test_score_metrics():
+    p = torch.tensor([0.5, 0.25, 0.25]).log()
+    q = torch.tensor([0.25, 0.5, 0.25]).log()
+    base = [[(float(p[0]), 0, p), (float(p[1]), 0, p)]]
+    same = score_metrics(base, base)
+    assert same["ppl_increase_pct"] == pytest.approx(0.0) and same["kl"] == pytest.approx(0.0)
+    assert same["top1_agreement"] == 1.0 and same["positions"] == 2
+    other = score_metrics(base, [[(float(q[0]), 1, q), (float(q[1]), 1, q)]])
+    assert other["top1_agreement"] == 0.0
+    assert other["kl"] == pytest.approx(float((p.exp() * (p - q)).sum()))
+    # Same mean log-probability of the true tokens (log .5 + log .25 both ways): same perplexity.
+    assert other["ppl"] == pytest.approx(math.exp(-(math.log(0.5) + math.log(0.25)) / 2))
+    assert other["ppl_increase_pct"] == pytest.approx(0.0)
+
+
+def test_markdown_table_marks_missing_values():
+    table = markdown_table({"a": {"ppl": 12.0, "kl": None}})
+    assert "| ppl through cache | 12.000 |" in table and "| KL(original || model) | n/a |" in table
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_original_against_itself_and_fp8(smollm2_dir, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    docs = [("The history of the printing press begins with movable type in East Asia. " * 12),
+            ("def add(a, b):\n    return a + b\n\n" * 20), ("Rivers carry water from mountains to the sea. " * 15)]
+    with open(corpus / "docs.jsonl", "w") as f:
+        for i, text in enumerate(docs):
+            f.write(json.dumps({"id": f"d{i}", "source": "t", "license": "x", "kind": "text", "split": "heldout",
+                                "text": text}) + "\n")
+    ev = Evaluation(smollm2_dir, corpus, n_score=3, prefix=48, cont=16, n_gen=0)
+    assert ev.tasks, "the task suite keeps the items the original solves"
+    same = ev.compare(smollm2_dir, {})
+    assert same["ppl_increase_pct"] == pytest.approx(0.0, abs=1e-6) and same["top1_agreement"] == 1.0
+    assert same["kl"] == pytest.approx(0.0, abs=1e-6) and same["task_accuracy"] == 1.0
+    fp8 = ev.compare(smollm2_dir, {"kv_cache_dtype": "fp8_e4m3"})
+    assert 0 < fp8["kl"] < 0.1 and fp8["kv_bytes_per_token"] < same["kv_bytes_per_token"]
