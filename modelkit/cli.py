@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "modelkit.distill",       # distill
     "modelkit.distill_plot",  # plot-distill
     "modelkit.evaluate",      # eval
+    "modelkit.zack",          # zack-calibrate
 ]
 
 

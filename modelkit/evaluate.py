@@ -10,6 +10,9 @@ act: in the cache.
                 position-wise token agreement, mean common-prefix fraction, exact match
   tasks         task suite with exact answers (modelkit.tasks), on the items the
                 original answers correctly
+KV methods (``--kv-methods``) apply to the evaluated models and are validated before
+anything loads; an option given as a JSON list is swept (one evaluation per combination).
+``--join-docs`` builds long prompts RAG-style, by joining held-out passages.
 Writes a JSON file and a markdown table; prints the table.
 """
 
@@ -30,20 +33,36 @@ def _engine(model_dir: Path, overrides: dict, max_model_len: int):
     from refengine.config import EngineConfig
     from refengine.engine import LLMEngine
 
-    kw = dict(max_model_len=max_model_len, kv_cache_memory_gb=1.0, max_num_seqs=32)
+    kw = dict(max_model_len=max_model_len, kv_cache_memory_gb=3.0, max_num_seqs=32)
     kw.update(overrides)
     return LLMEngine(EngineConfig(model=str(model_dir), **kw))
 
 
-def scoring_items(corpus: Path, tok, n: int, prefix: int, cont: int, seed: int) -> list[tuple[list[int], list[int]]]:
-    """Held-out (prefix, continuation) pairs from documents and teacher chats."""
+def scoring_items(corpus: Path, tok, n: int, prefix: int, cont: int, seed: int,
+                  join_docs: bool = False) -> list[tuple[list[int], list[int]]]:
+    """Held-out (prefix, continuation) pairs from documents and teacher chats.
+
+    ``join_docs``: each sequence is held-out passages joined by blank lines until it is long
+    enough (a multi-passage, RAG-style context), so prompts longer than one document exist.
+    """
     import random
 
     seqs = []
     for d in iter_docs(corpus, "heldout"):
         seqs.append(tok(d["text"])["input_ids"])
-    for c in iter_chat(corpus, "heldout"):
-        seqs.append(chat_ids(tok, c["messages"]))
+    if join_docs:
+        rng, sep = random.Random(seed), tok("\n\n", add_special_tokens=False)["input_ids"]
+        rng.shuffle(seqs)
+        joined, cur = [], []
+        for s in seqs:
+            cur = cur + sep + s if cur else list(s)
+            if len(cur) >= prefix + cont:
+                joined.append(cur)
+                cur = []
+        seqs = joined
+    else:
+        for c in iter_chat(corpus, "heldout"):
+            seqs.append(chat_ids(tok, c["messages"]))
     seqs = [s for s in seqs if len(s) >= prefix + cont]
     random.Random(seed).shuffle(seqs)
     if len(seqs) < n:
@@ -107,7 +126,8 @@ class Evaluation:
     """Baseline figures computed once; ``compare(model)`` runs one transformed model against them."""
 
     def __init__(self, baseline: Path, corpus: Path, n_score: int = 64, prefix: int = 256, cont: int = 64,
-                 n_gen: int = 32, gen_tokens: int = 64, seed: int = 0, baseline_overrides: dict | None = None):
+                 n_gen: int = 32, gen_tokens: int = 64, seed: int = 0, baseline_overrides: dict | None = None,
+                 join_docs: bool = False):
         from transformers import AutoTokenizer
 
         from modelkit.tasks import make_tasks
@@ -115,11 +135,12 @@ class Evaluation:
 
         self.baseline = baseline
         self.tok = AutoTokenizer.from_pretrained(baseline)
-        self.items = scoring_items(corpus, self.tok, n_score, prefix, cont, seed)
+        self.items = scoring_items(corpus, self.tok, n_score, prefix, cont, seed, join_docs)
         self.prompts = chat_prompts(corpus, self.tok, n_gen, 900)
         self.greedy = SamplingParams(max_tokens=gen_tokens, temperature=0)
         self.max_len = prefix + cont + gen_tokens + 1024
         self.setup = {"score_items": n_score, "prefix_tokens": prefix, "continuation_tokens": cont,
+                      "join_docs": join_docs,
                       "greedy_prompts": len(self.prompts), "greedy_tokens": gen_tokens, "seed": seed}
         base = _engine(baseline, baseline_overrides or {}, self.max_len)
         self.scores = self._score(base)
@@ -173,6 +194,23 @@ def markdown_table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def sweep(methods: dict) -> list[tuple[str, dict]]:
+    """``{"zack": {"rate": [0.3, 0.5], "mode": "uniform"}}`` -> one (suffix, methods) per combination."""
+    import itertools
+
+    axes = [(m, k, v) for m, opts in methods.items() if isinstance(opts, dict)
+            for k, v in opts.items() if isinstance(v, list)]
+    if not axes:
+        return [("", methods)]
+    out = []
+    for values in itertools.product(*(v for _, _, v in axes)):
+        combo = json.loads(json.dumps(methods))
+        for (m, k, _), val in zip(axes, values):
+            combo[m][k] = val
+        out.append(("[" + ",".join(f"{m}.{k}={val}" for (m, k, _), val in zip(axes, values)) + "]", combo))
+    return out
+
+
 def parse_overrides(pairs: list[str]) -> dict:
     out = {}
     for p in pairs:
@@ -195,6 +233,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--corpus", required=True, help="corpus directory (held-out split is used)")
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="EngineConfig override for the evaluated models, e.g. kv_cache_dtype=fp8_e4m3")
+    p.add_argument("--kv-methods", default=None, metavar="JSON",
+                   help='KV methods for the evaluated models (see swiftserve-worker --help); an option given '
+                        'as a list is swept, e.g. \'{"zack": {"rate": [0.3, 0.5], "mode": ["adaptive", "uniform"]}}\'')
+    p.add_argument("--join-docs", action="store_true",
+                   help="score sequences made of held-out passages joined RAG-style (allows long --prefix)")
     p.add_argument("--samples", type=int, default=64, help="scored held-out sequences (default: %(default)s)")
     p.add_argument("--prefix", type=int, default=256, help="prefix tokens (prefilled)")
     p.add_argument("--continuation", type=int, default=64, help="continuation tokens (decoded through the cache)")
@@ -210,14 +253,34 @@ def run(args: argparse.Namespace) -> int:
 
     baseline = resolve_model(args.baseline)
     overrides = parse_overrides(args.engine_arg)
+    combos = [("", overrides.get("kv_methods", {}))]
+    if args.kv_methods is not None:
+        try:
+            methods = json.loads(args.kv_methods)
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"modelkit eval: --kv-methods is not valid JSON: {exc}")
+        if not isinstance(methods, dict):
+            raise SystemExit("modelkit eval: --kv-methods must be a JSON object")
+        combos = sweep(methods)
     from tqdm import tqdm
 
+    from refengine.kv import registry
+
+    runs = []
+    for spec in args.model:                          # validate every combination before loading anything
+        label, _, name = spec.rpartition("=")
+        model = resolve_model(name)
+        for suffix, methods in combos:
+            reason = registry.check(methods, model, overrides.get("swiftkv", True),
+                                    overrides.get("kv_cache_dtype", "auto"))
+            if reason:
+                raise SystemExit(f"modelkit eval: {label or name}{suffix}: --kv-methods: {reason}")
+            runs.append(((label or name) + suffix, model, dict(overrides, kv_methods=methods)))
     results, t0 = {}, time.time()
     ev = Evaluation(baseline, Path(args.corpus), args.samples, args.prefix, args.continuation, args.gen_prompts,
-                    args.gen_tokens, args.seed)
-    for spec in tqdm(args.model, desc="models", unit="model"):
-        label, _, name = spec.rpartition("=")
-        results[label or name] = ev.compare(resolve_model(name), overrides)
+                    args.gen_tokens, args.seed, join_docs=args.join_docs)
+    for label, model, kw in tqdm(runs, desc="models", unit="model"):
+        results[label] = ev.compare(model, kw)
     table = markdown_table(results)
     print(table)
     if args.out:

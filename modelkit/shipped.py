@@ -1,8 +1,10 @@
-"""Distilled checkpoints that ship with the repository as trained tensors only.
+"""Variants that ship with the repository as small files on top of the prepared base model.
 
-A shipped variant is the prepared base model plus a small safetensors file of
-SwiftKV tensors in ``checkpoints/``; ``materialize(name)`` writes the full
-SwiftKV checkpoint into the cache once (base weights hard-linked) and returns it.
+- SwiftKV: a safetensors file of distilled SwiftKV tensors (``VARIANTS``).
+- ZACK: a calibration (``zack.json`` + ``zack.safetensors``) of the base or of a shipped
+  SwiftKV variant, served at a chosen rate and rank mode (``ZACK_VARIANTS``).
+``materialize(name)`` writes the servable directory into the cache once (base weights
+hard-linked) and returns it; a change of the shipped files or settings rewrites it.
 """
 
 from __future__ import annotations
@@ -18,12 +20,45 @@ VARIANTS: dict[str, tuple[str, int, int]] = {
 }
 
 
+# name -> (calibration directory relative to checkpoints/, base: "default" or a VARIANTS name, rate, mode)
+ZACK_VARIANTS: dict[str, tuple[str, str, float, str]] = {}
+
+
 def names() -> list[str]:
-    return [n for n, (f, _, _) in VARIANTS.items() if (CHECKPOINTS / f).is_file()]
+    return ([n for n, (f, _, _) in VARIANTS.items() if (CHECKPOINTS / f).is_file()]
+            + [n for n, (d, _, _, _) in ZACK_VARIANTS.items() if (CHECKPOINTS / d / "zack.json").is_file()])
 
 
 def is_shipped(name: str) -> bool:
-    return any(name.lower() == n.lower() for n in VARIANTS)
+    return any(name.lower() == n.lower() for n in (*VARIANTS, *ZACK_VARIANTS))
+
+
+def _materialize_zack(key: str) -> Path:
+    import shutil
+
+    from modelkit.prepare import PrepareError, _lock, default_model_dir, ensure_default_model
+    from modelkit.zack import write_zack_model
+    from refengine.kv.methods.zack import CALIBRATION_FILE, ROTATIONS_FILE
+    from swiftserve import envs
+
+    rel, base_name, rate, mode = ZACK_VARIANTS[key]
+    cal = CHECKPOINTS / rel
+    files = [cal / CALIBRATION_FILE, cal / ROTATIONS_FILE]
+    if not all(f.is_file() for f in files):
+        raise PrepareError(f"{key}: ZACK calibration {cal} is not in this checkout")
+    base = ensure_default_model() if base_name == "default" else materialize(base_name)
+    out = default_model_dir().parent / key
+    stamp = out / ".source-mtime"
+    source = f"{[f.stat().st_mtime_ns for f in files]} {base_name} {rate} {mode} {base.stat().st_mtime_ns}"
+    with _lock(envs.cache_dir() / "locks" / f"{key}.lock"):
+        if stamp.is_file() and stamp.read_text() == source:
+            return out
+        out.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            shutil.copy2(f, out / f.name)
+        write_zack_model(base, out, rate, mode)
+        stamp.write_text(source)
+    return out
 
 
 def materialize(name: str) -> Path:
@@ -33,7 +68,9 @@ def materialize(name: str) -> Path:
     from modelkit.swiftkv import write_swiftkv_checkpoint
     from swiftserve import envs
 
-    key = next(n for n in VARIANTS if n.lower() == name.lower())
+    key = next(n for n in (*VARIANTS, *ZACK_VARIANTS) if n.lower() == name.lower())
+    if key in ZACK_VARIANTS:
+        return _materialize_zack(key)
     rel, l, g = VARIANTS[key]
     tensors_path = CHECKPOINTS / rel
     if not tensors_path.is_file():

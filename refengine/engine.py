@@ -151,8 +151,10 @@ class LLMEngine:
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
             extra={"kv_bytes_used": float(bm.num_used * bm.block_size * r.kv.bytes_per_token),
+                   "kv_host_bytes_per_token": float(r.kv.host_bytes_per_token),
                    "swiftkv_layers": float(r.model.num_kv_layers),
-                   "swiftkv_group_size": float(r.model.group_size)},
+                   "swiftkv_group_size": float(r.model.group_size),
+                   **r.kv.stats()},
         )
 
 

@@ -1,6 +1,10 @@
 """ModelRunner: the only part of the engine that touches tensors.
 
-It owns the model, the KV cache and the RNGs. ``execute(SchedulerOutput)`` turns the
+It owns the model, the KV cache and the RNGs. At start-up the KV methods
+(``config.kv_methods`` + ``kv_cache_dtype``) are parsed, validated and planned
+before any weight is read; their load-time weight replacements are applied as
+the model loads, and the block pool is sized by the planned device bytes per
+token. ``execute(SchedulerOutput)`` turns the
 scheduler's token counts and block tables into batch tensors (input ids, positions,
 slot mapping, attention descriptions), runs one forward pass and samples one
 token for every request whose chunk reached its last known token.
@@ -14,10 +18,13 @@ import torch
 
 from refengine.attention import build_attn_batch, slot_mapping
 from refengine.config import EngineConfig
-from refengine.kv_cache import KVCache, KVCacheLayout
+from refengine.kv import registry
+from refengine.kv.cache import KVCache
+from refengine.kv.spec import CacheSpec
 from refengine.model_config import ModelSpec
 from refengine.models.llama import LlamaModel
 from refengine.outputs import TokenLogprob
+from refengine.weights import OverlayWeights, WeightSource
 from refengine.sampler import SampleRow, sample
 from refengine.scheduler import SchedulerOutput
 
@@ -53,16 +60,22 @@ class ModelRunner:
         if config.torch_threads and self.device.type == "cpu":
             torch.set_num_threads(config.torch_threads)
         torch.manual_seed(config.seed)
-        self.model = LlamaModel(spec, config.model, self.dtype, self.device,
-                                use_swiftkv=config.swiftkv, max_positions=max_model_len)
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        facts = registry.facts_from_spec(spec, config.model, config.swiftkv, elem)
+        self.kv_methods = registry.build(config.kv_methods, facts, config.kv_cache_dtype)   # MethodError: refuse
+        self.cache_spec = registry.plan(self.kv_methods, facts)
+        weights = WeightSource(config.model)
+        overrides: dict = {}
+        for m in self.kv_methods:
+            overrides.update(m.weight_overrides(facts, self.cache_spec, weights))
+        self.model = LlamaModel(spec, config.model, self.dtype, self.device, use_swiftkv=config.swiftkv,
+                                max_positions=max_model_len, weights=OverlayWeights(weights, overrides))
         self.model.eval()
-        layout = KVCacheLayout.for_model(spec.num_layers, self.model.num_kv_layers if self.model.use_swiftkv else None,
-                                         self.model.group_size)
-        self.bytes_per_token = KVCache.bytes_per_token_for(layout, spec.num_kv_heads, spec.head_dim,
-                                                           self.dtype, config.kv_cache_dtype)
-        baseline_layout = KVCacheLayout.for_model(spec.num_layers, None)
-        self.bytes_per_token_baseline = KVCache.bytes_per_token_for(
-            baseline_layout, spec.num_kv_heads, spec.head_dim, self.dtype, "auto")
+        self.bytes_per_token = self.cache_spec.device_bytes_per_token
+        self.host_bytes_per_token = self.cache_spec.host_bytes_per_token
+        # The same model with no SwiftKV and no KV method: the denominator of compression ratios.
+        plain = registry.facts_from_spec(spec, config.model, False, elem)
+        self.bytes_per_token_baseline = CacheSpec.for_model(plain).device_bytes_per_token
         num_blocks = config.num_kv_blocks or int(
             config.kv_cache_memory_gb * (1 << 30) // (config.block_size * self.bytes_per_token))
         if num_blocks * config.block_size < max_model_len:
@@ -70,14 +83,18 @@ class ModelRunner:
                 f"KV cache of {num_blocks} blocks x {config.block_size} tokens cannot hold one request of "
                 f"max_model_len={max_model_len}; raise --kv-cache-memory-gb or lower --max-model-len")
         self.num_blocks = num_blocks
-        self.kv = KVCache(layout, num_blocks, config.block_size, spec.num_kv_heads, spec.head_dim,
-                          self.dtype, self.device, config.kv_cache_dtype)
+        self.kv = KVCache(self.cache_spec, self.kv_methods, num_blocks, config.block_size, self.dtype, self.device)
+        if self.kv.bytes_per_token != self.bytes_per_token:     # the spec's arithmetic is the contract
+            raise RuntimeError(f"KV storage allocated {self.kv.bytes_per_token} bytes/token, "
+                               f"planned {self.bytes_per_token}")
         self.default_gen = torch.Generator(device=self.device).manual_seed(config.seed)
         self._gens: dict[str, torch.Generator] = {}
         self.want_dist = False                   # scoring: keep full logprob rows (evaluation only)
-        log.info("model %s on %s/%s: swiftkv=%s (l=%d, g=%d), %d KV blocks, %d bytes/token",
-                 config.model, self.device, self.dtype, self.model.use_swiftkv, self.model.num_kv_layers,
-                 self.model.group_size, num_blocks, self.kv.bytes_per_token)
+        log.info("model %s on %s/%s: swiftkv=%s (l=%d, g=%d), KV methods %s, %d KV blocks, %d bytes/token "
+                 "(%.2fx smaller than %d)", config.model, self.device, self.dtype, self.model.use_swiftkv,
+                 self.model.num_kv_layers, self.model.group_size, self.kv_methods or "none", num_blocks,
+                 self.bytes_per_token, self.bytes_per_token_baseline / self.bytes_per_token,
+                 self.bytes_per_token_baseline)
 
     def release(self, request_id: str) -> None:
         self._gens.pop(request_id, None)

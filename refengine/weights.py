@@ -51,3 +51,26 @@ class WeightSource:
 
     def close(self) -> None:
         self._handles.clear()
+
+
+class OverlayWeights:
+    """A ``WeightSource`` whose tensors named in ``overrides`` are replaced (KV methods' load-time folds)."""
+
+    def __init__(self, base: WeightSource, overrides: dict[str, torch.Tensor] | None = None) -> None:
+        self.base = base
+        self.overrides = dict(overrides or {})
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.overrides or name in self.base
+
+    def names(self) -> list[str]:
+        return sorted(set(self.base.names()) | set(self.overrides))
+
+    def get(self, name: str, dtype: torch.dtype | None = None, device: torch.device | str = "cpu") -> torch.Tensor:
+        if name not in self.overrides:
+            return self.base.get(name, dtype, device)
+        t = self.overrides[name]
+        return (t.to(dtype) if dtype is not None else t).to(device)
+
+    def close(self) -> None:
+        self.base.close()

@@ -44,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--worker-base-port", type=int, default=8100,
                     help="first worker port; worker i listens on base+i (default: %(default)s)")
     up.add_argument("--policy", default=None, help="gateway routing policy (see swiftserve-gateway --help)")
+    up.add_argument("--kv-methods", default=None, metavar="JSON",
+                    help='KV methods for every worker, e.g. \'{"zack": {"rate": 0.5}}\' (see swiftserve-worker '
+                         '--help); checked against the model before any worker starts')
     up.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
                     help="extra argument passed to every worker, e.g. --worker-arg=--kv-cache-dtype=fp8_e4m3 "
                          "(repeatable)")
@@ -80,6 +83,20 @@ def up(args: argparse.Namespace) -> int:
 
     model_dir = resolve_model(args.model)
     name = args.served_model_name or model_dir.name
+    kv_args: list[str] = []
+    if args.kv_methods is not None:
+        from refengine.kv import registry
+
+        try:
+            methods = json.loads(args.kv_methods)
+        except json.JSONDecodeError as exc:
+            print(f"swiftserve: --kv-methods is not valid JSON: {exc}", file=sys.stderr)
+            return 2
+        reason = registry.check(methods, model_dir) if isinstance(methods, dict) else "must be a JSON object"
+        if reason:
+            print(f"swiftserve: --kv-methods: {reason}", file=sys.stderr)
+            return 2
+        kv_args = ["--kv-methods", args.kv_methods]
     threads = max(1, (os.cpu_count() or 2) // max(1, args.workers))
     py = sys.executable
     procs: list[subprocess.Popen] = []
@@ -96,7 +113,7 @@ def up(args: argparse.Namespace) -> int:
         for i in range(args.workers):
             port = args.worker_base_port + i
             cmd = [py, "-m", "worker", "--model", str(model_dir), "--served-model-name", name,
-                   "--host", args.host, "--port", str(port), "--torch-threads", str(threads), *args.worker_arg]
+                   "--host", args.host, "--port", str(port), "--torch-threads", str(threads), *kv_args, *args.worker_arg]
             procs.append(subprocess.Popen(cmd))
             worker_urls.append(f"http://{args.host}:{port}")
         gw = [py, "-m", "gateway", "--host", args.host, "--port", str(args.port), "--workers", ",".join(worker_urls)]

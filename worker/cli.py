@@ -16,6 +16,8 @@ import logging
 import sys
 
 from refengine.config import EngineConfig
+from refengine.kv import registry as kv_registry
+from refengine.kv.base import MethodError
 from swiftserve import envs
 from worker.config import ENGINE_KINDS, OVERLOAD_STATUSES, WorkerConfig
 
@@ -81,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--torch-threads", type=int, default=envs.torch_threads(),
                    help="intra-op CPU threads (default from SWIFTSERVE_TORCH_THREADS, else torch's)")
     e.add_argument("--kv-methods", type=_json_object, default={},
-                   help='KV methods and their options as a JSON object, e.g. \'{"zack": {"rate": 0.5}}\'')
+                   help='KV methods and their options as a JSON object, e.g. \'{"zack": {"rate": 0.5}}\' '
+                        '(false turns off a method the model directory enables). Registered: '
+                        + kv_registry.describe().replace("%", "%%"))
     return p
 
 
@@ -114,6 +118,10 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error("--max-concurrent-requests must be >= 0")
     if args.kv_cache_memory_gb <= 0:
         parser.error("--kv-cache-memory-gb must be > 0")
+    try:                                  # names, options and combinations; the model is checked later
+        kv_registry.parse(args.kv_methods, None, KV_CACHE_DTYPES[args.kv_cache_dtype])
+    except MethodError as exc:
+        parser.error(f"--kv-methods: {exc}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from_args(args)
     except Exception as exc:  # noqa: BLE001 - PrepareError and friends: a message, not a traceback
         print(f"swiftserve-worker: cannot use model {args.model!r}: {exc}", file=sys.stderr)
+        return 2
+    ec = config.engine_config
+    reason = kv_registry.check(ec.kv_methods, ec.model, ec.swiftkv, ec.kv_cache_dtype)
+    if reason:                            # before the model loads: a message, not a traceback
+        print(f"swiftserve-worker: --kv-methods: {reason}", file=sys.stderr)
         return 2
 
     import uvicorn

@@ -12,6 +12,11 @@ SwiftKV (``num_key_value_layers = l < L``), as in the papers and Snowflake's che
     its ``q_proj_swiftkv`` query, attention against the cache, o_proj and MLP.
   AcrossKV (``key_value_group_size = g``): consecutive later layers share one cache
   slot and one K/V projection (the group's first layer holds the weights).
+
+KV methods reach the model in two places only: weights they replace at load time
+(``weights`` may be an ``OverlayWeights``; e.g. ZACK's folded V/O, so the V width
+is read from the loaded tensors, not assumed ``kv_heads * head_dim``), and the
+cache slot each layer calls (``write(slots, k, v_flat)``, ``attend(q) -> flat``).
 """
 
 from __future__ import annotations
@@ -21,10 +26,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from refengine.attention import AttnBatch
-from refengine.kv_cache import KVCache
+from refengine.kv.cache import KVCache
 from refengine.model_config import ModelSpec
 from refengine.rope import Rope
-from refengine.weights import WeightSource
+from refengine.weights import OverlayWeights, WeightSource
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -48,24 +53,24 @@ class _Linear(nn.Module):
 class LlamaLayer(nn.Module):
     """One decoder layer. ``swiftkv_later``: its K/V come from the fused SwiftKV projection."""
 
-    def __init__(self, spec: ModelSpec, idx: int, w: WeightSource, dtype, device, swiftkv_later: bool):
+    def __init__(self, spec: ModelSpec, idx: int, w: WeightSource | OverlayWeights, dtype, device,
+                 swiftkv_later: bool):
         super().__init__()
         p = f"model.layers.{idx}."
         get = lambda n: w.get(p + n, dtype, device)  # noqa: E731
         getb = lambda n: w.get(p + n, dtype, device) if (p + n) in w else None  # noqa: E731
         self.spec = spec
         self.swiftkv_later = swiftkv_later
-        self.q_size = spec.num_heads * spec.head_dim
-        self.kv_size = spec.num_kv_heads * spec.head_dim
         self.ln1 = nn.Parameter(get("input_layernorm.weight"), requires_grad=False)
         self.ln2 = nn.Parameter(get("post_attention_layernorm.weight"), requires_grad=False)
         if swiftkv_later:
             self.q_proj = _Linear(get("self_attn.q_proj_swiftkv.weight"), getb("self_attn.q_proj_swiftkv.bias"))
         else:
             names = ("q_proj", "k_proj", "v_proj")
-            wqkv = torch.cat([get(f"self_attn.{n}.weight") for n in names])
+            ws = [get(f"self_attn.{n}.weight") for n in names]
+            self.qkv_split = [x.shape[0] for x in ws]          # V may be narrower (KV methods' folds)
             bqkv = torch.cat([get(f"self_attn.{n}.bias") for n in names]) if spec.qkv_bias else None
-            self.qkv_proj = _Linear(wqkv, bqkv)
+            self.qkv_proj = _Linear(torch.cat(ws), bqkv)
         self.o_proj = _Linear(get("self_attn.o_proj.weight"), getb("self_attn.o_proj.bias"))
         self.gate_up = _Linear(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]),
                                torch.cat([get("mlp.gate_proj.bias"), get("mlp.up_proj.bias")]) if spec.mlp_bias else None)
@@ -80,11 +85,11 @@ class LlamaLayer(nn.Module):
         """Standard layer on all T tokens: writes this layer's K/V at ``slots``."""
         T = h.shape[0]
         qkv = self.qkv_proj(rms_norm(h, self.ln1, self.spec.rms_norm_eps))
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = qkv.split(self.qkv_split, dim=-1)
         d = self.spec.head_dim
         q = rope.apply(q.view(T, -1, d), cos, sin)
         k = rope.apply(k.view(T, -1, d), cos, sin)
-        cache.write(slots, k, v.view(T, -1, d))
+        cache.write(slots, k, v)
         a = cache.attend(q, attn, self.scale)
         h = h + self.o_proj(a.reshape(T, -1))
         return self._mlp(h)
@@ -101,9 +106,9 @@ class LlamaLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(self, spec: ModelSpec, model_dir: str, dtype: torch.dtype, device: torch.device,
-                 use_swiftkv: bool, max_positions: int):
+                 use_swiftkv: bool, max_positions: int, weights: WeightSource | OverlayWeights | None = None):
         super().__init__()
-        w = WeightSource(model_dir)
+        w = weights if weights is not None else WeightSource(model_dir)
         self.spec = spec
         self.use_swiftkv = bool(use_swiftkv and spec.swiftkv)
         L = spec.num_layers
@@ -125,7 +130,7 @@ class LlamaModel(nn.Module):
     def _load_swiftkv(self, w: WeightSource, dtype, device) -> None:
         l, L, g = self.num_kv_layers, self.spec.num_layers, self.group_size
         self.norm_swiftkv = nn.Parameter(w.get("model.norm_swiftkv.weight", dtype, device), requires_grad=False)
-        # Fused projection rows: for each group, [K (kv_size) ; V (kv_size)].
+        # Fused projection rows: for each group, [K (kv_heads*head_dim) ; V (its slot's V width)].
         ws, bs = [], []
         self.group_leaders = list(range(l, L, g))
         for i in self.group_leaders:
@@ -134,6 +139,7 @@ class LlamaModel(nn.Module):
                 ws.append(w.get(p + n + ".weight", dtype, device))
                 if self.spec.qkv_bias:
                     bs.append(w.get(p + n + ".bias", dtype, device))
+        self.kv_split = [x.shape[0] for x in ws]              # [K_0, V_0, K_1, V_1, ...]
         self.kv_proj_swiftkv = _Linear(torch.cat(ws), torch.cat(bs) if bs else None)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: KVCache,
@@ -153,10 +159,10 @@ class LlamaModel(nn.Module):
         T, d = h.shape[0], self.spec.head_dim
         kvh = self.spec.num_kv_heads
         x = rms_norm(h, self.norm_swiftkv, self.spec.rms_norm_eps)
-        fused = self.kv_proj_swiftkv(x).view(T, len(self.group_leaders), 2, kvh, d)  # one GEMM
+        fused = self.kv_proj_swiftkv(x).split(self.kv_split, dim=-1)    # one GEMM
         for gi, leader in enumerate(self.group_leaders):
-            k = self.rope.apply(fused[:, gi, 0], cos, sin)
-            kv.layers[leader].write(slots, k, fused[:, gi, 1])
+            k = self.rope.apply(fused[2 * gi].view(T, kvh, d), cos, sin)
+            kv.layers[leader].write(slots, k, fused[2 * gi + 1])
         if logits_idx.numel() == 0:
             return h[:0]
         h = h[logits_idx]

@@ -189,7 +189,8 @@ def test_fp8_kv_composes_with_swiftkv_and_acrosskv(ckpts, smollm2_dir):
     # Real 1-byte storage: 64 bytes of K (or V) per head plus a 4-byte scale.
     eng = engine(ckpts[2], kv_cache_dtype="fp8_e4m3")
     assert eng.stats().kv_bytes_per_token == 23 * 2 * 3 * (64 + 4)
-    assert eng.runner.kv.slots[0].k.element_size() == 1 and eng.runner.kv.slots[0].k.dtype == torch.uint8
+    stored = eng.runner.kv.slots[0].parts[0].k.data
+    assert stored.element_size() == 1 and stored.dtype == torch.uint8
     out = eng.generate(PROMPTS, GREEDY)
     assert all(len(o) == N_NEW for o in out)
     # On the baseline model FP8 KV keeps greedy output close to the dense cache.

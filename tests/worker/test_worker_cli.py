@@ -110,3 +110,22 @@ def test_python_m_worker_serves_and_stops_cleanly(smollm2_dir):
         code = proc.wait(60)
     # uvicorn shuts down gracefully, then re-raises SIGTERM so the exit status reports the signal.
     assert code in (0, -signal.SIGTERM)
+
+
+@pytest.mark.parametrize("methods, words", [
+    ('{"bogus": {}}', "unknown KV method 'bogus'"),
+    ('{"zack": {"rate": 1.5}}', "zack.rate"),
+    ('{"zack": {"rate": 0.5}, "fp8": 3}', "fp8: options must be a JSON object"),
+])
+def test_bad_kv_methods_are_refused_before_the_model_is_resolved(methods, words, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--model", "/nonexistent", "--kv-methods", methods])
+    assert e.value.code == 2 and words in capsys.readouterr().err
+
+
+@pytest.mark.model
+def test_kv_methods_the_model_cannot_serve_are_refused_before_it_loads(smollm2_dir, capsys):
+    # The default model has no ZACK calibration: a message naming the fix, no model load, no traceback.
+    assert main(["--model", str(smollm2_dir), "--kv-methods", '{"zack": {"rate": 0.5}}']) == 2
+    err = capsys.readouterr().err
+    assert "no ZACK calibration" in err and "modelkit zack-calibrate" in err and "Traceback" not in err

@@ -1,0 +1,1 @@
+"""KV methods, one module each (registered in ``refengine.kv.registry``)."""

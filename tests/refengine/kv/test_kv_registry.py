@@ -1,0 +1,68 @@
+"""--kv-methods parsing, validation before weights load, composition rules (no torch)."""
+
+import json
+
+import pytest
+
+from refengine.kv import registry
+from refengine.kv.base import KVMethod, MethodError
+from refengine.kv.spec import ModelFacts
+
+FACTS = ModelFacts("/nonexistent", 30, 9, 3, 64, 4, None, 1)
+
+
+@pytest.mark.parametrize("config, words", [
+    ({"bogus": {}}, ["unknown KV method 'bogus'", "zack", "fp8"]),
+    ({"zack": {"rate": 1.5}}, ["zack.rate", "less than 1"]),
+    ({"zack": {"rate": "0.5"}}, ["zack.rate", "'0.5'"]),
+    ({"zack": {"rate": 0.5, "ratee": 1}}, ["zack.ratee", "Extra inputs"]),
+    ({"zack": {"mode": "fancy"}}, ["zack.mode"]),
+    ({"zack": [0.5]}, ["zack: options must be a JSON object"]),
+    ({"fp8": {"bits": 4}}, ["fp8.bits"]),
+])
+def test_bad_values_are_refused_with_the_reason(config, words):
+    with pytest.raises(MethodError) as exc:
+        registry.parse(config, FACTS)
+    for w in words:
+        assert w in str(exc.value)
+
+
+def test_two_codecs_cannot_combine(monkeypatch):
+    class OtherCodec(KVMethod):
+        name, role, summary = "other", "codec", "a second codec"
+
+    monkeypatch.setitem(registry.METHODS, "other", OtherCodec)
+    with pytest.raises(MethodError, match="two KV codecs cannot be combined: other and fp8"):
+        registry.parse({"other": {}}, FACTS, kv_cache_dtype="fp8_e4m3")
+    # fp8 twice (flag and method) is one codec, not two
+    assert [m.name for m in registry.parse({"fp8": {}}, FACTS, kv_cache_dtype="fp8_e4m3")] == ["fp8"]
+    with pytest.raises(MethodError, match="contradicts"):
+        registry.parse({"fp8": False}, FACTS, kv_cache_dtype="fp8_e4m3")
+
+
+def test_role_order_dims_before_codec():
+    ms = registry.parse({"fp8": True, "zack": {"rate": 0.5}}, FACTS)
+    assert [m.name for m in ms] == ["zack", "fp8"]
+
+
+def test_model_directory_turns_zack_on_and_false_turns_it_off(tmp_path):
+    facts = ModelFacts(str(tmp_path), 30, 9, 3, 64, 4, None, 1, config={"zack": {"k_ranks": []}})
+    assert [m.name for m in registry.parse({}, facts)] == ["zack"]
+    assert registry.parse({"zack": False}, facts) == []
+
+
+def test_zack_without_calibration_is_refused_before_loading(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+        "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152}))   # no weights at all
+    reason = registry.check({"zack": {"rate": 0.5}}, tmp_path)
+    assert "no ZACK calibration" in reason and "modelkit zack-calibrate" in reason
+    assert registry.check({}, tmp_path) is None
+    assert "unknown KV method" in registry.check({"kcache2": {}}, tmp_path)
+
+
+def test_every_registered_method_documents_itself():
+    for name, cls in registry.METHODS.items():
+        assert cls.name == name and cls.role in ("dims", "codec", "placement", "eviction") and cls.summary
+        assert cls.__module__.startswith("refengine.kv.methods.")
+    assert "zack (dims)" in registry.describe()
