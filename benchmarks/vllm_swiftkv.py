@@ -43,6 +43,9 @@ def _vllm_engine(V, model_dir: str, device: str, kv_gb: float, max_len: int):
                                                  max_num_seqs=8, max_num_batched_tokens=max_len)), device)
     os.environ.update(s.env)
     kw = {k: v for k, v in s.engine_kwargs.items() if k not in ("served_model_name", "disable_log_stats")}
+    # Same KV budget on every device (on GPU two engines share the card), eager everywhere
+    # (as the SwiftKV paper measured; the plugin's model is not CUDA-graph safe yet).
+    kw.update(kv_cache_memory_bytes=int(kv_gb * 2 ** 30), enforce_eager=True, gpu_memory_utilization=0.4)
     llm = V.LLM(enable_prefix_caching=False, **kw)
     cc = llm.llm_engine.vllm_config.cache_config
     return llm, int(cc.num_gpu_blocks) * int(cc.block_size), s

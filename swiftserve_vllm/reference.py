@@ -1,7 +1,7 @@
 """Verification helpers for the vLLM plugin (torch only, no vLLM): a test ZACK checkpoint
 with random orthogonal rotations, and a small pure-torch reference of ZACK's semantics.
 
-``make_random_zack(base, out, rank)``: ``out`` = ``base``'s files (hard links or copies)
+``make_random_zack(base, out, rank)``: ``out`` = ``base``'s files (hard or symbolic links)
 + config.json's ``"zack"`` object (uniform rank) + ``zack.safetensors`` with random
 orthogonal ``R_qk``/``R_vo`` per layer and KV head (layers sharing a SwiftKV/AcrossKV
 cache get the group leader's). With ``rank == head_dim`` attention is unchanged (dot
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import torch
@@ -26,11 +25,12 @@ import torch.nn.functional as F
 from swiftserve_vllm.layout import ZACK_FORMAT_VERSION, parse_layout
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
+def _link(src: Path, dst: Path) -> None:
+    """Hard link (same filesystem), else a symbolic link: the weights are never copied."""
     try:
         os.link(src, dst)
     except OSError:
-        shutil.copy2(src, dst)
+        os.symlink(src.resolve(), dst)
 
 
 def make_random_zack(base: str | Path, out: str | Path, rank: int, seed: int = 0, kind: str = "random") -> Path:
@@ -43,7 +43,7 @@ def make_random_zack(base: str | Path, out: str | Path, rank: int, seed: int = 0
     lay = parse_layout(cfg)
     for f in base.iterdir():
         if f.is_file() and f.name not in ("config.json", "zack.safetensors") and not (out / f.name).exists():
-            _link_or_copy(f, out / f.name)
+            _link(f, out / f.name)
     gen = torch.Generator().manual_seed(seed)
     W = _weights(base) if kind == "weights" else None
     tensors: dict[str, torch.Tensor] = {}

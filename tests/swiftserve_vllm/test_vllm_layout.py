@@ -91,9 +91,12 @@ def test_worker_settings_cpu_defaults_and_model_routing(tmp_path, monkeypatch):
     assert "-" in s.env["VLLM_CPU_OMP_THREADS_BIND"] or "," in s.env["VLLM_CPU_OMP_THREADS_BIND"] \
         or s.env["VLLM_CPU_OMP_THREADS_BIND"].isdigit()
     gpu = build_settings(wc, "cuda")
-    assert gpu.engine_kwargs["dtype"] == "auto" and not gpu.engine_kwargs["enforce_eager"] and gpu.env == {}
+    assert gpu.engine_kwargs["dtype"] == "auto" and gpu.env == {} and "kv_cache_memory_bytes" not in gpu.engine_kwargs
+    assert gpu.engine_kwargs["enforce_eager"]             # SwiftKV's tail is not CUDA-graph safe
     off = build_settings(WorkerConfig(EngineConfig(model=str(d), swiftkv=False), engine="vllm"), "cpu")
     assert off.engine_kwargs["hf_overrides"] == {"swiftkv": False} and "kv_sharing_fast_prefill" not in off.engine_kwargs
+    off_gpu = build_settings(WorkerConfig(EngineConfig(model=str(d), swiftkv=False), engine="vllm"), "cuda")
+    assert not off_gpu.engine_kwargs["enforce_eager"]
     (d / "config.json").write_text(json.dumps(dict(BASE, zack=_zack([[32] * 3] * 30))))
     z = build_settings(WorkerConfig(EngineConfig(model=str(d)), engine="vllm"), "cpu")
     assert z.engine_kwargs["hf_overrides"] == {"architectures": ["SwiftServeLlamaForCausalLM"]}

@@ -10,8 +10,8 @@ bound to one core gave 66 s mean TTFT where these give 3 s, DESIGN.md section 8)
   ``VLLM_CPU_KVCACHE_SPACE`` the user set, whole GiB, wins);
 - ``enforce_eager`` (start-up ~1 min instead of ~3 min of inductor compilation),
   ``gpu_memory_utilization`` 0.5 (on CPU it bounds host memory).
-On GPU: dtype "auto" (the checkpoint's), vLLM's compilation and CUDA graphs, memory
-utilisation 0.9.
+On GPU: dtype "auto" (the checkpoint's), vLLM's compilation and CUDA graphs (eager for
+SwiftKV checkpoints: the plugin's tail is not CUDA-graph safe yet), memory utilisation 0.9.
 
 Model selection: a SwiftKV checkpoint names ``LlamaSwiftKVForCausalLM`` itself; a ZACK
 checkpoint (``"zack"`` in config.json) is routed to ``SwiftServeLlamaForCausalLM`` with
@@ -73,6 +73,10 @@ def build_settings(worker_config, device: str) -> VllmSettings:
         notes.append(f"ZACK: uniform rank {layout.zack_rank} of head_dim {layout.head_dim}")
     if layout.swiftkv:
         kwargs["kv_sharing_fast_prefill"] = True
+        if not cpu and worker_config.vllm_enforce_eager is None:
+            # The tail's row count changes every step; the class is not written for CUDA-graph capture.
+            kwargs["enforce_eager"] = True
+            notes.append("SwiftKV on GPU: enforce_eager (the plugin's model is not CUDA-graph safe yet)")
         notes.append(f"SwiftKV l={layout.num_kv_layers} g={layout.group_size}: kv_sharing_fast_prefill on "
                      f"({layout.num_cache_owners} KV caches for {layout.num_layers} layers)")
     elif ec.swiftkv is False and load_layout(ec.model).swiftkv:
