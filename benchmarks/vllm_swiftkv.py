@@ -150,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         "swiftkv_prefill_ratio": round(med["vllm-swiftkv"]["prefill"] / med["vllm-base"]["prefill"], 4),
         "zack_served": bool(len(zack_tokens) == 12 and (zack_expected is None or zack_tokens == zack_expected)),
     }
-    raw = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv), "device": device,
+    exe = os.path.relpath(sys.executable) if not os.path.relpath(sys.executable).startswith("..") else sys.executable
+    raw = {"command": " ".join([exe] + sys.argv), "device": device,
            "vllm": V.installed_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
            "input_len": args.input_len, "output_len": args.output_len, "rounds": args.rounds, "kv_gb": args.kv_gb,
            "times": times, "medians": med, "kv_capacity_tokens": capacity, "parity_vllm": parity,
