@@ -10,7 +10,8 @@ SwiftKV's fast prefill only the logits token reaches the later layers). With
 reference of ``reference.zack_greedy``) and reports parity. Prints and writes JSON.
 
 Parity against a ZACK checkpoint directory, for example:
-  .venv-vllm/bin/python -m swiftserve_vllm.probe --model /path/to/zack-dir --compare
+  .venv-vllm/bin/python -m swiftserve_vllm.probe --model /path/to/zack-dir --compare \
+      [--ref-kv-methods '{"zack": {...}}']    # however the reference engine is told to use ZACK
 """
 
 from __future__ import annotations
@@ -60,13 +61,16 @@ def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefi
         gc.collect()
 
 
-def reference_tokens(model_dir: str, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    """Greedy tokens of the reference engine (SwiftKV as the checkpoint says; its own KV methods)."""
+def reference_tokens(model_dir: str, prompts: list[list[int]], max_tokens: int,
+                     kv_methods: dict | None = None) -> list[list[int]]:
+    """Greedy tokens of the reference engine (SwiftKV as the checkpoint says; ``kv_methods`` as
+    its ``--kv-methods``, e.g. how it is told to run a ZACK checkpoint's rotations)."""
     from refengine.config import EngineConfig
     from refengine.engine import LLMEngine
     from refengine.sampling_params import SamplingParams
 
-    eng = LLMEngine(EngineConfig(model=model_dir, dtype="float32", max_model_len=1024, kv_cache_memory_gb=0.2))
+    eng = LLMEngine(EngineConfig(model=model_dir, dtype="float32", max_model_len=1024, kv_cache_memory_gb=0.2,
+                                 kv_methods=dict(kv_methods or {})))
     return eng.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0))
 
 
@@ -79,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-gb", type=float, default=0.5, help="KV budget (GiB), the same for every model")
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--compare", action="store_true", help="also run the reference engine / torch reference")
+    p.add_argument("--ref-kv-methods", type=json.loads, default=None,
+                   help="reference engine's KV methods as JSON (its --kv-methods), e.g. for its ZACK")
     p.add_argument("--out", default=None, help="write the JSON here too")
     args = p.parse_args(argv)
     from modelkit.prepare import resolve_model
@@ -90,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = str(resolve_model(name))
         r = probe_model(model_dir, prompts, args.max_tokens, args.prefill_len, args.kv_gb, args.max_model_len)
         if args.compare:
-            r["reference_tokens"] = reference_tokens(model_dir, prompts, args.max_tokens)
+            r["reference_tokens"] = reference_tokens(model_dir, prompts, args.max_tokens, args.ref_kv_methods)
             r["reference_parity"] = r["reference_tokens"] == r["tokens"]
             if load_layout(model_dir).zack_rank is not None and not load_layout(model_dir).swiftkv:
                 from swiftserve_vllm.reference import zack_greedy
