@@ -9,12 +9,14 @@ capacity vLLM allocated and how many tokens reached the layers >= l.
 """
 
 import json
+import os
+import signal
 import subprocess
 
 import pytest
 from vllm_support import G1, G2, VLLM_PY, needs_vllm, zack_checkpoints
 
-pytestmark = [pytest.mark.slow, pytest.mark.model, needs_vllm]
+pytestmark = [pytest.mark.slow, pytest.mark.model, needs_vllm, pytest.mark.timeout(1800)]
 MAX_TOKENS = 10
 PREFILL = 256
 
@@ -37,7 +39,14 @@ def probe(models, tmp_path_factory):
     for n in names:
         cmd += ["--model", models[n]]
     with open(tmp / "probe.log", "w+") as log:
-        rc = subprocess.run(cmd, cwd=tmp, stdout=log, stderr=subprocess.STDOUT, timeout=1200).returncode
+        # Own session: if the test is stopped (timeout, Ctrl-C), vLLM's engine-core children go too.
+        proc = subprocess.Popen(cmd, cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=1500)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         log.seek(0)
         assert rc == 0, "probe failed:\n" + log.read()[-6000:]
     return dict(zip(names, json.loads((tmp / "probe.json").read_text())))
