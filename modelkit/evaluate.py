@@ -71,7 +71,9 @@ def scoring_items(corpus: Path, tok, n: int, prefix: int, cont: int, seed: int,
 
 
 def chat_prompts(corpus: Path, tok, n: int, max_prompt: int) -> list[list[int]]:
-    out = []
+    out: list[list[int]] = []
+    if n <= 0:
+        return out
     for c in iter_chat(corpus, "heldout"):
         t = chat_ids(tok, c["messages"][:1], add_generation_prompt=True)
         if len(t) <= max_prompt:
@@ -127,7 +129,7 @@ class Evaluation:
 
     def __init__(self, baseline: Path, corpus: Path, n_score: int = 64, prefix: int = 256, cont: int = 64,
                  n_gen: int = 32, gen_tokens: int = 64, seed: int = 0, baseline_overrides: dict | None = None,
-                 join_docs: bool = False):
+                 join_docs: bool = False, tasks: bool = True):
         from transformers import AutoTokenizer
 
         from modelkit.tasks import make_tasks
@@ -145,9 +147,9 @@ class Evaluation:
         base = _engine(baseline, baseline_overrides or {}, self.max_len)
         self.scores = self._score(base)
         self.gen = base.generate(self.prompts, self.greedy)
-        tasks = make_tasks(seed=seed)
-        self.tasks_total = len(tasks)
-        self.tasks = [t for t, ok in zip(tasks, run_tasks(base, self.tok, tasks)) if ok]
+        suite = make_tasks(seed=seed) if tasks else []
+        self.tasks_total = len(suite)
+        self.tasks = [t for t, ok in zip(suite, run_tasks(base, self.tok, suite)) if ok] if suite else []
         self.kv_bytes = base.stats().kv_bytes_per_token
 
     def _score(self, engine) -> list:
@@ -161,7 +163,7 @@ class Evaluation:
         result: dict = {"model": str(model), "baseline": str(self.baseline), "overrides": overrides}
         result.update(score_metrics(self.scores, self._score(eng)))
         result.update(greedy_metrics(self.gen, eng.generate(self.prompts, self.greedy)))
-        oks = run_tasks(eng, self.tok, self.tasks)
+        oks = run_tasks(eng, self.tok, self.tasks) if self.tasks else []
         by_kind: dict[str, list[bool]] = {}
         for t, ok in zip(self.tasks, oks):
             by_kind.setdefault(t.kind, []).append(ok)
@@ -236,6 +238,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-methods", default=None, metavar="JSON",
                    help='KV methods for the evaluated models (see swiftserve-worker --help); an option given '
                         'as a list is swept, e.g. \'{"zack": {"rate": [0.3, 0.5], "mode": ["adaptive", "uniform"]}}\'')
+    p.add_argument("--no-tasks", dest="tasks", action="store_false", help="skip the task suite")
     p.add_argument("--join-docs", action="store_true",
                    help="score sequences made of held-out passages joined RAG-style (allows long --prefix)")
     p.add_argument("--samples", type=int, default=64, help="scored held-out sequences (default: %(default)s)")
@@ -278,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
             runs.append(((label or name) + suffix, model, dict(overrides, kv_methods=methods)))
     results, t0 = {}, time.time()
     ev = Evaluation(baseline, Path(args.corpus), args.samples, args.prefix, args.continuation, args.gen_prompts,
-                    args.gen_tokens, args.seed, join_docs=args.join_docs)
+                    args.gen_tokens, args.seed, join_docs=args.join_docs, tasks=args.tasks)
     for label, model, kw in tqdm(runs, desc="models", unit="model"):
         results[label] = ev.compare(model, kw)
     table = markdown_table(results)
