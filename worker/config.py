@@ -35,6 +35,11 @@ class WorkerConfig:
     overload_status: int = 429
     max_logprobs: int = 20                      # largest logprobs / top_logprobs accepted
     log_level: str = "info"                     # uvicorn's log level
+    max_body_bytes: int = 8 * 1024 * 1024       # larger request bodies get 413
+    # A chat template sent in a request runs on the worker (sandboxed Jinja, but its
+    # loops are not bounded): refused unless the operator trusts the clients.
+    trust_request_chat_template: bool = False
+    drain_timeout: float = 30.0                 # SIGTERM: seconds in-flight requests get to finish
     extra: dict = field(default_factory=dict)   # free-form, reported by /version
 
     def __post_init__(self) -> None:

@@ -26,8 +26,9 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class _Request(BaseModel):
-    # Unknown fields are accepted and ignored: clients send vendor extras.
-    model_config = ConfigDict(extra="ignore")
+    # Unknown fields are accepted and ignored: clients send vendor extras. NaN and
+    # infinities (which Python's JSON parser accepts) are refused for every number.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class StreamOptions(_Request):

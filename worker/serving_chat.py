@@ -68,6 +68,9 @@ def _render(tokenizer, msgs, req: ChatCompletionRequest) -> list[int]:
 async def create_chat_completion(state: ServingState, req: ChatCompletionRequest, raw: Request) -> Response:
     state.check_model(req.model)
     validate_request(req, state.config.max_logprobs)
+    if req.chat_template is not None and not state.config.trust_request_chat_template:
+        raise bad_request("chat_template in a request is refused: this worker runs only its model's template "
+                          "(start it with --trust-request-chat-template to allow it).", "chat_template")
     state.check_engine()
     msgs = conversation(req)
     arrival = monotonic()
