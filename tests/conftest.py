@@ -13,3 +13,48 @@ def smollm2_dir():
         return ensure_default_model()
     except PrepareError as exc:
         pytest.fail(f"cannot prepare SmolLM2-135M-Instruct (run `modelkit prepare`): {exc}", pytrace=False)
+
+
+# ---- reliability figures (results/reliability) --------------------------------------------------
+def pytest_addoption(parser):
+    parser.addoption("--reliability-out", default=None, metavar="DIR",
+                     help="write the fault and fuzz suites' counts to DIR/suite_counts.json")
+
+
+class ReliabilityLog:
+    """Counts kept by the fault-injection and fuzz suites (written with --reliability-out)."""
+
+    def __init__(self):
+        self.faults: dict[str, dict] = {}
+        self.fuzz: dict[str, dict] = {}
+
+    def fault(self, name: str, outcomes: list[str]) -> None:
+        """One fault scenario and the outcome of every request sent during it."""
+        rec = self.faults.setdefault(name, {"requests": 0, "complete": 0, "error": 0, "lost": 0})
+        rec["requests"] += len(outcomes)
+        for o in outcomes:
+            rec[o] += 1
+
+    def malformed(self, target: str, cases: int, server_errors: int) -> None:
+        rec = self.fuzz.setdefault(target, {"cases": 0, "server_errors": 0})
+        rec["cases"] += cases
+        rec["server_errors"] += server_errors
+
+
+_RELIABILITY = ReliabilityLog()
+
+
+@pytest.fixture(scope="session")
+def reliability_log():
+    return _RELIABILITY
+
+
+def pytest_sessionfinish(session, exitstatus):
+    out = session.config.getoption("--reliability-out", default=None)
+    if out and (_RELIABILITY.faults or _RELIABILITY.fuzz):
+        import json
+        from pathlib import Path
+
+        Path(out).mkdir(parents=True, exist_ok=True)
+        doc = {"faults": _RELIABILITY.faults, "fuzz": _RELIABILITY.fuzz, "pytest_exit_status": int(exitstatus)}
+        (Path(out) / "suite_counts.json").write_text(json.dumps(doc, indent=2) + "\n")
