@@ -12,9 +12,10 @@ OpenAI-style error, and the worker's in-flight count returns to zero.
   answers 200 with something that is not JSON becomes a retry or a 502, never a
   truncated body.
 * An SSE stream passes through event by event, bytes unchanged (an event is sent once
-  its blank line has arrived). If the worker fails after the first byte (connection
-  lost, no byte for ``first_byte_timeout``, the stream ends without ``data: [DONE]``,
-  or it exceeds ``max_response_bytes``), the client gets one error event
+  its blank line has arrived, and only if its ``data:`` is JSON or ``[DONE]``). If the
+  worker fails after the first byte (connection lost, no byte for ``first_byte_timeout``,
+  an event that is not JSON, the stream ends without ``data: [DONE]``, or it exceeds
+  ``max_response_bytes``), the client gets one error event
   ``data: {"error": {...}}`` and ``data: [DONE]``, and the stream ends cleanly (the
   same in-band form the worker uses for its own errors). Nothing is retried after the
   first byte, so an answer is never duplicated.
@@ -30,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 
 import httpx
@@ -217,6 +219,11 @@ class Forwarder:
                         sent += len(out)
                         if sent > limit:
                             raise AttemptFailed("response_too_large", f"the stream exceeds {limit} bytes")
+                        good = _valid_prefix(out)
+                        if good < len(out):
+                            if good:
+                                yield out[:good]
+                            raise AttemptFailed("bad_event", "the worker sent an event that is not JSON")
                         ended = out.endswith(DONE_EVENTS)
                         yield out
                 if not ended:
@@ -243,6 +250,19 @@ class Forwarder:
         headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
         return ProxiedStream(body(), on_close, status_code=resp.status_code, headers=headers,
                              media_type=resp.headers.get("content-type"))
+
+
+def _valid_prefix(events: bytes) -> int:
+    """Length of the leading run of well-formed events (each ``data:`` payload JSON or [DONE])."""
+    pos = 0
+    for block in re.split(rb"(?<=\n\n)|(?<=\r\n\r\n)", events):
+        for line in block.splitlines():
+            if line.startswith(b"data:"):
+                payload = line[5:].strip()
+                if payload != b"[DONE]" and not _is_json(payload):
+                    return pos
+        pos += len(block)
+    return pos
 
 
 def _is_json(content: bytes) -> bool:
