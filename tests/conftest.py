@@ -58,3 +58,12 @@ def pytest_sessionfinish(session, exitstatus):
         Path(out).mkdir(parents=True, exist_ok=True)
         doc = {"faults": _RELIABILITY.faults, "fuzz": _RELIABILITY.fuzz, "pytest_exit_status": int(exitstatus)}
         (Path(out) / "suite_counts.json").write_text(json.dumps(doc, indent=2) + "\n")
+
+
+# Hypothesis profiles: "ci" (loaded by default: short, deadline off since the machine is shared)
+# and "long" (pytest --hypothesis-profile=long, for results/reliability).
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile("ci", max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+settings.register_profile("long", max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+settings.load_profile("ci")

@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-logprobs", type=int, default=20, help="largest logprobs / top_logprobs accepted")
     g.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024,
                    help="larger request bodies are refused with 413")
+    g.add_argument("--max-choices-per-request", type=int, default=256,
+                   help="prompts x n of one completion request at most (each choice is an engine request)")
     g.add_argument("--trust-request-chat-template", action="store_true",
                    help="accept a chat_template sent in a request (it runs on this worker; off: refused with 400)")
     g.add_argument("--drain-timeout", type=float, default=30.0,
@@ -109,6 +111,7 @@ def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> 
         served_model_name=tuple(args.served_model_name or ()), engine=args.engine, tokenizer=args.tokenizer,
         max_concurrent_requests=args.max_concurrent_requests, overload_status=args.overload_status,
         max_logprobs=args.max_logprobs, log_level=args.log_level, max_body_bytes=args.max_body_bytes,
+        max_choices_per_request=args.max_choices_per_request,
         trust_request_chat_template=args.trust_request_chat_template, drain_timeout=args.drain_timeout)
 
 
@@ -122,8 +125,8 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error("--max-concurrent-requests must be >= 0")
     if args.kv_cache_memory_gb <= 0:
         parser.error("--kv-cache-memory-gb must be > 0")
-    if args.max_body_bytes < 1:
-        parser.error("--max-body-bytes must be positive")
+    if args.max_body_bytes < 1 or args.max_choices_per_request < 1:
+        parser.error("--max-body-bytes and --max-choices-per-request must be positive")
     if args.drain_timeout < 0:
         parser.error("--drain-timeout must be >= 0")
 

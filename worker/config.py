@@ -36,6 +36,7 @@ class WorkerConfig:
     max_logprobs: int = 20                      # largest logprobs / top_logprobs accepted
     log_level: str = "info"                     # uvicorn's log level
     max_body_bytes: int = 8 * 1024 * 1024       # larger request bodies get 413
+    max_choices_per_request: int = 256          # prompts x n of one request (each is an engine request)
     # A chat template sent in a request runs on the worker (sandboxed Jinja, but its
     # loops are not bounded): refused unless the operator trusts the clients.
     trust_request_chat_template: bool = False

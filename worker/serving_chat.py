@@ -38,9 +38,11 @@ def conversation(req: ChatCompletionRequest) -> list[dict]:
             texts = []
             for part in content:
                 kind = part.get("type")
-                if kind not in ("text", "input_text") or not isinstance(part.get("text"), str):
+                if kind not in ("text", "input_text"):
                     raise bad_request(f"Content part type {kind!r} is not supported (text only).",
                                       f"messages.{i}.content")
+                if not isinstance(part.get("text"), str):
+                    raise bad_request("A text content part needs a string 'text'.", f"messages.{i}.content")
                 texts.append(part["text"])
             content = "\n".join(texts)
         d["content"] = content or ""

@@ -51,6 +51,12 @@ def _tokenize(tokenizer, prompt, add_special_tokens: bool, truncate: int | None,
 async def create_completion(state: ServingState, req: CompletionRequest, raw: Request) -> Response:
     state.check_model(req.model)
     validate_request(req, state.config.max_logprobs)
+    prompt = req.prompt
+    n_prompts = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
+    limit = state.config.max_choices_per_request
+    if n_prompts * req.n > limit:
+        raise bad_request(f"{n_prompts} prompts x n={req.n} = {n_prompts * req.n} choices exceed this worker's "
+                          f"limit of {limit} per request.", "n")
     state.check_engine()
     arrival = monotonic()
     state.admit()

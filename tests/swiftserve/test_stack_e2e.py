@@ -138,6 +138,26 @@ def test_short_loadtest_against_the_stack(stack, tmp_path):
     assert not res["warnings"] and res["median_ttft_ms"] > 0 and res["median_tpot_ms"] > 0
 
 
+def test_short_soak_against_the_stack(stack_proc, tmp_path):
+    """The soak's short version: Poisson load at 80% of the measured capacity for 20 s, every
+    process sampled; nothing lost, KV blocks and in-flight counts back to 0, no growth."""
+    import argparse
+
+    from loadtest.soak import add_arguments, soak_stack, stack_processes
+
+    proc, base, workers = stack_proc
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    a = p.parse_args(["--duration", "20", "--capacity-seconds", "8", "--sample-interval", "1", "--input-len", "64",
+                      "--output-len", "8", "--result-dir", str(tmp_path)])
+    wport = int(workers[0].rsplit(":", 1)[1])
+    doc = soak_stack(a, base, workers, stack_processes(proc.pid, wport))
+    v = doc["verdict"]
+    assert v["requests"] >= 3 and v["requests_lost"] == 0, v
+    assert set(v["rss"]) == {"swiftserve-up", "gateway", "worker1", "worker2"}
+    assert v["checks"]["kv_blocks_released"] and v["checks"]["in_flight_zero"], v["idle"]
+    assert v["passed"], v["checks"]
+
 def test_a_killed_worker_is_restarted_while_the_rest_serves(stack_proc, reliability_log):
     """The issue's scenario: SIGKILL one worker during 8 streamed requests. Its streams end with
     an error event, the other worker's complete, the stack keeps serving, the supervisor restarts
