@@ -27,10 +27,10 @@ HERE = Path(__file__).parent
 
 
 class Proc:
-    def __init__(self, cmd: list[str], url: str) -> None:
-        self.cmd, self.url = cmd, url
+    def __init__(self, cmd: list[str], url: str, env: dict | None = None) -> None:
+        self.cmd, self.url, self.env = cmd, url, env
         self.log = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
 
     def wait_ready(self, timeout: float = 30.0) -> "Proc":
         wait_healthy(self.url, self.proc, timeout, self.log)
@@ -50,7 +50,7 @@ class Proc:
 
     def restart(self) -> "Proc":
         self.kill()
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
         return self
 
 

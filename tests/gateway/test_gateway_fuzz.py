@@ -166,3 +166,47 @@ def test_oversized_bodies_are_refused_before_they_are_read(stack, tally):
     tally.saw(413)
     tally.saw(413)
     still_routes(stack)
+
+
+def test_api_keys_are_compared_in_constant_time(monkeypatch):
+    import hmac
+
+    import gateway.auth as auth_mod
+
+    keys = [f"sk-{i:02d}-" + "x" * 30 for i in range(5)]
+    auth = auth_mod.Auth(keys)
+    calls = []
+    real = hmac.compare_digest
+    monkeypatch.setattr(auth_mod.hmac, "compare_digest", lambda a, b: calls.append(len(a)) or real(a, b))
+    for presented in (keys[0], keys[4], "sk-00-" + "x" * 29 + "y", "short", ""):
+        calls.clear()
+        try:
+            auth.check("Bearer " + presented)
+            ok = True
+        except Exception:  # noqa: BLE001
+            ok = False
+        assert ok == (presented in keys)
+        assert calls == [32] * len(keys)          # every key, equal-length digests, whatever matched
+
+
+def test_api_keys_never_reach_the_logs(tmp_path):
+    import os
+
+    from fault_support import Proc, fault_worker
+    from proc_support import free_port
+
+    secret, wrong = "sk-live-SECRET-4242", "sk-guess-WRONG-1717"
+    w = fault_worker("w")
+    port = free_port()
+    gw = Proc([sys.executable, "-m", "gateway", "--port", str(port), "--workers", w.url, "--log-level", "debug"],
+              f"http://127.0.0.1:{port}", env={**os.environ, "SWIFTSERVE_API_KEYS": secret}).wait_ready()
+    try:
+        for key in (secret, wrong, secret):
+            httpx.post(gw.url + CMPL, json={"model": "m", "prompt": "x"}, headers={"authorization": f"Bearer {key}"})
+        time.sleep(0.5)
+        out = gw.output()
+        assert "POST /v1/completions" in out and "auth on" in out          # the log is there
+        assert secret not in out and wrong not in out and "SECRET" not in out
+    finally:
+        gw.kill()
+        w.kill()
