@@ -15,6 +15,7 @@ import asyncio
 import json
 
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 
 
 class EdgeError(Exception):
@@ -33,11 +34,14 @@ async def read_body(request: Request, max_bytes: int, timeout: float) -> bytes:
 
     async def collect() -> bytes:
         parts, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_bytes:
-                raise EdgeError(413, "body_too_large", f"Request body exceeds {max_bytes} bytes.")
-            parts.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise EdgeError(413, "body_too_large", f"Request body exceeds {max_bytes} bytes.")
+                parts.append(chunk)
+        except ClientDisconnect:        # nobody to answer; no traceback either
+            raise EdgeError(400, "client_disconnected", "The client went away while sending the body.") from None
         return b"".join(parts)
 
     try:

@@ -76,12 +76,16 @@ class Lease:
         worker.in_flight += 1
         health.on_dispatch(worker, time.monotonic())
 
-    def finish(self, ok: bool) -> None:
+    def finish(self, ok: bool | None) -> None:
+        """Release the dispatch; ``ok`` is reported to the circuit breaker (None: not the worker's doing)."""
         if self.done:
             return
         self.done = True
         self.worker.in_flight -= 1
-        self.health.on_result(self.worker, ok)
+        if ok is not None:
+            self.health.on_result(self.worker, ok)
+        else:
+            self.worker.trial_in_flight = False
         self.admission.release()
         self.pool.reap()
 
@@ -129,7 +133,7 @@ class Forwarder:
                 last = self._failed(worker, _transport_failure(exc))
                 continue
             except BaseException:
-                lease.finish(False)
+                lease.finish(None)
                 raise
             try:
                 if resp.headers.get("content-type", "").startswith("text/event-stream") and resp.status_code < 400:
@@ -138,6 +142,10 @@ class Forwarder:
             except AttemptFailed as exc:
                 last = self._failed(worker, exc)
                 continue
+            except BaseException:           # cancelled (shutdown): release, and close the upstream
+                lease.finish(None)
+                await resp.aclose()
+                raise
         self.m.rejected.labels("no_worker").inc()
         if last is None:
             return error(503, "No worker could take the request (none routable).", "service_unavailable",

@@ -7,7 +7,8 @@ thread). Callers speak token ids and ``SamplingParams``; out come
 Isolation: ``add_request`` validates every id and option (``ValueError``). If a step's
 batch fails anyway, each of its requests is run alone; one that fails alone is
 aborted and its error kept for ``take_failures()`` (the async engine hands it to that
-request's stream), the others go on. Only when every request of several consecutive
+request's stream), the others go on (a seeded request that shared the failed step may
+draw other random numbers than it would have without the failure). Only when every request of several consecutive
 steps fails alone is the failure treated as the engine's own and re-raised.
 """
 

@@ -93,13 +93,17 @@ def up(args: argparse.Namespace) -> int:
     worker_urls = []
     stopping = False
 
+    sup = Supervisor(RestartPolicy(max_restarts=args.max_restarts, window=args.restart_window))
+
     def on_signal(signum, _frame):
         nonlocal stopping
+        if stopping:                    # a second Ctrl-C: do not wait for the drain
+            print("swiftserve: killing the stack", file=sys.stderr)
+            sup.kill()
         stopping = True
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    sup = Supervisor(RestartPolicy(max_restarts=args.max_restarts, window=args.restart_window))
     try:
         for i in range(args.workers):
             port = args.worker_base_port + i

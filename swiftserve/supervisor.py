@@ -7,7 +7,10 @@ the last ``window`` seconds). A child that needed ``max_restarts`` restarts with
 ``window`` seconds is given up (it stays down, loudly); the other children keep
 running either way: one crashing worker never stops the gateway or the other workers.
 Only ``stop()`` (Ctrl-C / SIGTERM in ``swiftserve up``) ends them: SIGTERM to all,
-then SIGKILL to whatever is still running after the grace period.
+then SIGKILL to whatever is still running after the grace period (``kill()`` at once).
+Children run in their own session, so a terminal's Ctrl-C reaches only the supervisor,
+which then sends each child exactly one SIGTERM (a second signal would make a worker
+skip its drain).
 
 Pure bookkeeping around ``popen`` and ``now`` (injectable), so the policy is tested
 with short-lived real processes.
@@ -48,10 +51,11 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, policy: RestartPolicy | None = None, popen: Callable = subprocess.Popen,
+    def __init__(self, policy: RestartPolicy | None = None, popen: Callable | None = None,
                  now: Callable[[], float] = time.monotonic, say: Callable[[str], None] | None = None) -> None:
         self.policy = policy or RestartPolicy()
-        self.popen, self.now = popen, now
+        self.popen = popen or (lambda cmd: subprocess.Popen(cmd, start_new_session=True))
+        self.now = now
         self.say = say or (lambda msg: print(f"swiftserve: {msg}", file=sys.stderr, flush=True))
         self.children: list[Child] = []
 
@@ -92,6 +96,11 @@ class Supervisor:
             c.restart_at = now + delay
             self.say(f"{c.name} exited with {code}; restarting in {delay:.0f}s "
                      f"(restart {len(c.restarts) + 1} of at most {p.max_restarts} in {p.window:.0f}s)")
+
+    def kill(self) -> None:
+        for c in self.children:
+            if c.running:
+                c.proc.kill()
 
     def stop(self, grace: float = 10.0) -> None:
         live = [c.proc for c in self.children if c.running]
