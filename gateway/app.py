@@ -1,10 +1,10 @@
 """The gateway app: ``build_app(GatewayConfig) -> FastAPI``.
 
-Request path: body size and deadline (413, 408) -> JSON and required fields (400;
-gateway.edge) -> API key (401) -> per-key rate limits (429) -> admission (a worker with
-room, else the bounded queue, else 429; no routable worker: 503) -> forwarding
-(gateway.proxy: retries before the first byte, whole JSON answers, SSE passed through
-with an in-band error event if the worker fails mid-stream).
+Request path: API key (401, before the body is read) -> body size and deadline (413,
+408) -> JSON and required fields (400; gateway.edge) -> per-key rate limits (429) ->
+admission (a worker with room, else the bounded queue, else 429; no routable worker:
+503) -> forwarding (gateway.proxy: retries before the first byte, whole JSON answers,
+SSE passed through with an in-band error event if the worker fails mid-stream).
 
 Every answer the gateway makes itself is OpenAI-style JSON, unknown routes (404) and
 wrong methods (405) included; an unexpected exception is a JSON 500 with one log line.
@@ -105,6 +105,10 @@ def build_app(config: GatewayConfig) -> FastAPI:
 
     async def proxy(request: Request, path: str) -> Response:
         try:
+            who = auth.check(request.headers.get("authorization"))     # before reading a byte of the body
+        except Rejected as exc:
+            return _rejected(metrics, exc)
+        try:
             raw = await read_body(request, config.max_body_bytes, config.body_timeout)
             body = parse_body(path, raw)
         except EdgeError as exc:
@@ -112,7 +116,6 @@ def build_app(config: GatewayConfig) -> FastAPI:
             return error(exc.status, str(exc), code=exc.reason, param=exc.param)
         est = estimate_tokens(body)
         try:
-            who = auth.check(request.headers.get("authorization"))
             auth.charge(who, est)
         except Rejected as exc:
             return _rejected(metrics, exc)

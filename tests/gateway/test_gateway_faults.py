@@ -49,6 +49,7 @@ def check(reliability_log, name, results, gw, *workers):
     assert not any(gateway_in_flight(gw).values())
     for w in workers:
         assert wait_idle(w) == 0
+    assert "Traceback" not in gw.output()          # expected upstream failures are one warning line
 
 
 def test_worker_killed_before_the_first_byte_is_retried_elsewhere(procs, reliability_log):
