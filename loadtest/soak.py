@@ -233,12 +233,21 @@ def plot(doc: dict, path: Path) -> None:
     samples = doc["samples"]
     t = [s["t"] / 60 for s in samples]
     fig, axes = plt.subplots(2, 2, figsize=(12, 7), sharex=True)
-    for ax, key, title in ((axes[0][0], "rss_mb", "RSS (MiB)"), (axes[0][1], "fds", "open file descriptors"),
+    first_rss = {}
+    for s in samples:
+        for n, v in s["rss_mb"].items():
+            first_rss.setdefault(n, v)
+    for ax, key, title in ((axes[0][0], "rss_mb", "RSS change from the first sample (%)"),
+                           (axes[0][1], "fds", "open file descriptors"),
                            (axes[1][0], "kv_blocks_used", "KV blocks in use"), (axes[1][1], "in_flight", "in flight")):
         names = sorted({n for s in samples for n in s[key]})
         for n in names:
-            ax.plot([ti for ti, s in zip(t, samples) if n in s[key]], [s[key][n] for s in samples if n in s[key]],
-                    label=n, lw=1)
+            ys = [s[key][n] for s in samples if n in s[key]]
+            label = n
+            if key == "rss_mb":
+                label = f"{n} ({first_rss[n]:.0f} MiB)"
+                ys = [100 * (y - first_rss[n]) / first_rss[n] for y in ys]
+            ax.plot([ti for ti, s in zip(t, samples) if n in s[key]], ys, label=label, lw=1)
         ax.set_title(title)
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
@@ -277,3 +286,9 @@ def main_from_args(a) -> int:
           f"RSS growth max {v['rss_growth_pct']:.2f}%, fd growth max {v['fd_growth']}; "
           f"checks {v['checks']} -> {out / 'soak.json'}")
     return 0 if v["passed"] else 1
+
+
+if __name__ == "__main__":
+    # Redraw the plot of a finished run:  python -m loadtest.soak results/reliability/soak.json
+    path = Path(sys.argv[1])
+    plot(json.loads(path.read_text()), path.with_suffix(".png"))

@@ -142,7 +142,7 @@ def real_server(smollm2_dir):
 
 
 @pytest.mark.model
-@settings(max_examples=settings().max_examples // 4, **LAX)
+@settings(max_examples=max(8, settings().max_examples // 10), **LAX)
 @given(options=OPTIONS, prompt=PROMPTS, chat=st.booleans())
 def test_real_engine_survives_extreme_options(options, prompt, chat, real_server, tally):
     body = {"model": "fake-model", **options, "max_tokens": 6}
