@@ -70,6 +70,8 @@ def fixed_cases(max_body: int) -> list[tuple[str, bytes, dict]]:
         (CMPL, {"model": m, "prompt": list(range(5000)), "max_tokens": 4}),         # long id prompt
         (CMPL, {"model": m, "prompt": [[1, 2], [3, 10**12]]}),                       # id out of range
         (CMPL, {"model": m, "prompt": [-5]}),
+        (CMPL, {"model": m, "prompt": [1, 10**10], "echo": True, "max_tokens": 2}),   # decoded for echo
+        (CMPL, {"model": m, "prompt": [[1], [2**63 - 1]], "echo": True, "max_tokens": 2}),
         (CMPL, {"model": m, "prompt": "x", "stop": ["s%d" % i for i in range(5000)], "max_tokens": 4}),
         (CMPL, {"model": m, "prompt": "x", "stop_token_ids": [2**62], "min_tokens": 2, "max_tokens": 4}),
         (CMPL, {"model": m, "prompt": "x", "n": 10**6}),

@@ -23,8 +23,10 @@ from worker.serving import (SSE_DONE, ChoiceSpec, ChoiceStreams, ClientDisconnec
                             ServingState, engine_error, monotonic, new_id, sse, until_disconnect)
 
 
-def _tokenize(tokenizer, prompt, add_special_tokens: bool, truncate: int | None, echo: bool):
-    """Runs in the executor. Returns [(token_ids, echo_text | None)] per prompt."""
+def _tokenize(tokenizer, prompt, add_special_tokens: bool, truncate: int | None, echo: bool, vocab_size: int):
+    """Runs in the executor. Returns [(token_ids, echo_text | None)] per prompt.
+
+    Token-id prompts are range-checked before anything decodes them (``echo``)."""
     if isinstance(prompt, str):
         items = [prompt]
     elif all(isinstance(p, str) for p in prompt):
@@ -40,6 +42,8 @@ def _tokenize(tokenizer, prompt, add_special_tokens: bool, truncate: int | None,
             text = item
         else:
             ids, text = item, None
+            if any(t >= vocab_size for t in ids):
+                raise bad_request(f"Prompt token ids must be < the vocabulary size {vocab_size}.", "prompt")
         if truncate is not None and len(ids) > truncate:
             ids, text = ids[-truncate:], None
         if echo and text is None:
@@ -63,7 +67,7 @@ async def create_completion(state: ServingState, req: CompletionRequest, raw: Re
     handed_over = False
     try:
         prompts = await state.run_sync(_tokenize, state.tokenizer, req.prompt, req.add_special_tokens,
-                                       req.truncate_prompt_tokens, bool(req.echo))
+                                       req.truncate_prompt_tokens, bool(req.echo), state.vocab_size)
         specs: list[ChoiceSpec] = []
         request_id = new_id("cmpl")
         max_model_len = state.engine.max_model_len
