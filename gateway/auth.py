@@ -1,6 +1,9 @@
 """Optional API keys (bearer) and per-key request and token rate limits (token buckets).
 
-Keys are never logged: ``key_id`` is a short hash prefix. Token limits charge an estimate
+Keys are never logged: ``key_id`` is a short hash prefix. A presented key is compared
+with every configured key in constant time (``hmac.compare_digest`` of SHA-256
+digests, so neither the position of the first differing byte nor the key's length
+shows in the timing). Token limits charge an estimate
 at admission (prompt characters / 4 + max_tokens) and correct it with the response's
 ``usage`` when known.
 """
@@ -8,6 +11,8 @@ at admission (prompt characters / 4 + max_tokens) and correct it with the respon
 from __future__ import annotations
 
 import hashlib
+import hmac
+import math
 import time
 from pathlib import Path
 
@@ -56,6 +61,7 @@ class Bucket:
 class Auth:
     def __init__(self, keys: list[str], requests_per_minute: float = 0, tokens_per_minute: float = 0):
         self.keys = set(keys)
+        self._digests = [hashlib.sha256(k.encode()).digest() for k in sorted(self.keys)]
         self.rpm, self.tpm = requests_per_minute, tokens_per_minute
         self.req: dict[str, Bucket] = {}
         self.tok: dict[str, Bucket] = {}
@@ -69,7 +75,11 @@ class Auth:
         if not self.keys:
             return "anonymous"
         token = (authorization or "").removeprefix("Bearer ").strip()
-        if token not in self.keys:
+        digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+        match = False
+        for d in self._digests:                 # every key is compared: no early exit
+            match |= hmac.compare_digest(digest, d)
+        if not match:
             raise Rejected(401, "bad_key", "Invalid or missing API key (Authorization: Bearer <key>).")
         return key_id(token)
 
@@ -94,12 +104,38 @@ class Auth:
                 b.level -= actual_tokens - est_tokens
 
 
+def _count(value, default: float) -> float:
+    """A JSON number usable as a token count, else ``default`` (the worker rejects bad values)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return default
+    try:
+        value = float(value)
+    except OverflowError:           # an integer beyond float range
+        return default
+    return value if math.isfinite(value) and value >= 0 else default
+
+
+def requested_tokens(body: dict) -> float:
+    return _count(body.get("max_tokens"), 0) or _count(body.get("max_completion_tokens"), 0) or 16.0
+
+
 def estimate_tokens(body: dict) -> float:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+    """Prompt characters / 4 (or token ids) + max_tokens; any JSON body gives a number."""
+    prompt, msgs = body.get("prompt"), body.get("messages")
+    if isinstance(msgs, list):
+        n = sum(_chars(m.get("content")) for m in msgs if isinstance(m, dict)) / 4
+    elif isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
         n = len(prompt)
-    elif "messages" in body:
-        n = sum(len(str(m.get("content", ""))) for m in body.get("messages") or [] if isinstance(m, dict)) / 4
     else:
-        n = len(str(prompt or "")) / 4
-    return n + float(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        n = _chars(prompt) / 4
+    return n + requested_tokens(body)
+
+
+def _chars(value) -> int:
+    """Characters of a string, or of the strings (and text parts) in a list."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(len(v) if isinstance(v, str) else len(v.get("text", "")) if isinstance(v, dict)
+                   and isinstance(v.get("text"), str) else 0 for v in value)
+    return 0

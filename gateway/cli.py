@@ -37,7 +37,9 @@ def parse_args(argv=None) -> GatewayConfig:
                    help="scraped worker figures older than this are ignored (default: %(default)s s)")
     f = p.add_argument_group("failures and health")
     f.add_argument("--connect-timeout", type=float, default=d.connect_timeout)
-    f.add_argument("--first-byte-timeout", type=float, default=d.first_byte_timeout)
+    f.add_argument("--first-byte-timeout", type=float, default=d.first_byte_timeout,
+                   help="seconds without a byte from a worker (before the first byte: fail over; "
+                        "mid-stream: an error event ends the stream) (default: %(default)s)")
     f.add_argument("--max-attempts", type=int, default=d.max_attempts,
                    help="workers tried before the first byte reaches the client (default: %(default)s)")
     f.add_argument("--health-interval", type=float, default=h.interval)
@@ -50,7 +52,12 @@ def parse_args(argv=None) -> GatewayConfig:
                    help="a worker with this many requests in flight is saturated (0: unlimited)")
     a.add_argument("--max-queue", type=int, default=d.max_queue, help="requests waiting when all are saturated")
     a.add_argument("--queue-timeout", type=float, default=d.queue_timeout)
-    a.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
+    a.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
+                   help="larger request bodies get 413 (default: %(default)s)")
+    a.add_argument("--body-timeout", type=float, default=d.body_timeout,
+                   help="seconds for a request body to arrive, else 408 (default: %(default)s)")
+    a.add_argument("--max-response-bytes", type=int, default=d.max_response_bytes,
+                   help="a worker answer larger than this ends with an error (default: %(default)s)")
     a.add_argument("--api-keys-file", default=None,
                    help="file with one bearer key per line (adds to $SWIFTSERVE_API_KEYS); no keys: no auth")
     a.add_argument("--requests-per-minute", type=float, default=0, help="per key (0: unlimited)")
@@ -58,6 +65,12 @@ def parse_args(argv=None) -> GatewayConfig:
     a.add_argument("--protect-metrics", action="store_true", help="require the API key on /metrics")
     a.add_argument("--protect-health", action="store_true", help="require the API key on /health")
     x = p.parse_args(argv)
+    for name in ("max_attempts", "max_body_bytes", "max_response_bytes"):
+        if getattr(x, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    for name in ("connect_timeout", "first_byte_timeout", "body_timeout", "queue_timeout"):
+        if not getattr(x, name) > 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0")
     workers = [u.strip().rstrip("/") for u in x.workers.split(",") if u.strip()]
     if not (workers or x.workers_file or x.k8s_service):
         p.error("no workers: pass --workers URL[,URL...], --workers-file, --k8s-service, or set SWIFTSERVE_WORKERS")
@@ -66,6 +79,7 @@ def parse_args(argv=None) -> GatewayConfig:
         k8s_port_name=x.k8s_port_name, k8s_port=x.k8s_port, host=x.host, port=x.port, policy=x.policy,
         scrape_interval=x.scrape_interval, stale_after=x.stale_after, connect_timeout=x.connect_timeout,
         first_byte_timeout=x.first_byte_timeout, max_attempts=x.max_attempts, max_body_bytes=x.max_body_bytes,
+        body_timeout=x.body_timeout, max_response_bytes=x.max_response_bytes,
         max_inflight_per_worker=x.max_inflight_per_worker, max_queue=x.max_queue, queue_timeout=x.queue_timeout,
         api_keys=load_keys(envs.api_keys(), x.api_keys_file), requests_per_minute=x.requests_per_minute,
         tokens_per_minute=x.tokens_per_minute, protect_metrics=x.protect_metrics, protect_health=x.protect_health,

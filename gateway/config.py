@@ -26,6 +26,8 @@ class GatewayConfig:
     first_byte_timeout: float = 600.0      # no byte from the worker for this long: fail over
     max_attempts: int = 2                  # workers tried before the first byte reaches the client
     max_body_bytes: int = 8 * 1024 * 1024
+    body_timeout: float = 30.0             # the whole request body must arrive within this (else 408)
+    max_response_bytes: int = 256 * 1024 * 1024   # a worker's answer larger than this is cut with an error
     max_inflight_per_worker: int = 0       # 0: unlimited; else saturation point for admission
     max_queue: int = 256
     queue_timeout: float = 30.0

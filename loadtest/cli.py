@@ -3,6 +3,8 @@
   run      one arrival rate -> one result JSON
   sweep    several rates for one label (stops early once p99 TTFT exceeds --stop-ttft-ms)
   compare  result files/directories -> table.md, PNG plots, report.html
+  soak     start a stack, Poisson load at a fraction of its capacity for a long time,
+           fail on RSS / descriptor growth or any lost request (loadtest.soak)
 """
 
 from __future__ import annotations
@@ -94,7 +96,13 @@ def main(argv=None) -> int:
     c = sub.add_parser("compare", help="table + plots + HTML from result files")
     c.add_argument("paths", nargs="+", help="result JSON files or directories")
     c.add_argument("--out", default="results/loadtest/report")
+    k = sub.add_parser("soak", help="long run against a fresh stack: leaks and lost requests fail it")
+    from loadtest.soak import add_arguments, main_from_args
+
+    add_arguments(k)
     a = p.parse_args(argv)
+    if a.cmd == "soak":
+        return main_from_args(a)
     if a.cmd == "run":
         res = _run_one(a, a.rate)
         return 0 if res["completed"] else 1

@@ -27,6 +27,15 @@ class RequestRecord:
     success: bool = False
     error: str = ""
     status: int | None = None
+    done: bool = False                # the stream ended with data: [DONE]
+    told: bool = False                # an explicit error reached the client (HTTP error status or error event)
+
+    @property
+    def outcome(self) -> str:
+        """'complete' (tokens and [DONE]), 'error' (the client was told) or 'lost' (neither)."""
+        if self.told:
+            return "error"
+        return "complete" if self.success and self.done else "lost"
 
     @property
     def ttft(self) -> float | None:
@@ -60,16 +69,19 @@ async def send(client: httpx.AsyncClient, url: str, body: dict, rec: RequestReco
             rec.status = r.status_code
             if r.status_code != 200:
                 rec.error = f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:300]}"
+                rec.told = True
                 return rec
             async for line in r.aiter_lines():
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
+                    rec.done = True
                     break
                 obj = json.loads(data)
                 if "error" in obj:
                     rec.error = json.dumps(obj["error"])[:300]
+                    rec.told = True
                     return rec
                 if obj.get("usage"):
                     rec.prompt_tokens = obj["usage"].get("prompt_tokens")

@@ -77,7 +77,9 @@ def scoring_items(corpus: Path, tok, n: int, prefix: int, cont: int, seed: int,
 
 
 def chat_prompts(corpus: Path, tok, n: int, max_prompt: int) -> list[list[int]]:
-    out = []
+    out: list[list[int]] = []
+    if n <= 0:
+        return out
     for c in iter_chat(corpus, "heldout"):
         t = chat_ids(tok, c["messages"][:1], add_generation_prompt=True)
         if len(t) <= max_prompt:
@@ -297,6 +299,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--needle", type=int, default=0, metavar="N",
                    help="needle-in-a-haystack items (adds 'needle' to --metrics)")
     p.add_argument("--needle-context", type=int, default=2048, help="haystack tokens per needle item")
+    p.add_argument("--no-tasks", dest="tasks", action="store_false",
+                   help="skip the task suite (same as leaving 'tasks' out of --metrics)")
     p.add_argument("--join-docs", action="store_true",
                    help="score sequences made of held-out passages joined RAG-style (allows long --prefix)")
     p.add_argument("--samples", type=int, default=64, help="scored held-out sequences (default: %(default)s)")
@@ -324,7 +328,8 @@ def run(args: argparse.Namespace) -> int:
                                                    and all(isinstance(m, dict) for m in methods)):
             raise SystemExit("modelkit eval: --kv-methods must be a JSON object or a list of objects")
         combos = sweep(methods)
-    metrics = tuple(m for m in args.metrics.split(",") if m) + (("needle",) if args.needle else ())
+    metrics = tuple(m for m in args.metrics.split(",") if m and (args.tasks or m != "tasks")) \
+        + (("needle",) if args.needle else ())
     bad = [m for m in metrics if m not in METRICS]
     if bad:
         raise SystemExit(f"modelkit eval: unknown --metrics {', '.join(bad)} (known: {', '.join(METRICS)})")

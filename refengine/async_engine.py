@@ -6,7 +6,9 @@ one ``loop.call_soon_threadsafe`` into per-request ``asyncio.Queue``s.
 
 Contract (see worker/engine_client.py): ``generate`` yields increments until the
 finished one; leaving the iterator early (client disconnect, cancellation)
-aborts the request in ``finally``. If the engine thread dies, every open stream
+aborts the request in ``finally``. A request the engine refuses (``ValueError``) or
+that fails inside a step (``RequestFailed``, see ``LLMEngine``) gets that error on its
+own stream; the others go on. If the engine thread dies, every open stream
 receives the error and ``healthy()`` turns False.
 """
 
@@ -36,6 +38,7 @@ class AsyncEngine:
         self.engine = None
         self.max_model_len = 0
         self.eos_token_ids: tuple[int, ...] = ()
+        self.vocab_size: int | None = None          # the model's (a tokenizer may have more ids)
         self._cmds: queue.Queue = queue.Queue()
         self._streams: dict[str, asyncio.Queue] = {}
         self._thread: threading.Thread | None = None
@@ -53,6 +56,7 @@ class AsyncEngine:
         self.engine = await asyncio.to_thread(LLMEngine, self.config)
         self.max_model_len = self.engine.max_model_len
         self.eos_token_ids = self.engine.eos_token_ids
+        self.vocab_size = self.engine.spec.vocab_size
         self._stats = self.engine.stats()
         self._thread = threading.Thread(target=self._run, name="refengine", daemon=True)
         self._thread.start()
@@ -108,6 +112,7 @@ class AsyncEngine:
                 self._drain(block, outputs)
                 if eng.has_unfinished():
                     outputs.extend(eng.step())
+                    outputs.extend(eng.take_failures().items())
                 self._stats = eng.stats()
                 if outputs:
                     self._loop.call_soon_threadsafe(self._dispatch, outputs)
@@ -129,7 +134,7 @@ class AsyncEngine:
                 _, rid, prompt, params, arrival = cmd
                 try:
                     eng.add_request(rid, prompt, params, arrival)
-                except ValueError as exc:
+                except Exception as exc:  # noqa: BLE001 - this request's error, not the engine's
                     outputs.append((rid, exc))
             elif cmd[0] == "abort":
                 out = eng.abort_request(cmd[1])

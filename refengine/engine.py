@@ -8,6 +8,13 @@ Requests that finish, abort or are preempted are forgotten by the methods.
 Not thread-safe: one thread owns it (``AsyncEngine`` runs it on a background
 thread). Callers speak token ids and ``SamplingParams``; out come
 ``RequestOutput`` increments (one token per request per step).
+
+Isolation: ``add_request`` validates every id and option (``ValueError``). If a step's
+batch fails anyway, each of its requests is run alone; one that fails alone is
+aborted and its error kept for ``take_failures()`` (the async engine hands it to that
+request's stream), the others go on (a seeded request that shared the failed step may
+draw other random numbers than it would have without the failure). Only when every request of several consecutive
+steps fails alone is the failure treated as the engine's own and re-raised.
 """
 
 from __future__ import annotations
@@ -18,14 +25,15 @@ import time
 from refengine.block_manager import BlockManager
 from refengine.config import EngineConfig
 from refengine.model_config import load_model_spec
-from refengine.outputs import EngineStats, RequestOutput
+from refengine.outputs import EngineStats, RequestFailed, RequestOutput
 from refengine.request import Request, RequestStatus
 from refengine.sampling_params import SamplingParams
-from refengine.scheduler import Scheduler
+from refengine.scheduler import Scheduler, SchedulerOutput
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MODEL_LEN = 8192
+MAX_FAILED_STEPS = 3     # steps in a row where every request failed alone: the engine itself is broken
 
 
 class LLMEngine:
@@ -45,6 +53,8 @@ class LLMEngine:
         self.eos_token_ids = self.spec.eos_token_ids
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self._failures: dict[str, RequestFailed] = {}
+        self._failed_steps = 0
 
     # ---- requests -------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -58,6 +68,10 @@ class LLMEngine:
         vocab = self.spec.vocab_size
         if any(t < 0 or t >= vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if any(t < 0 or t >= vocab for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be in [0, {vocab})")
+        if params.logprobs is not None and not 0 <= params.logprobs <= vocab:
+            raise ValueError(f"logprobs must be in [0, {vocab}]")
         req = Request(request_id, prompt_token_ids, params, self.eos_token_ids, self.max_model_len, arrival_time)
         req.forced_ids = forced_ids
         self.scheduler.add(req)
@@ -78,7 +92,11 @@ class LLMEngine:
         self.runner.forget(sched.preempted)        # their blocks are free (and may be reused this step)
         if not sched.chunks:
             return []
-        sampled, logprobs = self.runner.execute(sched)
+        try:
+            sampled, logprobs = self.runner.execute(sched)
+            self._failed_steps = 0
+        except Exception as exc:  # noqa: BLE001 - isolate the request(s) that cause it
+            sampled, logprobs = self._isolate(sched, exc)
         touched = self.scheduler.update(sched, sampled)
         for edit in self.runner.after_step(sched):
             self.scheduler.truncate(edit.request_id, edit.num_cached)
@@ -92,6 +110,36 @@ class LLMEngine:
             if req.status.finished:
                 self.runner.release(req.request_id)
         return outputs
+
+    def _isolate(self, sched: SchedulerOutput, exc: Exception) -> tuple[dict, dict]:
+        """Run each chunk of a failed batch alone; abort the requests that fail alone.
+
+        Safe to repeat: a chunk rewrites the same KV slots, and progress only moves in
+        ``scheduler.update``, after this."""
+        log.warning("a step of %d requests failed (%r); running each alone", len(sched.chunks), exc)
+        sampled, logprobs, failed = {}, {}, 0
+        for chunk in sched.chunks:
+            try:
+                s, lp = self.runner.execute(SchedulerOutput([chunk]))
+            except Exception as one:  # noqa: BLE001
+                failed += 1
+                rid = chunk.request.request_id
+                log.error("request %s failed in the engine: %r", rid, one, exc_info=one)
+                self.scheduler.abort(rid)
+                self.runner.release(rid)
+                self._failures[rid] = RequestFailed(f"the engine failed on this request: {type(one).__name__}: {one}")
+                continue
+            sampled.update(s)
+            logprobs.update(lp)
+        self._failed_steps = self._failed_steps + 1 if failed == len(sched.chunks) else 0
+        if self._failed_steps >= MAX_FAILED_STEPS:
+            raise exc
+        return sampled, logprobs
+
+    def take_failures(self) -> dict[str, RequestFailed]:
+        """Requests aborted by a failure since the last call: request id -> error."""
+        out, self._failures = self._failures, {}
+        return out
 
     def _output(self, req: Request, new_ids: list[int], lps) -> RequestOutput:
         done = req.status.finished
@@ -118,6 +166,9 @@ class LLMEngine:
         while self.has_unfinished():
             for out in self.step():
                 result[out.request_id].extend(out.new_token_ids)
+        failures = self.take_failures()
+        if failures:
+            raise next(iter(failures.values()))
         return [result[rid] for rid in ids]
 
     def score(self, items: list[tuple[list[int], list[int]]], want_dist: bool = False) -> list[list[tuple]]:
@@ -130,9 +181,13 @@ class LLMEngine:
         """
         ids = [f"score-{time.monotonic_ns()}-{i}" for i in range(len(items))]
         reqs = {}
-        for rid, (prefix, cont) in zip(ids, items):
+        for prefix, cont in items:          # all checked before any is added
             if not cont:
                 raise ValueError("empty continuation")
+            if len(prefix) + len(cont) > self.max_model_len:
+                raise ValueError(f"prefix ({len(prefix)}) + continuation ({len(cont)}) tokens exceed the "
+                                 f"context of {self.max_model_len}: fewer log-probs than asked would come back")
+        for rid, (prefix, cont) in zip(ids, items):
             p = SamplingParams(max_tokens=len(cont), temperature=0, ignore_eos=True)
             self.add_request(rid, prefix, p, forced_ids=list(cont))
             reqs[rid] = self.scheduler.requests[rid]
@@ -142,6 +197,9 @@ class LLMEngine:
                 self.step()
         finally:
             self.runner.want_dist = False
+        failures = self.take_failures()
+        if failures:
+            raise next(iter(failures.values()))
         return [reqs[rid].score_log for rid in ids]
 
     def stats(self) -> EngineStats:

@@ -103,8 +103,10 @@ def parse_model_config(cfg: dict, generation_cfg: dict | None = None) -> ModelSp
     is_qwen = model_type.startswith("qwen2")
     eos = _as_tuple((generation_cfg or {}).get("eos_token_id")) or _as_tuple(cfg.get("eos_token_id"))
     swiftkv = bool(cfg.get("swiftkv", False))
-    kv_layers = int(cfg.get("num_key_value_layers") or layers)
-    group = int(cfg.get("key_value_group_size") or 1)
+    # Absent (or null) means "every layer has its own KV"; an explicit 0 is an error, not "no SwiftKV".
+    raw_kv_layers, raw_group = cfg.get("num_key_value_layers"), cfg.get("key_value_group_size")
+    kv_layers = layers if raw_kv_layers is None else int(raw_kv_layers)
+    group = 1 if raw_group is None else int(raw_group)
     if not 1 <= kv_layers <= layers:
         raise ModelConfigError(f"num_key_value_layers={kv_layers} must be in [1, {layers}]")
     if group < 1:

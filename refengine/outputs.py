@@ -63,3 +63,7 @@ class EngineStats:
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     extra: dict[str, float] = field(default_factory=dict)  # method-specific gauges
+
+
+class RequestFailed(RuntimeError):
+    """One request failed inside an engine (a bug, not the client's input); the others go on."""

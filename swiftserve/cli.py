@@ -2,9 +2,14 @@
 
 It prepares the model once (so workers do not race on the download), starts each
 worker and then the gateway as child processes, waits until every worker answers
-``/health`` and then until the gateway routes to all of them, prints how to call it,
-and keeps supervising: if any child exits, or on Ctrl-C / SIGTERM, it stops all of
-them (SIGTERM, then SIGKILL after a grace period) and exits non-zero when a child failed.
+``/health`` and then until the gateway routes to all of them, and prints how to call
+it (a child that exits during start-up stops everything: that is a configuration
+error). Then it supervises (``swiftserve.supervisor``): a child that exits is
+restarted with backoff, up to ``--max-restarts`` times in ``--restart-window``
+seconds, while the gateway and the other workers keep serving (the gateway's health
+checks take a dead worker out of rotation and re-admit it when it is back). Only
+Ctrl-C / SIGTERM stops the stack: SIGTERM to every child (workers drain their
+in-flight requests for ``--drain-timeout`` seconds), then SIGKILL after a grace period.
 """
 
 from __future__ import annotations
@@ -13,10 +18,11 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 import urllib.request
+
+from swiftserve.supervisor import RestartPolicy, Supervisor
 
 
 CURL_EXAMPLE = """\
@@ -52,6 +58,14 @@ def _parser() -> argparse.ArgumentParser:
                          "(repeatable)")
     up.add_argument("--startup-timeout", type=float, default=600.0,
                     help="seconds to wait for all processes to become healthy (default: %(default)s)")
+    sv = RestartPolicy()
+    up.add_argument("--max-restarts", type=int, default=sv.max_restarts,
+                    help="a crashed process is restarted (1, 2, 4 ... s backoff) at most this many times within "
+                         "--restart-window; then it stays down and the rest keeps serving (default: %(default)s)")
+    up.add_argument("--restart-window", type=float, default=sv.window,
+                    help="seconds over which restarts are counted (default: %(default)s)")
+    up.add_argument("--drain-timeout", type=float, default=30.0,
+                    help="on Ctrl-C / SIGTERM, seconds workers give in-flight requests to finish (default: %(default)s)")
     return p
 
 
@@ -66,20 +80,14 @@ def _healthy(url: str, routable: int | None = None) -> bool:
         return False
 
 
-def _stop(procs: list[subprocess.Popen], grace: float = 10.0) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for p in procs:
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-
-
 def up(args: argparse.Namespace) -> int:
     from modelkit.prepare import resolve_model  # lazy: pulls in the model toolkit only here
+
+    for flag, value, low in (("--workers", args.workers, 1), ("--max-restarts", args.max_restarts, 0),
+                             ("--restart-window", args.restart_window, 0), ("--drain-timeout", args.drain_timeout, 0)):
+        if value < low:
+            print(f"swiftserve up: {flag} must be >= {low}", file=sys.stderr)
+            return 2
 
     model_dir = resolve_model(args.model)
     name = args.served_model_name or model_dir.name
@@ -99,12 +107,16 @@ def up(args: argparse.Namespace) -> int:
         kv_args = ["--kv-methods", args.kv_methods]
     threads = max(1, (os.cpu_count() or 2) // max(1, args.workers))
     py = sys.executable
-    procs: list[subprocess.Popen] = []
     worker_urls = []
     stopping = False
 
+    sup = Supervisor(RestartPolicy(max_restarts=args.max_restarts, window=args.restart_window))
+
     def on_signal(signum, _frame):
         nonlocal stopping
+        if stopping:                    # a second Ctrl-C: do not wait for the drain
+            print("swiftserve: killing the stack", file=sys.stderr)
+            sup.kill()
         stopping = True
 
     signal.signal(signal.SIGINT, on_signal)
@@ -113,13 +125,14 @@ def up(args: argparse.Namespace) -> int:
         for i in range(args.workers):
             port = args.worker_base_port + i
             cmd = [py, "-m", "worker", "--model", str(model_dir), "--served-model-name", name,
-                   "--host", args.host, "--port", str(port), "--torch-threads", str(threads), *kv_args, *args.worker_arg]
-            procs.append(subprocess.Popen(cmd))
+                   "--host", args.host, "--port", str(port), "--torch-threads", str(threads),
+                   "--drain-timeout", str(args.drain_timeout), *kv_args, *args.worker_arg]
+            sup.start(f"worker {i + 1} (:{port})", cmd)
             worker_urls.append(f"http://{args.host}:{port}")
         gw = [py, "-m", "gateway", "--host", args.host, "--port", str(args.port), "--workers", ",".join(worker_urls)]
         if args.policy:
             gw += ["--policy", args.policy]
-        procs.append(subprocess.Popen(gw))
+        sup.start(f"gateway (:{args.port})", gw)
         gateway_url = f"http://{args.host}:{args.port}"
         deadline = time.monotonic() + args.startup_timeout
         pending = set(worker_urls) | {gateway_url}
@@ -131,8 +144,10 @@ def up(args: argparse.Namespace) -> int:
             # have seen them up), so the first request after "ready" cannot get a 503.
             if pending == {gateway_url} and _healthy(gateway_url, routable=args.workers):
                 pending.clear()
-            if any(p.poll() is not None for p in procs):
-                print("swiftserve: a process exited during start-up; stopping", file=sys.stderr)
+            failed = sup.exited()
+            if failed:
+                print(f"swiftserve: {failed[0].name} exited with {failed[0].proc.returncode} during start-up; "
+                      "stopping", file=sys.stderr)
                 return 1
             if time.monotonic() > deadline:
                 print(f"swiftserve: not healthy after {args.startup_timeout:.0f}s: {sorted(pending)}", file=sys.stderr)
@@ -143,14 +158,11 @@ def up(args: argparse.Namespace) -> int:
         print(CURL_EXAMPLE.format(host=args.host, port=args.port, model=name, n=args.workers,
                                   workers=", ".join(worker_urls)), flush=True)
         while not stopping:
-            for p in procs:
-                if p.poll() is not None:
-                    print(f"swiftserve: process {p.args[2]} exited with {p.returncode}; stopping", file=sys.stderr)
-                    return 1
+            sup.poll()
             time.sleep(0.5)
         return 0
     finally:
-        _stop(procs)
+        sup.stop(grace=args.drain_timeout + 10)
 
 
 def main(argv: list[str] | None = None) -> int:

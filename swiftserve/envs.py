@@ -47,3 +47,13 @@ def torch_threads() -> int | None:
     """Intra-op threads for the reference engine (SWIFTSERVE_TORCH_THREADS); None = torch default."""
     raw = _get("SWIFTSERVE_TORCH_THREADS")
     return int(raw) if raw else None
+
+
+def vllm_cpu_threads_bind() -> str | None:
+    """vLLM-CPU's OpenMP core binding (VLLM_CPU_OMP_THREADS_BIND) when the user set it; None = ours."""
+    return _get("VLLM_CPU_OMP_THREADS_BIND")
+
+
+def vllm_cpu_kvcache_space() -> str | None:
+    """vLLM-CPU's KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE) when the user set it; None = ours."""
+    return _get("VLLM_CPU_KVCACHE_SPACE")

@@ -24,3 +24,57 @@ def zack_dir(smollm2_dir, tmp_path_factory):
     assert modelkit_main(["zack-calibrate", "--model", str(smollm2_dir), "--output", str(out), "--tokens", "1024",
                           "--seq-len", "128", "--batch", "8", "--rate", "0.5"]) == 0
     return out
+
+
+# ---- reliability figures (results/reliability) --------------------------------------------------
+def pytest_addoption(parser):
+    parser.addoption("--reliability-out", default=None, metavar="DIR",
+                     help="write the fault and fuzz suites' counts to DIR/suite_counts.json")
+
+
+class ReliabilityLog:
+    """Counts kept by the fault-injection and fuzz suites (written with --reliability-out)."""
+
+    def __init__(self):
+        self.faults: dict[str, dict] = {}
+        self.fuzz: dict[str, dict] = {}
+
+    def fault(self, name: str, outcomes: list[str]) -> None:
+        """One fault scenario and the outcome of every request sent during it."""
+        rec = self.faults.setdefault(name, {"requests": 0, "complete": 0, "error": 0, "lost": 0})
+        rec["requests"] += len(outcomes)
+        for o in outcomes:
+            rec[o] += 1
+
+    def malformed(self, target: str, cases: int, server_errors: int) -> None:
+        rec = self.fuzz.setdefault(target, {"cases": 0, "server_errors": 0})
+        rec["cases"] += cases
+        rec["server_errors"] += server_errors
+
+
+_RELIABILITY = ReliabilityLog()
+
+
+@pytest.fixture(scope="session")
+def reliability_log():
+    return _RELIABILITY
+
+
+def pytest_sessionfinish(session, exitstatus):
+    out = session.config.getoption("--reliability-out", default=None)
+    if out and (_RELIABILITY.faults or _RELIABILITY.fuzz):
+        import json
+        from pathlib import Path
+
+        Path(out).mkdir(parents=True, exist_ok=True)
+        doc = {"faults": _RELIABILITY.faults, "fuzz": _RELIABILITY.fuzz, "pytest_exit_status": int(exitstatus)}
+        (Path(out) / "suite_counts.json").write_text(json.dumps(doc, indent=2) + "\n")
+
+
+# Hypothesis profiles: "ci" (loaded by default: short, deadline off since the machine is shared)
+# and "long" (pytest --hypothesis-profile=long, for results/reliability).
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile("ci", max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+settings.register_profile("long", max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+settings.load_profile("ci")

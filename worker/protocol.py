@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from refengine.sampling_params import SamplingParams
 from worker.errors import bad_request
@@ -25,9 +25,33 @@ from worker.errors import bad_request
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
+def _check_text(value: Any, where: str = "body") -> None:
+    """JSON may escape lone UTF-16 surrogates ("\\ud800"); they are not text and would fail in
+    the tokenizer and the chat template, so they are refused here, naming where."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{where} contains a lone surrogate escape, which is not valid Unicode text") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_text(k, where)
+            _check_text(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_text(v, f"{where}.{i}")
+
+
 class _Request(BaseModel):
-    # Unknown fields are accepted and ignored: clients send vendor extras.
-    model_config = ConfigDict(extra="ignore")
+    # Unknown fields are accepted and ignored: clients send vendor extras. NaN and
+    # infinities (which Python's JSON parser accepts) are refused for every number.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_text(cls, data: Any) -> Any:
+        _check_text(data, "request")
+        return data
 
 
 class StreamOptions(_Request):

@@ -31,7 +31,7 @@ from typing import Any, AsyncIterator, Callable
 
 from starlette.responses import StreamingResponse
 
-from refengine.outputs import TokenLogprob
+from refengine.outputs import RequestFailed, TokenLogprob
 from refengine.sampling_params import SamplingParams
 from worker.config import WorkerConfig
 from worker.detokenizer import OutputText
@@ -51,11 +51,20 @@ class ServingState:
         self.config = config
         self.engine = engine
         self.tokenizer = tokenizer
-        self.vocab_size = len(tokenizer)
+        self.tokenizer_size = len(tokenizer)
         self.token_texts = TokenTexts(tokenizer)
         self.in_flight = 0
+        self.draining = False                 # SIGTERM: no new requests, /health 503 (worker.shutdown)
+        self.active: set[str] = set()         # engine request ids of running choices
         self.metrics = WorkerMetrics(config.model_name, engine, in_flight=lambda: self.in_flight)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids a request may use: the tokenizer's, capped by the model's vocabulary
+        when the engine reports one (a tokenizer can have more ids than the model)."""
+        model = getattr(self.engine, "vocab_size", None)
+        return min(self.tokenizer_size, model) if model else self.tokenizer_size
 
     # ---- checks -----------------------------------------------------------------------------
     def check_model(self, name: str | None) -> None:
@@ -68,6 +77,9 @@ class ServingState:
 
     def admit(self) -> None:
         """Take one in-flight slot or refuse at once (429 or 503, configured)."""
+        if self.draining:
+            raise APIError(503, "The worker is shutting down; retry on another worker.", code="shutting_down",
+                           headers={"Retry-After": "1"})
         limit = self.config.max_concurrent_requests
         if limit and self.in_flight >= limit:
             status = self.config.overload_status
@@ -114,6 +126,7 @@ async def run_choice(state: ServingState, spec: ChoiceSpec, tracker: RequestTrac
     gen = engine.generate(spec.engine_request_id, spec.prompt_token_ids, params)
     done = False
     n_prompt = len(spec.prompt_token_ids)
+    state.active.add(spec.engine_request_id)
     try:
         async for out in gen:
             tracker.on_output(out)
@@ -152,6 +165,7 @@ async def run_choice(state: ServingState, spec: ChoiceSpec, tracker: RequestTrac
         yield ChoiceEvent(spec.index, text.finish().text, finish_reason="abort",
                           num_prompt_tokens=n_prompt, num_output_tokens=text.num_tokens)
     finally:
+        state.active.discard(spec.engine_request_id)
         if not done:
             tracker.on_finish("abort")
             await gen.aclose()
@@ -206,6 +220,8 @@ def engine_error(exc: BaseException) -> APIError:
         return exc
     if isinstance(exc, ValueError):
         return APIError(400, str(exc))
+    if isinstance(exc, RequestFailed):
+        return APIError(500, f"Internal error while generating: {exc}", code="engine_request_failed")
     log.error("engine error: %r", exc)
     return APIError(503, f"The engine failed: {exc}", code="engine_error")
 

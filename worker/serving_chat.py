@@ -38,9 +38,11 @@ def conversation(req: ChatCompletionRequest) -> list[dict]:
             texts = []
             for part in content:
                 kind = part.get("type")
-                if kind not in ("text", "input_text") or not isinstance(part.get("text"), str):
+                if kind not in ("text", "input_text"):
                     raise bad_request(f"Content part type {kind!r} is not supported (text only).",
                                       f"messages.{i}.content")
+                if not isinstance(part.get("text"), str):
+                    raise bad_request("A text content part needs a string 'text'.", f"messages.{i}.content")
                 texts.append(part["text"])
             content = "\n".join(texts)
         d["content"] = content or ""
@@ -68,6 +70,9 @@ def _render(tokenizer, msgs, req: ChatCompletionRequest) -> list[int]:
 async def create_chat_completion(state: ServingState, req: ChatCompletionRequest, raw: Request) -> Response:
     state.check_model(req.model)
     validate_request(req, state.config.max_logprobs)
+    if req.chat_template is not None and not state.config.trust_request_chat_template:
+        raise bad_request("chat_template in a request is refused: this worker runs only its model's template "
+                          "(start it with --trust-request-chat-template to allow it).", "chat_template")
     state.check_engine()
     msgs = conversation(req)
     arrival = monotonic()

@@ -23,8 +23,10 @@ from worker.serving import (SSE_DONE, ChoiceSpec, ChoiceStreams, ClientDisconnec
                             ServingState, engine_error, monotonic, new_id, sse, until_disconnect)
 
 
-def _tokenize(tokenizer, prompt, add_special_tokens: bool, truncate: int | None, echo: bool):
-    """Runs in the executor. Returns [(token_ids, echo_text | None)] per prompt."""
+def _tokenize(tokenizer, prompt, add_special_tokens: bool, truncate: int | None, echo: bool, vocab_size: int):
+    """Runs in the executor. Returns [(token_ids, echo_text | None)] per prompt.
+
+    Token-id prompts are range-checked before anything decodes them (``echo``)."""
     if isinstance(prompt, str):
         items = [prompt]
     elif all(isinstance(p, str) for p in prompt):
@@ -40,6 +42,8 @@ def _tokenize(tokenizer, prompt, add_special_tokens: bool, truncate: int | None,
             text = item
         else:
             ids, text = item, None
+            if any(t >= vocab_size for t in ids):
+                raise bad_request(f"Prompt token ids must be < the vocabulary size {vocab_size}.", "prompt")
         if truncate is not None and len(ids) > truncate:
             ids, text = ids[-truncate:], None
         if echo and text is None:
@@ -51,13 +55,19 @@ def _tokenize(tokenizer, prompt, add_special_tokens: bool, truncate: int | None,
 async def create_completion(state: ServingState, req: CompletionRequest, raw: Request) -> Response:
     state.check_model(req.model)
     validate_request(req, state.config.max_logprobs)
+    prompt = req.prompt
+    n_prompts = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
+    limit = state.config.max_choices_per_request
+    if n_prompts * req.n > limit:
+        raise bad_request(f"{n_prompts} prompts x n={req.n} = {n_prompts * req.n} choices exceed this worker's "
+                          f"limit of {limit} per request.", "n")
     state.check_engine()
     arrival = monotonic()
     state.admit()
     handed_over = False
     try:
         prompts = await state.run_sync(_tokenize, state.tokenizer, req.prompt, req.add_special_tokens,
-                                       req.truncate_prompt_tokens, bool(req.echo))
+                                       req.truncate_prompt_tokens, bool(req.echo), state.vocab_size)
         specs: list[ChoiceSpec] = []
         request_id = new_id("cmpl")
         max_model_len = state.engine.max_model_len

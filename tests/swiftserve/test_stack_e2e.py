@@ -33,7 +33,8 @@ def start_stack(model: str, port: int, wport: int, extra=()):
         lines.append(line)
         if "Gateway ready" in line:
             # Keep draining: a full pipe would block the children's logging.
-            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+            proc.lines = lines
+            threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
             return proc
     proc.kill()
     raise AssertionError("stack did not start:\n" + "".join(lines[-40:]))
@@ -49,13 +50,18 @@ def stop_stack(proc) -> int:
 
 
 @pytest.fixture(scope="module")
-def stack(smollm2_dir):
+def stack_proc(smollm2_dir):
     port, wport = free_port(), free_port()
     while wport + 1 == port:
         wport = free_port()
     proc = start_stack(str(smollm2_dir), port, wport)
-    yield f"http://127.0.0.1:{port}", [f"http://127.0.0.1:{wport + i}" for i in range(2)]
+    yield proc, f"http://127.0.0.1:{port}", [f"http://127.0.0.1:{wport + i}" for i in range(2)]
     assert stop_stack(proc) == 0
+
+
+@pytest.fixture
+def stack(stack_proc):
+    return stack_proc[1:]
 
 
 def test_completions_through_gateway(stack):
@@ -130,3 +136,81 @@ def test_short_loadtest_against_the_stack(stack, tmp_path):
     res = json.loads((tmp_path / "e2e-rate4.0.json").read_text())
     assert res["completed"] == 6 and res["failed"] == 0 and res["total_output_tokens"] == 48
     assert not res["warnings"] and res["median_ttft_ms"] > 0 and res["median_tpot_ms"] > 0
+
+
+def test_short_soak_against_the_stack(stack_proc, tmp_path):
+    """The soak's short version: Poisson load at 80% of the measured capacity for 20 s, every
+    process sampled; nothing lost, KV blocks and in-flight counts back to 0, no growth."""
+    import argparse
+
+    from loadtest.soak import add_arguments, soak_stack, stack_processes
+
+    proc, base, workers = stack_proc
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    a = p.parse_args(["--duration", "20", "--capacity-seconds", "8", "--sample-interval", "1", "--input-len", "64",
+                      "--output-len", "8", "--result-dir", str(tmp_path)])
+    wport = int(workers[0].rsplit(":", 1)[1])
+    doc = soak_stack(a, base, workers, stack_processes(proc.pid, wport))
+    v = doc["verdict"]
+    assert v["requests"] >= 3 and v["requests_lost"] == 0, v
+    assert set(v["rss"]) == {"swiftserve-up", "gateway", "worker1", "worker2"}
+    assert v["checks"]["kv_blocks_released"] and v["checks"]["in_flight_zero"], v["idle"]
+    assert v["passed"], v["checks"]
+
+def test_a_killed_worker_is_restarted_while_the_rest_serves(stack_proc, reliability_log):
+    """The issue's scenario: SIGKILL one worker during 8 streamed requests. Its streams end with
+    an error event, the other worker's complete, the stack keeps serving, the supervisor restarts
+    the worker and the gateway re-admits it; only SIGTERM stops the stack (the fixture checks)."""
+    import asyncio
+
+    import psutil
+
+    proc, base, workers = stack_proc
+    port = workers[0].rsplit(":", 1)[1]
+    (victim,) = [p for p in psutil.Process(proc.pid).children()
+                 if "worker" in p.cmdline() and port in p.cmdline()[p.cmdline().index("--port") + 1:][:1]]
+    body = {"model": "smol", "prompt": "Tell me a long story.", "max_tokens": 200, "ignore_eos": True,
+            "stream": True, "temperature": 0}
+
+    async def streams():
+        async with httpx.AsyncClient(timeout=300) as c:
+            started = []
+
+            async def one():
+                data = b""
+                try:
+                    async with c.stream("POST", base + "/v1/completions", json=body) as r:
+                        async for chunk in r.aiter_raw():
+                            if not data:
+                                started.append(1)
+                            data += chunk
+                        return r.status_code, data
+                except httpx.HTTPError as exc:
+                    return None, data + repr(exc).encode()
+
+            tasks = [asyncio.create_task(one()) for _ in range(8)]
+            while len(started) < 8:        # every stream has its first bytes: nothing can be retried
+                await asyncio.sleep(0.05)
+            assert all(httpx.get(w + "/load").json()["running"] for w in workers)
+            victim.kill()
+            return await asyncio.gather(*tasks)
+
+    results = asyncio.run(streams())
+    kinds = []
+    for status, data in results:
+        assert status == 200 and data.endswith(b"data: [DONE]\n\n"), data[-200:]   # never a broken transfer
+        kinds.append("error" if b'"error"' in data else "complete")
+    assert "error" in kinds and "complete" in kinds, kinds
+    later = [httpx.post(base + "/v1/completions", json={**body, "stream": False, "max_tokens": 4}, timeout=120)
+             for _ in range(4)]
+    assert [r.status_code for r in later] == [200] * 4                # still serving, on the other worker
+    deadline = time.time() + 240
+    while httpx.get(base + "/health").json()["routable_workers"] < 2:
+        assert time.time() < deadline, "the killed worker was not restarted and re-admitted"
+        time.sleep(1)
+    after = [httpx.post(base + "/v1/completions", json={**body, "stream": False, "max_tokens": 4}, timeout=120)
+             for _ in range(8)]
+    assert [r.status_code for r in after] == [200] * 8
+    assert any("restarting in" in line for line in proc.lines) and proc.poll() is None
+    reliability_log.fault("stack_worker_sigkill", kinds + ["complete"] * 12)

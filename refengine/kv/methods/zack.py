@@ -82,11 +82,12 @@ class ZackMethod(KVMethod):
         self.mode = "adaptive"
         self.calibration_dir: Path | None = None
         self._rotations = None
+        self._slot_layers: list[tuple[int, ...]] = []
 
     # ---- planning ----------------------------------------------------------
     def _calibration(self, facts: ModelFacts) -> tuple[Path | None, str | None]:
         d = Path(self.opts.calibration) if self.opts.calibration else Path(facts.model_dir)
-        if not (d / CALIBRATION_FILE).is_file() or not (d / ROTATIONS_FILE).is_file():
+        if not (d / ROTATIONS_FILE).is_file():
             where = f"calibration directory {d}" if self.opts.calibration else f"model directory {d}"
             return None, (f"no ZACK calibration ({CALIBRATION_FILE} + {ROTATIONS_FILE}) in the {where}; run "
                           "`modelkit zack-calibrate --model MODEL --output DIR` and pass "
@@ -97,6 +98,17 @@ class ZackMethod(KVMethod):
         d, err = self._calibration(facts)
         if err:
             return [err]
+        self.calibration_dir = d
+        slots = CacheSpec.for_model(facts).groups
+        if not (d / CALIBRATION_FILE).is_file():
+            # A ZACK model directory may carry only rotations + ranks; a rate needs the singular values.
+            if self.opts.rate is not None:
+                return [f"{d} has no {CALIBRATION_FILE} (singular values), so a rate cannot be planned; "
+                        "serve its own ranks (no rate) or recalibrate with `modelkit zack-calibrate`"]
+            try:
+                return self._plan_ranks(facts, [], slots)
+            except ValueError as exc:
+                return [str(exc)]
         try:
             cal = json.loads((d / CALIBRATION_FILE).read_text())
         except (OSError, ValueError) as exc:
@@ -114,11 +126,9 @@ class ZackMethod(KVMethod):
                     f"with SwiftKV l={x['num_key_value_layers']}, g={x['key_value_group_size']}")
             return [f"calibration in {d} was made {say(cal.get('swiftkv'))} but the model is served "
                     f"{say(layout)}: calibrate the layout you serve (or toggle --no-swiftkv)"]
-        slots = CacheSpec.for_model(facts).groups
         cal_slots = cal.get("slots") or []
         if [tuple(s.get("layers", ())) for s in cal_slots] != [g.layers for g in slots]:
             return [f"calibration in {d} has a different cache-slot layout than the served model"]
-        self.calibration_dir = d
         try:
             return self._plan_ranks(facts, cal_slots, slots)
         except ValueError as exc:
@@ -157,6 +167,7 @@ class ZackMethod(KVMethod):
             else:
                 k, v = zack_ranks.uniform((len(slots), facts.num_kv_heads), d, self.opts.rate,
                                           self.opts.rank_multiple)
+        self._slot_layers = [g.layers for g in slots]
         self.k_ranks = [tuple(int(x) for x in row) for row in k]
         self.v_ranks = [tuple(int(x) for x in row) for row in v]
         self.rate = zack_ranks.overall_rate(k, v, d)
@@ -180,7 +191,15 @@ class ZackMethod(KVMethod):
         if self._rotations is None:
             from safetensors.torch import load_file
 
-            self._rotations = load_file(str(self.calibration_dir / ROTATIONS_FILE))
+            path = self.calibration_dir / ROTATIONS_FILE
+            rot = load_file(str(path))
+            for (k_ranks, _), layers in zip(zip(self.k_ranks, self.v_ranks), self._slot_layers):
+                for what in ("r_qk", "r_vo"):
+                    t = rot.get(tensor_name(layers[0], what))
+                    if t is None or t.dim() != 3 or t.shape[0] != len(k_ranks) or t.shape[1] != t.shape[2]:
+                        raise ValueError(f"{path}: {tensor_name(layers[0], what)} missing or not "
+                                         "[kv_heads, head_dim, head_dim]")
+            self._rotations = rot
         return self._rotations
 
     def weight_overrides(self, facts: ModelFacts, spec: CacheSpec, weights):

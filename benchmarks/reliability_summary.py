@@ -1,0 +1,49 @@
+"""Combine the reliability runs into ``summary.json`` (results/reliability/README.md has the commands).
+
+    python benchmarks/reliability_summary.py results/reliability
+
+Reads ``suite_counts.json`` (written by pytest ``--reliability-out``: the fault scenarios
+and the outcome of every request sent during them, the fuzz cases and the 5xx among them)
+and ``soak.json`` (``swiftserve-loadtest soak``), and writes ``summary.json``:
+
+* ``faults_tried``: fault scenarios run;
+* ``requests_lost``: requests that got neither a complete answer nor an explicit error,
+  in the fault scenarios and in the soak together;
+* ``malformed_cases``: hostile / malformed requests sent by the fuzz suites;
+* ``server_errors``: 5xx answers among them;
+* ``soak_seconds``: length of the soak's load phase;
+* ``rss_growth_pct``: the largest RSS growth of any process of the stack over the soak.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def summarize(directory: Path) -> dict:
+    counts = json.loads((directory / "suite_counts.json").read_text())
+    soak = json.loads((directory / "soak.json").read_text())["verdict"]
+    faults = counts["faults"]
+    fuzz = counts["fuzz"].values()
+    return {
+        "faults_tried": len(faults),
+        "requests_lost": sum(f["lost"] for f in faults.values()) + soak["requests_lost"],
+        "malformed_cases": sum(f["cases"] for f in fuzz),
+        "server_errors": sum(f["server_errors"] for f in fuzz),
+        "soak_seconds": round(soak["soak_seconds"], 1),
+        "rss_growth_pct": round(soak["rss_growth_pct"], 2),
+    }
+
+
+def main(argv: list[str]) -> int:
+    directory = Path(argv[0] if argv else "results/reliability")
+    summary = summarize(directory)
+    (directory / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

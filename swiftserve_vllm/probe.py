@@ -1,0 +1,115 @@
+"""``python -m swiftserve_vllm.probe``: what vLLM (with the plugin) does with given checkpoints.
+
+For each ``--model`` (run one after another in this process, with the worker's own
+engine settings and the same KV budget), it records: greedy tokens for ``--prompt``
+token-id lists, the KV capacity vLLM allocated (blocks x block size = tokens), and how
+many tokens of a ``--prefill-len``-token prompt reached layers < l and >= l
+(``tokens_head`` / ``tokens_tail``, read from the model through ``LLM.apply_model``; with
+SwiftKV's fast prefill only the logits token reaches the later layers). With
+``--compare`` it also runs the reference engine (and, for ZACK checkpoints, the pure-torch
+reference of ``reference.zack_greedy``) and reports parity. Prints and writes JSON.
+
+Parity against a ZACK checkpoint directory, for example:
+  .venv-vllm/bin/python -m swiftserve_vllm.probe --model /path/to/zack-dir --compare \
+      [--ref-kv-methods '{"zack": {...}}']    # however the reference engine is told to use ZACK
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+
+DEFAULT_PROMPTS = [[1, 504, 3575, 282, 4649, 314], [1, 9690, 198, 2683, 359, 253, 5356, 11173, 30, 2]]
+
+
+def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefill_len: int,
+                kv_gb: float, max_model_len: int) -> dict:
+    from refengine.config import EngineConfig
+    from worker.backends.vllm_settings import build_settings
+    from worker.config import WorkerConfig
+
+    settings = build_settings(WorkerConfig(EngineConfig(model=model_dir, max_model_len=max_model_len,
+                                                        kv_cache_memory_gb=kv_gb, max_num_seqs=16)), "cpu")
+    os.environ.update(settings.env)
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"     # apply_model pickles a function
+    from swiftserve_vllm import compat as V
+    from swiftserve_vllm.model import token_counters
+
+    kwargs = {k: v for k, v in settings.engine_kwargs.items() if k not in ("served_model_name", "disable_log_stats")}
+    llm = V.LLM(**kwargs)
+    try:
+        cc = llm.llm_engine.vllm_config.cache_config
+        greedy = V.SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
+        before = llm.apply_model(token_counters)[0]
+        long_prompt = [(i * 7919) % 40000 + 100 for i in range(prefill_len)]
+        llm.generate([{"prompt_token_ids": long_prompt}], V.SamplingParams(max_tokens=1, temperature=0.0),
+                     use_tqdm=False)
+        after = llm.apply_model(token_counters)[0]
+        lay = settings.layout
+        return {"model": model_dir, "tokens": [list(o.outputs[0].token_ids) for o in outs],
+                "num_blocks": int(cc.num_gpu_blocks), "block_size": int(cc.block_size),
+                "kv_capacity_tokens": int(cc.num_gpu_blocks) * int(cc.block_size),
+                "kv_cache_layers": lay.num_cache_owners, "swiftkv": lay.swiftkv, "zack_rank": lay.zack_rank,
+                "prefill_len": prefill_len, "tokens_head": after[0] - before[0],
+                "tokens_tail": after[1] - before[1] if before[1] >= 0 else None}
+    finally:
+        del llm
+        gc.collect()
+
+
+def reference_tokens(model_dir: str, prompts: list[list[int]], max_tokens: int,
+                     kv_methods: dict | None = None) -> list[list[int]]:
+    """Greedy tokens of the reference engine (SwiftKV as the checkpoint says; ``kv_methods`` as
+    its ``--kv-methods``, e.g. how it is told to run a ZACK checkpoint's rotations)."""
+    from refengine.config import EngineConfig
+    from refengine.engine import LLMEngine
+    from refengine.sampling_params import SamplingParams
+
+    eng = LLMEngine(EngineConfig(model=model_dir, dtype="float32", max_model_len=1024, kv_cache_memory_gb=0.2,
+                                 kv_methods=dict(kv_methods or {})))
+    return eng.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m swiftserve_vllm.probe", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", action="append", required=True, help="model directory or shipped name (repeatable)")
+    p.add_argument("--prompt", action="append", type=json.loads, help="prompt token ids as a JSON list (repeatable)")
+    p.add_argument("--max-tokens", type=int, default=12)
+    p.add_argument("--prefill-len", type=int, default=256)
+    p.add_argument("--kv-gb", type=float, default=0.5, help="KV budget (GiB), the same for every model")
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--compare", action="store_true", help="also run the reference engine / torch reference")
+    p.add_argument("--ref-kv-methods", type=json.loads, default=None,
+                   help="reference engine's KV methods as JSON (its --kv-methods), e.g. for its ZACK")
+    p.add_argument("--out", default=None, help="write the JSON here too")
+    args = p.parse_args(argv)
+    from modelkit.prepare import resolve_model
+    from swiftserve_vllm.layout import load_layout
+
+    prompts = args.prompt or DEFAULT_PROMPTS
+    results = []
+    for name in args.model:
+        model_dir = str(resolve_model(name))
+        r = probe_model(model_dir, prompts, args.max_tokens, args.prefill_len, args.kv_gb, args.max_model_len)
+        if args.compare:
+            r["reference_tokens"] = reference_tokens(model_dir, prompts, args.max_tokens, args.ref_kv_methods)
+            r["reference_parity"] = r["reference_tokens"] == r["tokens"]
+            if load_layout(model_dir).zack_rank is not None and not load_layout(model_dir).swiftkv:
+                from swiftserve_vllm.reference import zack_greedy
+
+                r["torch_reference_tokens"] = [zack_greedy(model_dir, pr, args.max_tokens) for pr in prompts]
+                r["torch_reference_parity"] = r["torch_reference_tokens"] == r["tokens"]
+        results.append(r)
+        print(json.dumps(r), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""``--engine vllm``: vLLM's AsyncLLM behind the worker's EngineClient contract.
+
+vLLM runs its engine core in its own process; this client lives on the worker's event
+loop and only converts: our ``SamplingParams`` -> vLLM's (DELTA outputs, no
+detokenisation: stop strings stay at the edge like for the reference engine), vLLM's
+outputs -> our ``RequestOutput`` increments, and vLLM's scheduler/iteration stats ->
+our ``EngineStats`` (so ``/load`` and ``/metrics`` carry the same names for both
+engines). Leaving ``generate`` early (client disconnect) aborts the request in vLLM.
+``start`` checks the supported vLLM range before anything else; the engine's settings
+(``vllm_settings``) are logged. Every vLLM symbol comes from ``swiftserve_vllm.compat``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import AsyncIterator
+
+from refengine.model_config import load_model_spec
+from refengine.outputs import EngineStats, RequestOutput, RequestTimings, TokenLogprob
+from refengine.sampling_params import SamplingParams
+from worker.backends.vllm_settings import VllmSettings, build_settings
+
+log = logging.getLogger(__name__)
+
+
+class VllmEngineClient:
+    def __init__(self, worker_config) -> None:
+        self.config = worker_config
+        self.engine = None
+        self.settings: VllmSettings | None = None
+        spec = load_model_spec(worker_config.model_dir)
+        self.eos_token_ids: tuple[int, ...] = spec.eos_token_ids
+        self.max_model_len = 0
+        self._stats = EngineStats()
+        self._counts = {"prompt_tokens": 0, "generation_tokens": 0, "preemptions": 0}
+        self._dead: BaseException | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------
+    async def start(self) -> None:
+        from swiftserve_vllm import compat as V
+
+        version = V.check_version()
+        s = self.settings = build_settings(self.config, V.platform_device())
+        os.environ.update(s.env)         # read by vLLM's engine-core and worker processes
+        log.info("vLLM %s on %s; %s", version, V.platform_device(), "; ".join(s.notes) or "defaults")
+        log.info("vLLM engine arguments: %s", s.engine_kwargs)
+        args = V.AsyncEngineArgs(**s.engine_kwargs)
+        # Built on the loop: AsyncLLM binds its output handler to it. The lifespan runs this
+        # before the server accepts connections, and vLLM's engine core is its own process.
+        self.engine = V.AsyncLLM.from_engine_args(args, stat_loggers=[self._stat_logger_factory(V)])
+        self.max_model_len = int(self.engine.vllm_config.model_config.max_model_len)
+        blocks, block_size = V.kv_capacity(self.engine.vllm_config)
+        lay = s.layout
+        self._stats = EngineStats(
+            kv_blocks_total=blocks, kv_block_size=block_size,
+            kv_bytes_per_token=lay.kv_bytes_per_token(s.dtype_bytes),
+            kv_bytes_per_token_baseline=lay.baseline_kv_bytes_per_token(s.dtype_bytes),
+            kv_bytes_total=blocks * block_size * lay.kv_bytes_per_token(s.dtype_bytes),
+            extra=self._extra(blocks * block_size))
+        log.info("vLLM KV cache: %d blocks x %d tokens = %d tokens, %d KV bytes/token (baseline %d)",
+                 blocks, block_size, blocks * block_size, self._stats.kv_bytes_per_token,
+                 self._stats.kv_bytes_per_token_baseline)
+
+    def _extra(self, capacity_tokens: int) -> dict[str, float]:
+        lay = self.settings.layout
+        extra = {"kv_capacity_tokens": float(capacity_tokens), "kv_cache_layers": float(lay.num_cache_owners),
+                 "swiftkv_num_kv_layers": float(lay.num_kv_layers), "swiftkv_group_size": float(lay.group_size)}
+        if lay.zack_rank is not None:
+            extra["zack_rank"] = float(lay.zack_rank)
+        return extra
+
+    def _stat_logger_factory(self, V):
+        client = self
+
+        class _Recorder(V.StatLoggerBase):
+            def __init__(self, vllm_config, engine_index: int = 0):
+                pass
+
+            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+                client._record(V, scheduler_stats, iteration_stats)
+
+            def log_engine_initialized(self):
+                pass
+
+        return _Recorder
+
+    def _record(self, V, scheduler_stats, iteration_stats) -> None:
+        s = self._stats
+        if iteration_stats is not None:
+            for key, value in V.iteration_figures(iteration_stats).items():
+                self._counts[key] += value
+        if scheduler_stats is not None:
+            f = V.scheduler_figures(scheduler_stats)
+            s.num_running, s.num_waiting, s.kv_usage = f["running"], f["waiting"], f["kv_usage"]
+            s.kv_blocks_used = round(f["kv_usage"] * s.kv_blocks_total)
+        s.prompt_tokens_total = self._counts["prompt_tokens"]
+        s.generation_tokens_total = self._counts["generation_tokens"]
+        s.num_preemptions = self._counts["preemptions"]
+
+    async def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+
+    def healthy(self) -> bool:
+        return self.engine is not None and self._dead is None and not self.engine.errored
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    # ---- requests -------------------------------------------------------------------
+    def _params(self, p: SamplingParams):
+        from swiftserve_vllm import compat as V
+
+        return V.SamplingParams(
+            n=1, max_tokens=p.max_tokens, min_tokens=p.min_tokens, temperature=p.temperature, top_p=p.top_p,
+            top_k=p.top_k, min_p=p.min_p, seed=p.seed, presence_penalty=p.presence_penalty,
+            frequency_penalty=p.frequency_penalty, repetition_penalty=p.repetition_penalty,
+            stop_token_ids=list(p.stop_token_ids), ignore_eos=p.ignore_eos, logprobs=p.logprobs,
+            detokenize=False, output_kind=V.RequestOutputKind.DELTA)
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int],
+                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        from swiftserve_vllm import compat as V
+
+        arrival = time.monotonic()
+        num_prompt, num_out, finished = len(prompt_token_ids), 0, False
+        stream = self.engine.generate(V.TokensPrompt(prompt_token_ids=list(prompt_token_ids)),
+                                      self._params(params), request_id)
+        try:
+            async for out in stream:
+                c = out.outputs[0]
+                new_ids = list(c.token_ids)
+                num_out += len(new_ids)
+                finished = bool(out.finished)
+                timings = None
+                if finished:
+                    sched, first = V.request_times(out)
+                    timings = RequestTimings(arrival=arrival, first_scheduled=sched, first_token=first,
+                                             finished=time.monotonic())
+                yield RequestOutput(
+                    request_id=request_id, new_token_ids=new_ids, num_prompt_tokens=num_prompt,
+                    num_output_tokens=num_out, new_logprobs=_logprobs(new_ids, c.logprobs, params.logprobs),
+                    finished=finished, finish_reason=c.finish_reason if finished else None,
+                    stop_reason=c.stop_reason if finished else None, timings=timings)
+                if finished:
+                    return
+        finally:
+            if not finished:
+                await self.abort(request_id)
+            await stream.aclose()
+
+    async def abort(self, request_id: str) -> None:
+        if self.engine is not None:
+            await self.engine.abort(request_id)
+
+
+def _logprobs(new_ids: list[int], vllm_logprobs, k: int | None) -> list[TokenLogprob] | None:
+    """vLLM's per-position {token_id: Logprob(logprob, rank)} -> ours (chosen + top-k, best first)."""
+    if k is None or vllm_logprobs is None:
+        return None
+    out = []
+    for tok, entry in zip(new_ids, vllm_logprobs):
+        chosen = entry.get(tok)
+        top = sorted(((t, lp.logprob) for t, lp in entry.items() if lp.rank is not None and lp.rank <= k),
+                     key=lambda x: -x[1])[:k]
+        out.append(TokenLogprob(token_id=tok, logprob=float(chosen.logprob) if chosen else float("-inf"),
+                                top=[(int(t), float(v)) for t, v in top]))
+    return out
