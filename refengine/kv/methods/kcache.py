@@ -19,7 +19,7 @@ Serving (``refengine.kv.kcache_ops``):
 
 Options: ``top_n`` (N), ``device_layers`` (L), ``renormalize``. ``/metrics`` shows the
 device and host KV bytes (``kv_bytes_*``, ``kv_host_bytes_*``) and ``kcache_*`` gauges
-(N, L, V rows fetched, decode rows served).
+(N, L, V rows fetched from the host, decode rows served: one per sequence per host-V layer).
 """
 
 from __future__ import annotations

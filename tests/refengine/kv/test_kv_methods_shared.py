@@ -8,7 +8,10 @@ slot shared by two layers) and with and without the FP8 codec:
 - a method's lossless setting (nothing dropped, or 16-bit "quantisation") gives the uncompressed
   engine's greedy tokens (FP8 on: it adds no error beyond FP8's own, checked on teacher-forced
   log-probs against the dense cache);
-- a combination a method refuses (a second codec) stops before the model loads, with the reason.
+- a combination a method refuses (a second codec) stops before the model loads, with the reason;
+- the combinations the issue names (ZACK x ZipCache, ZACK x eviction, and KCache with ZACK and with
+  eviction; each on both layouts) serve with real bytes, their lossless settings together equal the
+  uncompressed engine, and the pairs that do not compose are refused with the reason.
 
 ``CASES`` must name every method in ``refengine.kv.registry.METHODS``; a new method without a case
 fails ``test_every_registered_method_has_a_case``.
@@ -164,3 +167,46 @@ def test_lossless_setting_equals_the_uncompressed_engine(name, fp8, layout, mode
 
         got, fp8_alone = err(eng.score([(p[:8], p[8:]) for p in PROMPTS])), err(ref_scores)
         assert got <= 1.5 * fp8_alone + 0.02, (got, fp8_alone)
+
+
+# Method combinations: name -> (lossless options per method, lossy options per method).
+COMBOS = {
+    "zack+zipcache": ({"zack": CASES["zack"].lossless, "zipcache": CASES["zipcache"].lossless},
+                      {"zack": CASES["zack"].lossy, "zipcache": {"window": 0}}),
+    "zack+eviction": ({"zack": CASES["zack"].lossless, "eviction": CASES["eviction"].lossless},
+                      {"zack": CASES["zack"].lossy, "eviction": CASES["eviction"].lossy}),
+    "zack+kcache": ({"zack": CASES["zack"].lossless, "kcache": CASES["kcache"].lossless},
+                    {"zack": CASES["zack"].lossy, "kcache": CASES["kcache"].lossy}),
+    "kcache+eviction": ({"kcache": CASES["kcache"].lossless, "eviction": CASES["eviction"].lossless},
+                        {"kcache": CASES["kcache"].lossy, "eviction": CASES["eviction"].lossy}),
+}
+
+
+def combo(methods: dict, cal) -> dict:
+    return {name: options(opts, cal) for name, opts in methods.items()}
+
+
+@pytest.mark.parametrize("layout", ["base", "swiftkv"])
+@pytest.mark.parametrize("name", sorted(COMBOS))
+def test_combination_serves_with_real_bytes_and_is_exact_when_lossless(name, layout, models, zack_calibrations,
+                                                                      reference):
+    lossless, lossy = COMBOS[name]
+    cal = zack_calibrations[layout]
+    ref_tokens, _, ref_bytes, ref_held = reference[layout, False]
+    assert engine(models[layout], combo(lossless, cal)).generate(PROMPTS, GREEDY) == ref_tokens
+    eng = engine(models[layout], combo(lossy, cal))
+    out, held = generate_counting_blocks(eng, PROMPTS, GREEDY)
+    assert [len(o) for o in out] == [12, 12]
+    spec = eng.runner.cache_spec
+    assert allocated_bytes_per_block(eng) == (spec.device_bytes_per_block, spec.host_bytes_per_block)
+    assert eng.stats().kv_bytes_per_token < ref_bytes               # every combination has a compressing part
+    if "eviction" in lossy:                                          # and blocks really freed
+        assert held < ref_held
+
+
+@pytest.mark.parametrize("pair, words", [
+    ({"kcache": {}, "zipcache": {}}, "kcache cannot be combined with zipcache"),
+    ({"eviction": {}, "zipcache": {}}, "eviction cannot be combined with zipcache"),
+])
+def test_pairs_that_do_not_compose_are_refused_before_loading(pair, words, models):
+    assert words in registry.check(pair, models["base"])
