@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from refengine import attention
-from refengine.kv.spec import CacheSpec, GroupSpec, HeadPart
+from refengine.kv.spec import BlockBytes, CacheSpec, GroupSpec, HeadPart
 from refengine.kv.storage import make_store
 
 
@@ -67,7 +67,7 @@ class HeadSplit:
         return [q] if self.single else [q.index_select(1, i) for i in self.q_idx]
 
 
-class SlotKV:
+class SlotKV(BlockBytes):
     def __init__(self, group: GroupSpec, parts: list[PartKV], ops: list, transform, block_size: int):
         self.group = group
         self.block_size = block_size
@@ -83,14 +83,6 @@ class SlotKV:
     @property
     def host_bytes_per_block(self) -> int:
         return sum(p.v.bytes_per_block for p in self.parts) if self.group.v_on_host else 0
-
-    @property
-    def device_bytes_per_token(self) -> float:
-        return self.device_bytes_per_block / self.block_size
-
-    @property
-    def host_bytes_per_token(self) -> float:
-        return self.host_bytes_per_block / self.block_size
 
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         T = k.shape[0]
@@ -112,7 +104,7 @@ class SlotKV:
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
 
-class KVCache:
+class KVCache(BlockBytes):
     """Every slot of the engine; ``layers[i]`` is the ``SlotKV`` layer i reads and writes."""
 
     def __init__(self, spec: CacheSpec, methods: list, num_blocks: int, block_size: int, dtype: torch.dtype,
@@ -155,7 +147,7 @@ class KVCache:
         return SlotKV(group, parts, ops, transform or HeadSplit(group, device), block_size)
 
     @property
-    def bytes_per_block(self) -> int:
+    def device_bytes_per_block(self) -> int:
         """Device bytes per block (what the block pool is sized by)."""
         return sum(s.device_bytes_per_block for s in self.slots)
 
@@ -163,13 +155,8 @@ class KVCache:
     def host_bytes_per_block(self) -> int:
         return sum(s.host_bytes_per_block for s in self.slots)
 
-    @property
-    def bytes_per_token(self) -> float:
-        return self.bytes_per_block / self.block_size
-
-    @property
-    def host_bytes_per_token(self) -> float:
-        return self.host_bytes_per_block / self.block_size
+    bytes_per_block = device_bytes_per_block            # short names the engine reports with
+    bytes_per_token = BlockBytes.device_bytes_per_token
 
     @property
     def bytes_total(self) -> int:

@@ -51,6 +51,19 @@ def codec_block_bytes(codec: str, dims: int, elem_bytes: int, block_size: int, w
     return codec_bytes(codec, dims, elem_bytes) * block_size
 
 
+class BlockBytes:
+    """Per-token figures derived from per-block ones (``device_bytes_per_block``,
+    ``host_bytes_per_block``, ``block_size``): a packed codec's token share may be fractional."""
+
+    @property
+    def device_bytes_per_token(self) -> float:
+        return self.device_bytes_per_block / self.block_size
+
+    @property
+    def host_bytes_per_token(self) -> float:
+        return self.host_bytes_per_block / self.block_size
+
+
 @dataclass(frozen=True)
 class EngineLimits:
     """Engine sizes some methods plan fixed buffers with (e.g. ZipCache's full-precision window)."""
@@ -70,7 +83,7 @@ class HeadPart:
 
 
 @dataclass(frozen=True)
-class GroupSpec:
+class GroupSpec(BlockBytes):
     """One cache slot: which layers read it and how each KV head is stored."""
 
     slot: int
@@ -142,14 +155,6 @@ class GroupSpec:
     def v_bytes_per_token(self) -> float:
         return self.v_bytes_per_block / self.block_size
 
-    @property
-    def device_bytes_per_token(self) -> float:
-        return self.device_bytes_per_block / self.block_size
-
-    @property
-    def host_bytes_per_token(self) -> float:
-        return self.host_bytes_per_block / self.block_size
-
     def with_(self, **changes) -> "GroupSpec":
         return replace(self, **changes)
 
@@ -171,7 +176,7 @@ class ModelFacts:
 
 
 @dataclass(frozen=True)
-class CacheSpec:
+class CacheSpec(BlockBytes):
     """Every slot of an engine's cache, and which slot each layer reads."""
 
     groups: tuple[GroupSpec, ...]
@@ -208,14 +213,6 @@ class CacheSpec:
     @property
     def host_bytes_per_block(self) -> int:
         return sum(g.host_bytes_per_block for g in self.groups)
-
-    @property
-    def device_bytes_per_token(self) -> float:
-        return self.device_bytes_per_block / self.block_size
-
-    @property
-    def host_bytes_per_token(self) -> float:
-        return self.host_bytes_per_block / self.block_size
 
     def slot_of(self, layer: int) -> GroupSpec:
         return self.groups[self.layer_slot[layer]]
