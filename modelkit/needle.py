@@ -55,11 +55,10 @@ def make_items(corpus: Path, tok, n: int, context: int, seed: int = 0, distracto
         depth = (i + 0.5) / n                          # needle depths spread evenly over the items
         slots = sorted({min(len(paragraphs), round(depth * len(paragraphs)))} |
                        {rng.randrange(len(paragraphs) + 1) for _ in range(distractors)})
-        order = [0] + [j for j in range(1, len(facts))]
         placed: dict[int, list[list[int]]] = {}
         placed.setdefault(min(len(paragraphs), round(depth * len(paragraphs))), []).append(facts[0])
-        for j in order[1:]:
-            placed.setdefault(rng.choice(slots), []).append(facts[j])
+        for f in facts[1:]:                        # distractors: at the needle's slot or random ones
+            placed.setdefault(rng.choice(slots), []).append(f)
         ids: list[int] = []
         for p in range(len(paragraphs) + 1):
             for f in placed.get(p, []):
