@@ -102,7 +102,7 @@ def table(title: str, rs: list[dict]) -> list[str]:
              "| configuration | options | device B/token vs 16-bit | host vs 16-bit | ppl increase | quality | "
              "top-1 | greedy tokens | tasks kept | needle |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rs:
-        lines.append(f"| {r['name']} | {r['options'] or '-'} | {r['device_ratio']:.3f} | {r['host_ratio']:.3f} | "
+        lines.append(f"| {r['name']} | {r['options'] or 'defaults'} | {r['device_ratio']:.3f} | {r['host_ratio']:.3f} | "
                      f"{fmt(r['ppl_increase_pct'], '+.2f')}% | {fmt(r['quality'], '.4f')} | {fmt(r['top1'], '.1%')} | "
                      f"{fmt(r['greedy'], '.1%')} | {fmt(r['tasks'], '.1%')} | {fmt(r['needle'], '.1%')} |")
     return lines + [""]

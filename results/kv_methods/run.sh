@@ -32,7 +32,7 @@ $M eval --corpus $C --baseline default --model default --engine-arg kv_cache_mem
 
 # 3. the distilled SwiftKV model (baseline: the same model, uncompressed)
 $M eval --corpus $C --baseline SmolLM2-135M-Instruct-SwiftKV --model SmolLM2-135M-Instruct-SwiftKV \
-    --engine-arg kv_cache_memory_gb=1.0 --samples 8 --gen-prompts 0 --metrics ppl \
+    --engine-arg kv_cache_memory_gb=1.0 --samples 4 --gen-prompts 0 --metrics ppl \
     --kv-methods '[{"kcache": {"top_n": 64}}, {"zipcache": {"bits_lo": 2}}, {"eviction": {"budget": 128}}]' \
     --out $O/sweep_swiftkv.json
 
