@@ -145,7 +145,7 @@ def pick(rs: list[dict], name: str, options: str) -> dict | None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--short", required=True, action="append",
+    ap.add_argument("--short", action="append", default=[],
                     help="SmolLM2 sweep(s), short prompts (the summary's figures); repeatable")
     ap.add_argument("--long", default=None, help="SmolLM2 sweep, >= 2K-token prompts")
     ap.add_argument("--needle", default=None, help="needle-in-a-haystack sweep")
@@ -161,21 +161,20 @@ def main(argv=None) -> int:
     for p in args.pick:
         name, opts = p.split("=", 1)
         r = pick(short, name, opts)
-        if r is None:
-            raise SystemExit(f"--pick {p}: no such configuration in {', '.join(args.short)}")
+        if r is None:                    # not measured (e.g. a sweep stopped early): left out, said so
+            print(f"kv_methods_report: --pick {p}: not in {', '.join(args.short)}; left out", file=sys.stderr)
+            continue
         methods[name] = {"device_bytes_per_token_ratio": r["device_ratio"], "host_bytes_per_token_ratio": r["host_ratio"],
                          "ppl_increase_pct": r["ppl_increase_pct"], "task_accuracy_kept": r["tasks"]}
     # combined rate at 99%: ZACK x ZipCache settings, quality >= 0.99 in every SmolLM2 sweep that ran them
-    best = 0.0
-    for r in short:
-        if r["name"] != "zack+zipcache" or r["quality"] is None:
-            continue
+    measured = [r for r in short if r["name"] == "zack+zipcache" and r["quality"] is not None]
+    best = 0.0 if measured else None                 # None: no ZACK x ZipCache setting was measured
+    for r in measured:
         others = [o for o in long if o["name"] == r["name"] and o["options"] == r["options"]
                   and o["quality"] is not None]
         if all(q >= 0.99 for q in [r["quality"]] + [o["quality"] for o in others]):
             best = max(best, 1 - r["device_ratio"])
     summary = {"methods": methods, "max_concurrency_ratio_best": None, "zack_zipcache_combined_rate_at_99pct": best}
-    pressure = None
     if args.pressure:
         pressure = json.loads(Path(args.pressure).read_text())
         ratios = [r["concurrency_ratio"] for i, r in enumerate(pressure["results"].values()) if i > 0]
