@@ -136,6 +136,25 @@ def plot(out: Path, sweeps: dict[str, list[dict]]) -> None:
     fig.savefig(out / "quality_vs_memory.png", dpi=130)
 
 
+def plot_pressure(out: Path, pressure: dict) -> None:
+    """Peak concurrent sequences per configuration at the same device KV budget."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(pressure["results"])
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.bar(names, [pressure["results"][n]["peak_concurrent"] for n in names], color="C0")
+    ax.axhline(pressure["setup"]["requests"], color="grey", ls=":", label="all requests (the cap)")
+    ax.set_ylabel("peak concurrent sequences")
+    ax.set_title(f"same {pressure['setup']['pool_mb']:.0f} MiB device KV budget", fontsize=9)
+    ax.tick_params(axis="x", labelsize=7, rotation=20)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "pressure_concurrency.png", dpi=130)
+
+
 def pick(rs: list[dict], name: str, options: str) -> dict | None:
     for r in rs:
         if r["name"] == name and r["options"] == options:
@@ -179,6 +198,7 @@ def main(argv=None) -> int:
         pressure = json.loads(Path(args.pressure).read_text())
         ratios = [r["concurrency_ratio"] for i, r in enumerate(pressure["results"].values()) if i > 0]
         summary["max_concurrency_ratio_best"] = max(ratios)
+        plot_pressure(out, pressure)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
     cmd = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
