@@ -136,6 +136,22 @@ def plot(out: Path, sweeps: dict[str, list[dict]]) -> None:
     fig.savefig(out / "quality_vs_memory.png", dpi=130)
 
 
+def bytes_table(pressure: dict) -> list[str]:
+    """Planned bytes per token (16-bit compute dtype, as the pool is sized) of the memory-pressure
+    configurations, over the plain model's 16-bit cache. Torch-free planning: no model loads."""
+    from modelkit.evaluate import bytes_16bit
+
+    base = plain_16bit(pressure["model"])
+    lines = ["### Bytes per token of each configuration (16-bit compute dtype, planned = allocated)\n",
+             "| configuration | device B/token | host B/token | device / 16-bit | host / 16-bit |",
+             "|---|---:|---:|---:|---:|"]
+    for name, r in pressure["results"].items():
+        dev, host = bytes_16bit(Path(pressure["model"]), {"kv_methods": r["methods"]})
+        lines.append(f"| {name} | {dev:.1f} | {host:.1f} | {dev / base:.3f} | {host / base:.3f} |")
+    return lines + ["", "Eviction keeps the bytes per stored entry and frees the entries past `budget` "
+                        "after the prompt (see the quality tables for its ratio per prompt token).", ""]
+
+
 def plot_pressure(out: Path, pressure: dict) -> None:
     """Peak concurrent sequences per configuration at the same device KV budget."""
     import matplotlib
@@ -207,6 +223,8 @@ def main(argv=None) -> int:
           "token, i.e. times the fraction of prompt entries kept). Quality = baseline perplexity / perplexity, both "
           "scored through the cache (prefix prefilled, continuation decoded token by token). Tasks kept: share of "
           "the task items the uncompressed model solves that the configuration still solves.\n"]
+    if args.pressure:
+        md += bytes_table(pressure)
     for title, rs in (("SmolLM2-135M-Instruct, 256-token prefixes", short),
                       ("SmolLM2-135M-Instruct, 2048-token prefixes (joined held-out passages)", long),
                       ("Needle in a haystack (SmolLM2-135M-Instruct)", needle),
