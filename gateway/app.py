@@ -33,6 +33,8 @@ from gateway.edge import EdgeError, parse_body, read_body
 from gateway.errors import error
 from gateway.health import Health
 from gateway.metrics import GatewayMetrics
+from gateway.prefix import PrefixIndex, block_hashes, render_prompt
+from gateway.prefix_routing import RouteRequest
 from gateway.proxy import Forwarder
 from gateway.routing import make_policy
 from gateway.scraper import Scraper
@@ -70,7 +72,13 @@ def build_app(config: GatewayConfig) -> FastAPI:
     health = Health(config.health)
     admission = Admission(config.max_inflight_per_worker, config.max_queue, config.queue_timeout)
     auth = Auth(config.api_keys, config.requests_per_minute, config.tokens_per_minute)
-    policy = make_policy(config.policy)
+    prefix_index = PrefixIndex(config.prefix_record_blocks, config.prefix_ttl)
+    if config.policy == "prefix":
+        policy = make_policy("prefix", prefix_index, block_bytes=config.prefix_block_bytes, eps=config.balance_eps,
+                             floor=config.balance_floor, load_weight=config.prefix_load_weight)
+        pool.on_remove.append(policy.forget)
+    else:
+        policy = make_policy(config.policy)
     rng = random.Random()
     metrics = GatewayMetrics(pool, config.stale_after, time.monotonic, lambda: admission.queued)
 
@@ -97,9 +105,18 @@ def build_app(config: GatewayConfig) -> FastAPI:
     install_error_handlers(app)
     app.state.config, app.state.pool, app.state.metrics = config, pool, metrics
     app.state.admission, app.state.health, app.state.auth = admission, health, auth
+    app.state.prefix_index = prefix_index
 
-    def choose(cands):
-        return policy(cands, time.monotonic(), config.stale_after, rng)
+    def choose(cands, req=None):
+        return policy(cands, time.monotonic(), config.stale_after, rng, req)
+
+    def route_request(request: Request, path: str, body: dict) -> RouteRequest | None:
+        if config.policy != "prefix":
+            return None
+        text = render_prompt(path, body)
+        session = request.headers.get(config.session_header) if config.session_header else None
+        return RouteRequest(block_hashes(text, config.prefix_block_bytes, config.prefix_max_blocks),
+                            len(text.encode("utf-8", "surrogatepass")), session or None)
 
     forwarder = Forwarder(config, pool, health, admission, metrics, choose, lambda exc: _rejected(metrics, exc))
 
@@ -123,7 +140,7 @@ def build_app(config: GatewayConfig) -> FastAPI:
         def on_usage(completion_tokens: int) -> None:
             auth.correct(who, est, est - requested_tokens(body) + completion_tokens)
 
-        return await forwarder.forward(app.state.client, path, raw, on_usage)
+        return await forwarder.forward(app.state.client, path, raw, on_usage, route_request(request, path, body))
 
     def guard(flag: bool, request: Request) -> JSONResponse | None:
         if flag and auth.enabled:

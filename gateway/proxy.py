@@ -109,13 +109,15 @@ class Forwarder:
         self.cfg, self.pool, self.health, self.admission = config, pool, health, admission
         self.m, self.choose, self.rejected = metrics, choose, rejected
 
-    async def forward(self, client: httpx.AsyncClient, path: str, raw: bytes, on_usage) -> Response:
-        """Send ``raw`` to a worker's ``path``; ``on_usage(completion_tokens)`` once a stream's usage is seen."""
+    async def forward(self, client: httpx.AsyncClient, path: str, raw: bytes, on_usage, route=None) -> Response:
+        """Send ``raw`` to a worker's ``path``; ``on_usage(completion_tokens)`` once a stream's usage is seen;
+        ``route`` (a RouteRequest or None) is what the routing policy may know about the request."""
         t0, tried, last = time.monotonic(), set(), None
+        choose = (lambda cands: self.choose(cands, route)) if route is not None else self.choose
         endpoint = path.rsplit("/", 1)[-1]
         for attempt in range(self.cfg.max_attempts):
             try:
-                worker = await self.admission.acquire(lambda: self.pool, self.choose, tried)
+                worker = await self.admission.acquire(lambda: self.pool, choose, tried)
             except Rejected as exc:
                 if attempt and exc.reason == "no_worker":
                     break
