@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import orjson
+
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
@@ -52,9 +54,12 @@ async def read_body(request: Request, max_bytes: int, timeout: float) -> bytes:
 
 def parse_body(path: str, raw: bytes) -> dict:
     try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):        # bad JSON, bad UTF-8, nesting too deep
-        raise EdgeError(400, "bad_json", "We could not parse the JSON body of your request.") from None
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:                                    # what orjson refuses but Python reads (NaN, deep nesting)
+            body = json.loads(raw)
+        except (ValueError, RecursionError):    # bad JSON, bad UTF-8, nesting too deep
+            raise EdgeError(400, "bad_json", "We could not parse the JSON body of your request.") from None
     if not isinstance(body, dict):
         raise EdgeError(400, "bad_json", "The request body must be a JSON object.")
     if not isinstance(body.get("model"), str) or not body.get("model"):

@@ -16,7 +16,7 @@ import logging
 import re
 import time
 
-import httpx
+import aiohttp
 
 from gateway.routing import WorkerState
 
@@ -63,16 +63,16 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 class Scraper:
-    def __init__(self, workers: list[WorkerState], client: httpx.AsyncClient, interval: float, timeout: float):
+    def __init__(self, workers: list[WorkerState], client: aiohttp.ClientSession, interval: float, timeout: float):
         self.workers, self.client, self.interval, self.timeout = workers, client, interval, timeout
 
     async def scrape_one(self, w: WorkerState) -> None:
         in_flight = w.in_flight
         try:
-            r = await self.client.get(w.url + "/metrics", timeout=self.timeout)
-            r.raise_for_status()
-            m = parse_metrics(r.text)
-        except (httpx.HTTPError, OSError, ValueError):
+            async with self.client.get(w.url + "/metrics", timeout=aiohttp.ClientTimeout(total=self.timeout)) as r:
+                r.raise_for_status()
+                m = parse_metrics((await r.read()).decode("utf-8", "replace"))
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
             return
         w.waiting, w.running, w.kv_usage = m.get("waiting"), m.get("running"), m.get("kv_usage")
         w.prefix_queries, w.prefix_hits, w.cache_tokens = m.get("prefix_queries"), m.get("prefix_hits"), \
