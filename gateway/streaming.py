@@ -32,7 +32,7 @@ _BLOCKS = re.compile(rb"(?<=\n\n)|(?<=\r\n\r\n)")
 
 def error_event(message: str, code: str) -> bytes:
     body = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
-    return b"data: " + orjson.dumps(body) + b"\n\ndata: [DONE]\n\n"
+    return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"     # the worker's own format
 
 
 def event_end(buf: bytes) -> int:
