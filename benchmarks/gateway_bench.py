@@ -2,7 +2,9 @@
 
 1. Overhead: the same closed-loop load (``--concurrency`` clients, streaming requests)
    straight to a fast stub worker and through the gateway in front of it, alternated;
-   reports added p50/p99 latency and the maximum requests/s each path sustained.
+   reports added p50/p99 latency and the maximum requests/s each path sustained. The
+   same with one client (``--unloaded-seconds``): the gateway's own latency without the
+   CPU queueing that 16 clients, the gateway and the worker cause on a small machine.
 2. Routing: Poisson arrivals through the gateway to two stub workers that serve one
    request at a time, one of them ``--slow-factor`` times slower; JSQ vs round-robin
    p50/p99 TTFT.
@@ -101,6 +103,7 @@ def main(argv=None) -> int:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=8.0, help="per overhead round")
     ap.add_argument("--rounds", type=int, default=3, help="alternating direct/gateway rounds")
+    ap.add_argument("--unloaded-seconds", type=float, default=4.0, help="per one-client round (0: skip)")
     ap.add_argument("--rate", type=float, default=8.0, help="Poisson req/s for the routing test")
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--service-ms", type=float, default=50.0, help="fast worker time per request")
@@ -117,14 +120,18 @@ def main(argv=None) -> int:
         procs.append(spawn(["-m", "gateway", "--workers", w, "--port", str(gp), "--log-level", "warning"]))
         wait_ready(w)
         wait_ready(g)
-        rounds = {"direct": [], "gateway": []}
+        rounds = {"direct": [], "gateway": [], "direct_1": [], "gateway_1": []}
         for _ in range(a.rounds):
             for k, url in (("direct", w), ("gateway", g)):
                 rounds[k].append(asyncio.run(closed_loop(url, a.concurrency, a.seconds)))
+                if a.unloaded_seconds:
+                    rounds[k + "_1"].append(asyncio.run(closed_loop(url, 1, a.unloaded_seconds)))
         over = {k: {m: statistics.median(r[m] for r in v) for m in ("rps", "p50_ms", "p99_ms")}
-                for k, v in rounds.items()}
-        over["added_p50_ms"] = over["gateway"]["p50_ms"] - over["direct"]["p50_ms"]
-        over["added_p99_ms"] = over["gateway"]["p99_ms"] - over["direct"]["p99_ms"]
+                for k, v in rounds.items() if v}
+        for sfx in ("", "_1") if a.unloaded_seconds else ("",):
+            for q in ("p50", "p99"):
+                over[f"added_{q}_ms{sfx}"] = over["gateway" + sfx][q + "_ms"] - over["direct" + sfx][q + "_ms"]
+        over["rps_ratio"] = over["gateway"]["rps"] / over["direct"]["rps"]
         for p in procs:
             p.terminate()
         procs.clear()
@@ -161,7 +168,16 @@ def main(argv=None) -> int:
     for k in ("direct", "gateway"):
         o = over[k]
         md.append(f"| {k} | {o['rps']:.0f} | {o['p50_ms']:.1f} | {o['p99_ms']:.1f} |")
-    md.append(f"\nAdded by the gateway: p50 {over['added_p50_ms']:+.1f} ms, p99 {over['added_p99_ms']:+.1f} ms.\n")
+    md.append(f"\nAdded by the gateway: p50 {over['added_p50_ms']:+.1f} ms, p99 {over['added_p99_ms']:+.1f} ms; "
+              f"requests/s {over['rps_ratio']:.0%} of direct.\n")
+    if a.unloaded_seconds:
+        md += ["One client (no CPU queueing):\n", "| path | requests/s | p50 latency (ms) | p99 latency (ms) |",
+               "|---|---:|---:|---:|"]
+        for k in ("direct_1", "gateway_1"):
+            o = over[k]
+            md.append(f"| {k[:-2]} | {o['rps']:.0f} | {o['p50_ms']:.2f} | {o['p99_ms']:.2f} |")
+        md.append(f"\nAdded by the gateway with one client: p50 {over['added_p50_ms_1']:+.2f} ms, "
+                  f"p99 {over['added_p99_ms_1']:+.2f} ms.\n")
     md += [f"Routing (Poisson {a.rate} req/s, {a.requests} requests, two one-at-a-time workers, one "
            f"{a.slow_factor:g}x slower):\n", "| policy | p50 TTFT (ms) | p99 TTFT (ms) |", "|---|---:|---:|"]
     for k, v in routing.items():

@@ -20,6 +20,9 @@ from fastapi import Request
 from starlette.requests import ClientDisconnect
 
 
+_timeout = getattr(asyncio, "timeout", None)
+
+
 class EdgeError(Exception):
     def __init__(self, status: int, reason: str, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -47,6 +50,9 @@ async def read_body(request: Request, max_bytes: int, timeout: float) -> bytes:
         return b"".join(parts)
 
     try:
+        if _timeout is not None:                # no extra task per request (Python >= 3.11)
+            async with _timeout(timeout):
+                return await collect()
         return await asyncio.wait_for(collect(), timeout)
     except asyncio.TimeoutError:
         raise EdgeError(408, "body_timeout", f"The request body did not arrive within {timeout:g} s.") from None
