@@ -12,6 +12,10 @@ definitions). Per-worker request counts come from the workers themselves.
 
     python benchmarks/prefix_bench.py --out results/gateway/prefix.json
 
+``--hot-share F`` sends a share F of the requests to the first system prompt (the rest
+spread over all of them): a hot prefix, where the load bound has to keep one worker
+from taking all of it.
+
 Reports TTFT p50/p99 per policy, the prefix/JSQ TTFT p50 ratio, max/mean requests per
 worker and the workers' prefix-cache hit rate.
 """
@@ -26,12 +30,24 @@ import sys
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gateway_bench import HERE, free_port, spawn, wait_ready  # noqa: E402
 
-from loadtest.datasets import shared_prefix_prompts  # noqa: E402
+from loadtest.datasets import RequestSpec  # noqa: E402
 from loadtest.runner import RunConfig, run  # noqa: E402
+
+
+def workload(a) -> list[RequestSpec]:
+    rng = np.random.default_rng(a.seed)
+    prefixes = [rng.integers(1000, 40000, a.prefix_len).tolist() for _ in range(a.prefixes)]
+    out = []
+    for i in range(a.requests):
+        k = 0 if rng.random() < a.hot_share else i % a.prefixes
+        p = prefixes[k] + rng.integers(1000, 40000, a.suffix_len).tolist()
+        out.append(RequestSpec(p, None, a.output_len, len(p)))
+    return out
 
 
 def run_policy(policy: str, a, gateway_args: list[str]) -> dict:
@@ -49,7 +65,7 @@ def run_policy(policy: str, a, gateway_args: list[str]) -> dict:
             wait_ready(u)
         gw = f"http://127.0.0.1:{gport}"
         wait_ready(gw)
-        reqs = shared_prefix_prompts(a.requests, a.prefix_len, a.suffix_len, a.output_len, a.prefixes, seed=a.seed)
+        reqs = workload(a)
         cfg = RunConfig(base_url=gw, model="stub", rate=a.rate, num_requests=a.requests, warmup=0, seed=a.seed,
                         label=policy)
         summary = asyncio.run(run(cfg, reqs, progress=False))
@@ -82,6 +98,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--cache-tokens", type=int, default=3456, help="stub prefix-cache size (tokens)")
     ap.add_argument("--itl", type=float, default=0.005)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hot-share", type=float, default=0.0, help="share of requests on the first prefix")
     ap.add_argument("--policies", default="jsq,prefix")
     ap.add_argument("--gateway-arg", action="append", default=[], help="extra gateway flag (repeatable)")
     ap.add_argument("--out", default=None)
@@ -97,7 +114,8 @@ def main(argv=None) -> dict:
           f"{a.workers} stub workers with a {a.cache_tokens}-token LRU prefix cache, one prefill at a time at "
           f"{a.prefill_per_token * 1000:g} ms per uncached token; {a.requests} requests, Poisson {a.rate:g} req/s, "
           f"{a.prefixes} system prompts of {a.prefix_len} tokens + unique {a.suffix_len}-token suffixes, "
-          f"{a.output_len} output tokens.\n",
+          f"{a.output_len} output tokens" + (f"; {a.hot_share:.0%} of requests on one prefix" if a.hot_share else "")
+          + ".\n",
           "| policy | completed | TTFT p50 (ms) | TTFT p99 (ms) | cache hit rate | requests per worker | max/mean |",
           "|---|---:|---:|---:|---:|---|---:|"]
     for r in results.values():

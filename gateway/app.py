@@ -33,7 +33,7 @@ from gateway.edge import EdgeError, parse_body, read_body
 from gateway.errors import error
 from gateway.health import Health
 from gateway.metrics import GatewayMetrics
-from gateway.prefix import PrefixIndex, block_hashes, render_prompt
+from gateway.prefix import PrefixIndex, block_hashes, prompt_bytes
 from gateway.prefix_routing import RouteRequest
 from gateway.proxy import Forwarder, upstream_session
 from gateway.routing import make_policy
@@ -132,10 +132,10 @@ def build_app(config: GatewayConfig) -> FastAPI:
     def route_request(request: Request, path: str, body: dict) -> RouteRequest | None:
         if config.policy != "prefix":
             return None
-        text = render_prompt(path, body)
+        data = prompt_bytes(path, body)
         session = request.headers.get(config.session_header) if config.session_header else None
-        return RouteRequest(block_hashes(text, config.prefix_block_bytes, config.prefix_max_blocks),
-                            len(text.encode("utf-8", "surrogatepass")), session or None)
+        return RouteRequest(block_hashes(data, config.prefix_block_bytes, config.prefix_max_blocks), len(data),
+                            session or None)
 
     forwarder = Forwarder(config, pool, health, admission, metrics, choose, lambda exc: _rejected(metrics, exc))
 

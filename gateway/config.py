@@ -23,8 +23,8 @@ class GatewayConfig:
     balance_eps: float = 0.5               # no worker above ceil((1+eps) x mean load) after a decision ...
     balance_floor: float = 2.0             # ... unless that is below this many requests
     prefix_load_weight: float = 0.25       # cost of one request of load, in fractions of a cached prompt
-    prefix_block_bytes: int = 64           # prompt bytes per hashed block (~16 tokens)
-    prefix_max_blocks: int = 256           # blocks hashed per prompt (longer prompts: first 16 KiB)
+    prefix_block_bytes: int = 128          # prompt bytes per hashed block (~32 tokens)
+    prefix_max_blocks: int = 256           # blocks hashed per prompt (longer prompts: first 32 KiB)
     prefix_record_blocks: int = 65536      # blocks remembered per worker (less if it reports a smaller cache)
     prefix_ttl: float = 600.0              # seconds a remembered block counts
     session_header: str = "x-session-id"   # requests with this header stick to one worker ("" = off)

@@ -2,16 +2,18 @@
 
 Contract:
 
-* ``render_prompt(path, body) -> str``: the text a worker will prefill, rendered the
-  same way for every request (chat: tools, then each message as ``<role>content``,
-  content parts joined; completions: the prompt string, or the first prompt of a
-  batch, token ids as decimal text). It only has to be *consistent*, not identical to
-  the worker's chat template: equal prefixes render to equal prefixes.
-* ``block_hashes(text, block_bytes, max_blocks) -> list[int]``: the UTF-8 bytes cut
-  into full blocks (the partial tail is not hashed, as an engine caches full blocks
-  only); hash ``i`` covers blocks ``0..i`` (chained), so two prompts share hash ``i``
-  exactly when they share their first ``i+1`` blocks. Stable across processes
-  (BLAKE2b, not Python's salted ``hash``), so gateway replicas agree.
+* ``prompt_bytes(path, body) -> bytes``: what a worker will prefill, rendered the same
+  way for every request (chat: tools, then each message as ``<role>content``, content
+  parts joined, UTF-8; completions: the prompt string, or the first prompt of a batch;
+  token ids as 4 bytes each, so a 128-byte block is 32 tokens). It only has to be
+  *consistent*, not identical to the worker's chat template: equal prefixes render to
+  equal prefixes.
+* ``block_hashes(data, block_bytes, max_blocks) -> list[int]``: ``data`` cut into full
+  blocks (the partial tail is not hashed, as an engine caches full blocks only); hash
+  ``i`` identifies blocks ``0..i`` (a running CRC-32 and Adler-32 of the prefix, 64 bits,
+  computed in C), so two prompts share hash ``i`` exactly when they share their first
+  ``i+1`` blocks, up to a rare collision that only misjudges one cache hit. Stable across
+  processes (not Python's salted ``hash``), so gateway replicas agree.
 * ``PrefixIndex``: which block hashes each worker has been sent, approximately.
   Bounded (``max_blocks`` per worker, oldest dropped first), aged (an entry older
   than ``ttl`` seconds does not count), and prefix-closed: blocks of a request are
@@ -23,8 +25,9 @@ Contract:
 from __future__ import annotations
 
 import json
+import zlib
+from array import array
 from collections import OrderedDict
-from hashlib import blake2b
 
 
 def _content_text(content) -> str:
@@ -60,17 +63,29 @@ def render_prompt(path: str, body: dict) -> str:
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
         prompt = prompt[0]                          # a batch: route by its first prompt
     if isinstance(prompt, list):
-        return " ".join(str(t) for t in prompt)     # token ids
+        return " ".join(map(str, prompt))           # token ids
     return prompt if isinstance(prompt, str) else ""
 
 
-def block_hashes(text: str, block_bytes: int = 64, max_blocks: int = 256) -> list[int]:
-    data = text.encode("utf-8", "surrogatepass")
-    n = min(len(data) // block_bytes, max_blocks)
-    out, prev = [], b""
-    for i in range(n):
-        prev = blake2b(prev + data[i * block_bytes:(i + 1) * block_bytes], digest_size=8).digest()
-        out.append(int.from_bytes(prev, "little"))
+def prompt_bytes(path: str, body: dict) -> bytes:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    if not path.endswith("/chat/completions") and isinstance(prompt, list) and prompt:
+        try:
+            return array("I", prompt).tobytes()     # token ids: 4 bytes each, no text rendering
+        except (OverflowError, TypeError):
+            pass                                    # not all valid ids (the worker will say so): as text
+    return render_prompt(path, body).encode("utf-8", "surrogatepass")
+
+
+def block_hashes(data: bytes, block_bytes: int = 128, max_blocks: int = 256) -> list[int]:
+    view = memoryview(data)
+    out, crc, adler = [], 0, 1
+    for i in range(min(len(data) // block_bytes, max_blocks)):
+        block = view[i * block_bytes:(i + 1) * block_bytes]
+        crc, adler = zlib.crc32(block, crc), zlib.adler32(block, adler)
+        out.append(crc << 32 | adler)
     return out
 
 

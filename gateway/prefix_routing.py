@@ -70,7 +70,7 @@ class _Trust:
 
 
 class PrefixAware:
-    def __init__(self, index: PrefixIndex, block_bytes: int = 64, eps: float = 0.5, load_weight: float = 0.25,
+    def __init__(self, index: PrefixIndex, block_bytes: int = 128, eps: float = 0.5, load_weight: float = 0.25,
                  floor: float = 2.0):
         self.index, self.block_bytes, self.eps, self.load_weight = index, block_bytes, eps, load_weight
         self.floor = floor

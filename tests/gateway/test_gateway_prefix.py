@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from gateway.cli import parse_args
-from gateway.prefix import PrefixIndex, block_hashes, render_prompt
+from gateway.prefix import PrefixIndex, block_hashes, prompt_bytes, render_prompt
 from gateway.prefix_routing import PrefixAware, RouteRequest, load_bound, rendezvous
 from gateway.routing import WorkerState, jsq, make_policy
 from gateway.scraper import parse_metrics
@@ -18,8 +18,8 @@ from gateway.scraper import parse_metrics
 SYSTEM = ["You are assistant number %d. " % i + "Follow the house rules carefully. " * 40 for i in range(8)]
 
 
-def req(text: str, session: str | None = None, block: int = 64) -> RouteRequest:
-    return RouteRequest(block_hashes(text, block), len(text.encode()), session)
+def req(text: str, session: str | None = None, block: int = 128) -> RouteRequest:
+    return RouteRequest(block_hashes(text.encode(), block), len(text.encode()), session)
 
 
 def workers(n: int) -> list[WorkerState]:
@@ -36,26 +36,31 @@ def test_chat_rendering_is_consistent_and_prefix_preserving():
     assert render_prompt("/v1/completions", {"prompt": ["first", "second"]}) == "first"
     assert render_prompt("/v1/completions", {"prompt": [5, 6]}) == "5 6"
     assert render_prompt("/v1/chat/completions", {"messages": ["junk", {"role": "user"}]}) == "<user>\n"
+    ids = list(range(1000, 1040))
+    assert prompt_bytes("/v1/completions", {"prompt": ids}) == prompt_bytes("/v1/completions", {"prompt": [ids]})
+    assert len(prompt_bytes("/v1/completions", {"prompt": ids})) == 4 * 40       # 32 tokens per 128-byte block
+    assert prompt_bytes("/v1/completions", {"prompt": [-1, 2]}) == b"-1 2"          # not valid ids: as text
+    assert prompt_bytes("/v1/chat/completions", a) == ra.encode()
 
 
 def test_block_hashes_are_chained_full_blocks_and_stable_across_processes():
-    x, y = "a" * 64 + "b" * 64 + "c" * 64 + "tail", "a" * 64 + "b" * 64 + "d" * 64
-    hx, hy = block_hashes(x), block_hashes(y)
+    x, y = b"a" * 64 + b"b" * 64 + b"c" * 64 + b"tail", b"a" * 64 + b"b" * 64 + b"d" * 64
+    hx, hy = block_hashes(x, 64), block_hashes(y, 64)
     assert len(hx) == 3 and hx[:2] == hy[:2] and hx[2] != hy[2]     # the partial tail is not hashed
-    assert block_hashes("b" * 64 + "b" * 64)[1] != hx[1]              # same block, other history: other hash
-    assert len(block_hashes("z" * 6400, 64, max_blocks=10)) == 10
-    code = "from gateway.prefix import block_hashes; print(block_hashes('q' * 200)[-1])"
+    assert block_hashes(b"b" * 64 + b"b" * 64, 64)[1] != hx[1]            # same block, other history: other hash
+    assert len(block_hashes(b"z" * 6400, 64, max_blocks=10)) == 10
+    code = "from gateway.prefix import block_hashes; print(block_hashes(b'q' * 200)[-1])"
     env = {**os.environ, "PYTHONHASHSEED": "123"}
     other = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert int(other.stdout) == block_hashes("q" * 200)[-1]
+    assert int(other.stdout) == block_hashes(b"q" * 200)[-1]
 
 
 def test_index_matches_longest_prefix_ages_and_evicts_extensions_first():
     idx = PrefixIndex(max_blocks=6, ttl=10.0)
-    h = block_hashes("".join(chr(65 + i) * 64 for i in range(5)))
+    h = block_hashes("".join(chr(65 + i) * 64 for i in range(5)).encode(), 64)
     idx.insert("w", h, now=0.0)
     assert idx.match("w", h, 1.0) == 5 and idx.match("w", h[:2] + [7], 1.0) == 2 and idx.match("v", h, 1.0) == 0
-    other = block_hashes("".join(chr(97 + i) * 64 for i in range(3)))
+    other = block_hashes("".join(chr(97 + i) * 64 for i in range(3)).encode(), 64)
     idx.insert("w", other, now=2.0)                           # 8 blocks > 6: the oldest extensions go
     assert idx.size("w") == 6 and idx.match("w", h, 3.0) == 3 and idx.match("w", other, 3.0) == 3
     assert idx.match("w", other, 12.5) == 0                   # aged out
@@ -131,7 +136,7 @@ def test_trust_follows_the_workers_prefix_cache_counters_and_a_restart_forgets()
     assert pol.index.match(w.url, req(SYSTEM[0]).hashes, 21.0) == 0
     w.cache_tokens = 64                                        # a tiny cache bounds the record
     pol([w], 22.0, 2.0, rng, req(SYSTEM[1] + "c"))
-    assert pol.index.size(w.url) == 64 * 4 // 64
+    assert pol.index.size(w.url) == 64 * 4 // 128
 
 
 def test_scraper_reads_prefix_cache_counters_and_cache_size():
