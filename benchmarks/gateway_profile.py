@@ -4,7 +4,7 @@ worker), plus the CPU time of each process of the run (client, gateway, worker).
 
     python benchmarks/gateway_profile.py --out results/gateway/profile.md
 
-Writes the raw collapsed stacks next to the report (``.folded``, for flame graphs).
+``--folded FILE`` keeps the raw collapsed stacks (for flame graphs).
 Self time of native code (uvloop, socket syscalls) is counted on the Python frame that
 called into it, so the event loop's own work shows up as ``asyncio/runners.py``.
 """
@@ -18,6 +18,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -61,12 +62,13 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--folded", default=None, help="keep the collapsed stacks here (for flame graphs)")
     a = ap.parse_args(argv)
     wp, gp = free_port(), free_port()
     worker = spawn([str(HERE / "stub_worker.py"), "--port", str(wp)])
     gw = spawn(["-m", "gateway", "--workers", f"http://127.0.0.1:{wp}", "--port", str(gp), "--log-level", "warning"])
     out = Path(a.out)
-    folded = out.with_suffix(".folded")
+    folded = Path(a.folded) if a.folded else Path(tempfile.mkstemp(suffix=".folded")[1])
     try:
         wait_ready(f"http://127.0.0.1:{wp}")
         wait_ready(f"http://127.0.0.1:{gp}")
@@ -85,6 +87,8 @@ def main(argv=None) -> int:
         for p in (gw, worker):
             p.terminate()
     total, incl, pkgs = summarize(folded.read_text(), a.top)
+    if not a.folded:
+        folded.unlink()
     n = load["requests"]
     cmd = "python " + " ".join(shlex.quote(x) for x in ["benchmarks/gateway_profile.py",
                                                          *(argv if argv is not None else sys.argv[1:])])

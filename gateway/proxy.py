@@ -38,6 +38,7 @@ import time
 
 import aiohttp
 from fastapi.responses import Response
+from yarl import URL
 
 from gateway.admission import Rejected
 from gateway.errors import error
@@ -56,7 +57,7 @@ def upstream_session(connect_timeout: float, read_timeout: float) -> aiohttp.Cli
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=2000, limit_per_host=0, keepalive_timeout=60),
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout),
-        auto_decompress=False, skip_auto_headers=("User-Agent",))
+        auto_decompress=False, skip_auto_headers=("User-Agent",), cookie_jar=aiohttp.DummyCookieJar())
 
 
 class AttemptFailed(Exception):
@@ -106,6 +107,15 @@ class Forwarder:
     def __init__(self, config, pool, health, admission, metrics, choose, rejected) -> None:
         self.cfg, self.pool, self.health, self.admission = config, pool, health, admission
         self.m, self.choose, self.rejected = metrics, choose, rejected
+        self._urls: dict[tuple[str, str], URL] = {}       # parsed once per (worker, path)
+
+    def _url(self, base: str, path: str) -> URL:
+        url = self._urls.get((base, path))
+        if url is None:
+            if len(self._urls) > 4096:
+                self._urls.clear()
+            url = self._urls[(base, path)] = URL(base + path)
+        return url
 
     async def forward(self, session: aiohttp.ClientSession, path: str, raw: bytes, on_usage, route=None):
         """Send ``raw`` to a worker's ``path``; ``on_usage(completion_tokens)`` once a stream's usage is seen;
@@ -125,7 +135,7 @@ class Forwarder:
             lease = Lease(worker, self.health, self.admission, self.pool)
             last_try = attempt + 1 >= self.cfg.max_attempts
             try:
-                resp = await session.post(worker.url + path, data=raw, headers=UPSTREAM_HEADERS)
+                resp = await session.post(self._url(worker.url, path), data=raw, headers=UPSTREAM_HEADERS)
             except RETRYABLE as exc:
                 lease.finish(False)
                 last = self._failed(worker, _transport_failure(exc))

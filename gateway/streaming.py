@@ -3,8 +3,8 @@
 ``SSEStream`` is a raw ASGI response. Its pump sends each complete event (a run of
 bytes ending in a blank line) as soon as it has arrived, after a cheap check that
 every ``data:`` payload is JSON (orjson) or ``[DONE]``; nothing is decoded or
-re-serialised. A watcher waits for the client's ``http.disconnect`` and cancels the
-pump at once (also during a long silence such as a prefill), so the upstream is
+re-serialised. A watcher task waits for the client's ``http.disconnect`` and cancels
+the pump (the response's own task) at once (also during a long silence such as a prefill), so the upstream is
 closed and the worker aborts. ``on_close()`` runs exactly once however it ends.
 
 Failures after the first byte (the pump raises ``StreamFailure``-like exceptions given
@@ -107,28 +107,25 @@ class SSEStream(Response):
         self.client_gone = False
 
     async def __call__(self, scope, receive, send) -> None:
-        async def send_body():
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            await self.pump(send)
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        me = asyncio.current_task()
 
-        pump = asyncio.ensure_future(send_body())
-
-        async def watch():
+        async def watch():                      # the client went away: stop the pump at once
             while True:
                 if (await receive())["type"] == "http.disconnect":
-                    if not pump.done():
-                        self.client_gone = True
-                        pump.cancel()
+                    self.client_gone = True
+                    me.cancel()
                     return
 
         watcher = asyncio.ensure_future(watch())
         try:
-            await pump
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            await self.pump(send)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
-            if not self.client_gone:            # cancelled from outside (shutdown): stop the pump too
-                pump.cancel()
+            if not self.client_gone:            # cancelled from outside (shutdown)
                 raise
+            if hasattr(me, "uncancel"):         # our own cancel (Python >= 3.11 counts them)
+                me.uncancel()
         except OSError:                         # the client went away while we were writing
             self.client_gone = True
         finally:
