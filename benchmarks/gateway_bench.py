@@ -44,7 +44,7 @@ def spawn(args: list[str], cwd: str | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
 
 
-def wait_ready(url: str, path: str = "/health", timeout: float = 30) -> None:
+def wait_ready(url: str, path: str = "/health", timeout: float = 90) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:

@@ -48,6 +48,7 @@ class RouteRequest:
     hashes: list[int] = field(default_factory=list)
     prompt_bytes: int = 0
     session: str | None = None
+    cached_fraction: float | None = None     # set by the policy: the chosen worker's recorded share
 
 
 def rendezvous(key: str, urls: list[str]) -> str:
@@ -126,6 +127,7 @@ class PrefixAware:
         return self._record(rng.choice(best), req, best_match, now)
 
     def _record(self, w, req: RouteRequest, matched: int, now: float):
+        req.cached_fraction = min(1.0, matched * self.block_bytes / req.prompt_bytes) if matched else 0.0
         if req.hashes:
             self.index.insert(w.url, req.hashes, now)
             t = self.trust.setdefault(w.url, _Trust())

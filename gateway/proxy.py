@@ -132,6 +132,8 @@ class Forwarder:
                 return self.rejected(exc)
             tried.add(worker.url)
             self.m.routed.labels(self.cfg.policy, worker.url).inc()
+            if route is not None and route.cached_fraction is not None:
+                self.m.prefix_cached.observe(route.cached_fraction)
             lease = Lease(worker, self.health, self.admission, self.pool)
             last_try = attempt + 1 >= self.cfg.max_attempts
             try:

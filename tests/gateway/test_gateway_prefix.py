@@ -75,8 +75,9 @@ def test_prefix_affinity_beats_an_idle_worker_within_the_bound():
     ws, pol, rng = workers(4), PrefixAware(PrefixIndex()), random.Random(0)
     first = pol(ws, 0.0, 2.0, rng, req(SYSTEM[0] + "question one"))
     first.in_flight += 1                                       # still running; the others are idle
-    again = pol(ws, 0.1, 2.0, rng, req(SYSTEM[0] + "another question"))
-    assert again is first
+    r = req(SYSTEM[0] + "another question")
+    again = pol(ws, 0.1, 2.0, rng, r)
+    assert again is first and r.cached_fraction > 0.9
     assert pol(ws, 0.2, 2.0, rng, req(SYSTEM[1] + "q")) is not first    # a new prefix goes elsewhere
 
 

@@ -23,20 +23,20 @@ def test_two_gateways_keep_the_workers_balanced():
     gws = []
     try:
         for w in workers:
-            set_fault(w, tokens=40, token_delay=0.1)            # ~4 s streams
+            set_fault(w, tokens=80, token_delay=0.1)            # ~8 s streams
         gws = [gateway(workers, "--balance-eps", "1000", "--balance-floor", "1000", "--prefix-load-weight", "0"), gateway(workers)]
-        hot = {"model": "m", "prompt": "Shared system prompt. " * 40, "max_tokens": 40, "stream": True}
+        hot = {"model": "m", "prompt": "Shared system prompt. " * 40, "max_tokens": 80, "stream": True}
 
         async def scenario(client):
             first = [asyncio.create_task(request(client, gws[0].url + "/v1/completions", hot)) for _ in range(N)]
-            await asyncio.to_thread(wait_for, lambda: sum(stats(w)["active"] for w in workers) == N, 10,
+            await asyncio.to_thread(wait_for, lambda: sum(stats(w)["active"] for w in workers) == N, 20,
                                     "replica A's requests to start")
             skew = sorted(stats(w)["active"] for w in workers)
             await asyncio.sleep(0.5)                            # B's next scrape sees them
             second = [asyncio.create_task(request(client, gws[1].url + "/v1/completions",
                                                   dict(hot, prompt=f"unrelated question {i}")))
                       for i in range(N)]
-            await asyncio.to_thread(wait_for, lambda: sum(stats(w)["active"] for w in workers) == 2 * N, 10,
+            await asyncio.to_thread(wait_for, lambda: sum(stats(w)["active"] for w in workers) == 2 * N, 20,
                                     "replica B's requests to start")
             both = sorted(stats(w)["active"] for w in workers)
             results = await asyncio.gather(*first, *second)
