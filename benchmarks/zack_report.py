@@ -70,6 +70,15 @@ def table(title: str, sweep: dict) -> list[str]:
     return lines + [""]
 
 
+def speed_table(path: Path) -> list[str]:
+    """The attention benchmark's own markdown table (written next to its JSON), under a heading."""
+    md = path.with_suffix(".md")
+    if not md.is_file():
+        return []
+    body = [line for line in md.read_text().strip().splitlines() if not line.startswith("# ")]
+    return [f"### Attention time vs rate ({path.name})\n", *body, ""]
+
+
 def plot(out: Path, sweeps: dict[str, dict]) -> None:
     import matplotlib
 
@@ -98,6 +107,7 @@ def main(argv=None) -> int:
     ap.add_argument("--long", default=None, help="SmolLM2 sweep with long (>= 2K-token) prompts")
     ap.add_argument("--swiftkv", default=None, help="sweep on the distilled SwiftKV model")
     ap.add_argument("--speed", default=None, help="benchmarks/zack_attention.py JSON")
+    ap.add_argument("--more-speed", nargs="*", default=[], help="further zack_attention.py JSONs (other shapes)")
     ap.add_argument("--basis", default="whitened", help="the basis the summary reports (default: %(default)s)")
     ap.add_argument("--composes-with", nargs="+", default=["swiftkv", "acrosskv", "fp8"],
                     help="what the tests combine ZACK with (tests/refengine/kv/test_kv_methods_shared.py)")
@@ -126,6 +136,11 @@ def main(argv=None) -> int:
         pre = [r for r in rows if r["kind"] == "prefill" and abs(r["rate"] - 0.5) < 1e-9]
         summary["decode_attention_time_ratio_at_50pct"] = dec[0]["ratio_vs_uncompressed"] if dec else None
         summary["prefill_attention_time_ratio_at_50pct"] = pre[0]["ratio_vs_uncompressed"] if pre else None
+    if stacked:
+        for mode in ("adaptive", "uniform"):
+            ser = stacked["series"].get(("stacked", mode))
+            if ser:
+                summary[f"stacked_{mode}_rate_at_99pct"] = rate_at([ser], quality)
     summary["composes_with"] = list(args.composes_with)
     keys = ["adaptive_rate_at_99pct", "uniform_rate_at_99pct", "kv_bytes_per_token_ratio_at_50pct",
             "decode_attention_time_ratio_at_50pct", "composes_with"]
@@ -137,17 +152,14 @@ def main(argv=None) -> int:
           "continuation decoded token by token, every read from the compressed cache). The rate at 99% is the "
           "highest swept rate keeping quality >= 0.99 on short and long prompts.\n",
           "```json", json.dumps(summary, indent=2), "```\n"]
-    if stacked:
-        for mode in ("adaptive", "uniform"):
-            ser = stacked["series"].get(("stacked", mode))
-            if ser:
-                summary[f"stacked_{mode}_rate_at_99pct"] = rate_at([ser], quality)
     for title, sweep in (("SmolLM2-135M-Instruct, 256-token prefixes", short),
                          ("SmolLM2-135M-Instruct, the paper's stacked basis, 256-token prefixes", stacked),
                          ("SmolLM2-135M-Instruct, 2048-token prefixes (joined held-out passages)", long),
                          ("Distilled SwiftKV SmolLM2 (l=15), baseline = the same model uncompressed", swift)):
         if sweep:
             md += table(title, sweep)
+    for speed in [args.speed, *args.more_speed]:
+        md += speed_table(Path(speed))
     (out / "quality.md").write_text("\n".join(md) + "\n")
     plot(out, {t: s for t, s in (("short", short), ("paper basis", stacked), ("long", long), ("swiftkv", swift))
                if s})
