@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shlex
 import socket
 import statistics
@@ -114,6 +115,7 @@ def main(argv=None) -> int:
     ap.add_argument("--slow-factor", type=float, default=4.0)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    load_before = os.getloadavg()[0]          # other jobs on the machine skew every figure: recorded
     procs = []
     try:
         # ---- 1. overhead --------------------------------------------------------------------
@@ -173,11 +175,13 @@ def main(argv=None) -> int:
         for p in procs:
             p.terminate()
     cmd = "python " + " ".join(shlex.quote(x) for x in [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+    load = [load_before, os.getloadavg()[0]]
     result = {"command": cmd, "overhead": over, "overhead_rounds": rounds, "routing": routing,
-              "settings": vars(a)}
+              "settings": vars(a), "load_average_1min": load}
     md = [f"# Gateway benchmark\n\nCommand: `{cmd}`\n",
           f"Overhead ({a.concurrency} concurrent streaming clients, fast stub worker, medians of {a.rounds} "
-          "alternating rounds, this machine: 2 cores shared by clients, gateway and worker):\n",
+          "alternating rounds, this machine: 2 cores shared by clients, gateway and worker; 1-minute load "
+          f"average {load[0]:.1f} at the start, {load[1]:.1f} at the end):\n",
           "| path | requests/s | p50 latency (ms) | p99 latency (ms) |", "|---|---:|---:|---:|"]
     names = {"direct": "direct", "gateway": "gateway", "before": "gateway before (--compare-tree)"}
     for k, _ in paths:
