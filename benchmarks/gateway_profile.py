@@ -94,7 +94,8 @@ def main(argv=None) -> int:
                                                          *(argv if argv is not None else sys.argv[1:])])
     md = [f"# Gateway proxy-path profile\n\nCommand: `{cmd}`\n",
           f"{a.concurrency} concurrent streaming clients through the gateway for {a.seconds:g} s: {n} requests, "
-          f"{load['rps']:.0f} requests/s, p50 {load['p50_ms']:.1f} ms.\n",
+          f"{load['rps']:.0f} requests/s, p50 {load['p50_ms']:.1f} ms; 1-minute load average "
+          f"{os.getloadavg()[0]:.1f} (other jobs on the machine).\n",
           "CPU per request by process (ms; the machine has 2 cores for all three):\n",
           "| process | CPU s | CPU ms / request | share of a core |", "|---|---:|---:|---:|"]
     for k, v in cpu.items():

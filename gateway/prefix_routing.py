@@ -23,7 +23,7 @@ prefix hashes (gateway.prefix). Among routable workers:
    (``vllm:prefix_cache_hits`` / ``vllm:prefix_cache_queries``) when it exports
    them. Lowest cost wins; ties go to the worker holding the fewest recorded blocks
    (new prefixes spread evenly), then at random. With no prefix match anywhere this
-   is exactly JSQ.
+   is JSQ (lowest effective load), with that tie-break.
 
 After a decision the chosen worker is recorded as holding the request's blocks.
 A worker whose prefix-cache counters go backwards (restart) loses its record; one

@@ -107,19 +107,22 @@ class SSEStream(Response):
         self.client_gone = False
 
     async def __call__(self, scope, receive, send) -> None:
-        me = asyncio.current_task()
+        me, pumping = asyncio.current_task(), True
 
         async def watch():                      # the client went away: stop the pump at once
             while True:
                 if (await receive())["type"] == "http.disconnect":
-                    self.client_gone = True
-                    me.cancel()
+                    # the server also says "disconnect" once the response is complete: not ours to cancel
+                    if pumping:
+                        self.client_gone = True
+                        me.cancel()
                     return
 
         watcher = asyncio.ensure_future(watch())
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             await self.pump(send)
+            pumping = False
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not self.client_gone:            # cancelled from outside (shutdown)
@@ -129,5 +132,6 @@ class SSEStream(Response):
         except OSError:                         # the client went away while we were writing
             self.client_gone = True
         finally:
+            pumping = False
             watcher.cancel()
             await self.on_close()
