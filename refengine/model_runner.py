@@ -104,6 +104,16 @@ class ModelRunner:
                  self.bytes_per_token, self.bytes_per_token_baseline / self.bytes_per_token,
                  self.bytes_per_token_baseline)
 
+    def prefix_cache_salt(self) -> bytes | None:
+        """Everything besides the tokens that decides what a block stores, or None when a KV method
+        opts out of prefix caching (its blocks are not a function of their prefix)."""
+        keys = [m.prefix_cache_key() for m in self.kv_methods]
+        if any(k is None for k in keys):
+            return None
+        m = self.model
+        return repr((self.config.model, str(self.dtype), m.use_swiftkv, m.num_kv_layers, m.group_size,
+                     self.config.block_size, keys)).encode()
+
     def release(self, request_id: str) -> None:
         self._gens.pop(request_id, None)
         self.forget([request_id])
