@@ -131,7 +131,13 @@ def run_workload(port: int, name: str, scale: float, seed: int) -> dict:
     return res
 
 
-def bench_server(name: str, argv, env, workloads, args, out: Path) -> dict:
+def medians(runs: dict[str, list[dict]]) -> dict:
+    return {w: {"median": statistics.median(x[WORKLOADS[w][4]] for x in rs), "metric": WORKLOADS[w][4], "runs": rs}
+            for w, rs in runs.items() if rs}
+
+
+def bench_server(name: str, argv, env, workloads, args, out: Path, done=lambda results: None) -> dict:
+    """Run ``workloads`` on server ``name``; ``done(results)`` after each workload (partial outputs)."""
     print(f"== {name}: starting", flush=True)
     proc = start(argv, env, args.port, out / "logs" / f"{name}.log", args.start_timeout)
     runs: dict[str, list[dict]] = {}
@@ -147,10 +153,10 @@ def bench_server(name: str, argv, env, workloads, args, out: Path) -> dict:
                 metric = WORKLOADS[w][4]
                 print(f"   {name} {w} #{r}: {metric}={res[metric]:.2f} median_ttft_ms={res['median_ttft_ms']:.0f}",
                       flush=True)
+            done(medians(runs))
     finally:
         stop(proc)
-    return {w: {"median": statistics.median(x[WORKLOADS[w][4]] for x in rs), "metric": WORKLOADS[w][4], "runs": rs}
-            for w, rs in runs.items()}
+    return medians(runs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,13 +180,19 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"command": "python benchmarks/perf_suite.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
            "machine_start": machine_info(ROOT, args.vllm_venv), "workloads": {k: list(v) for k, v in WORKLOADS.items()},
            "repeats": args.repeats, "scale": args.scale, "servers": {}}
-    for name in args.servers:                      # outputs rewritten after each server: a cut run keeps them
+    summary: dict = {}
+    for name in args.servers:                  # outputs rewritten after each workload: a cut run keeps them
         argv_, env, workloads = cmds[name]
         workloads = [w for w in workloads if not args.workloads or w in args.workloads]
-        doc["servers"][name] = {"argv": argv_, "env": env, "results": bench_server(name, argv_, env, workloads,
-                                                                                  args, out)}
-        doc["machine_end"] = {"loadavg": os.getloadavg(), "time": time.time(), "platform": platform.platform()}
-        summary = write_outputs(doc, out)
+        entry = doc["servers"][name] = {"argv": argv_, "env": env, "results": {}}
+
+        def done(results, entry=entry):
+            nonlocal summary
+            entry["results"] = results
+            doc["machine_end"] = {"loadavg": os.getloadavg(), "time": time.time(), "platform": platform.platform()}
+            summary = write_outputs(doc, out)
+
+        bench_server(name, argv_, env, workloads, args, out, done)
     print(json.dumps(summary, indent=1))
     return 0
 
