@@ -5,12 +5,14 @@ and by ``benchmarks/kv_pressure.py``; computes nothing new about the models, onl
 
 - a configuration is named by its methods in role order (``zack+zipcache``) and its swept
   options; ``--pick NAME=OPTIONS`` chooses the setting that represents ``NAME`` in
-  ``summary.json`` (``OPTIONS`` as ``method.option=value`` pairs joined by ``,``);
+  ``summary.json`` (``OPTIONS`` as ``method.option=value`` pairs joined by ``,``, options at
+  their defaults left out: ``zipcache=`` is ZipCache with its defaults);
 - bytes ratios are against a 16-bit cache of the same model with no KV method (planned,
   torch-free, as the engine sizes its pool): device and host bytes per token of the
   configuration at a 16-bit compute dtype over the plain model's. For eviction (same bytes
-  per stored entry) the device ratio is per token of the scored prompt: it is multiplied by
-  the fraction of prompt entries kept (from the method's own counters);
+  per stored entry) the ratios are per prompt token: multiplied by the fraction of prompt
+  entries kept over the evicted requests (budget / their mean prompt length, from the
+  method's own counters);
 - quality = baseline perplexity / perplexity, both through the cache; ``ppl_increase_pct``
   and ``task_accuracy_kept`` (share of the task items the uncompressed model solves that
   the configuration still solves) are copied from the sweep;
@@ -40,9 +42,15 @@ def name_of(methods: dict) -> str:
 
 
 def options_of(methods: dict) -> str:
-    """``method.option=value`` pairs of the options a sweep set (calibration paths left out)."""
+    """``method.option=value`` pairs of the options a sweep set to other values than the method's
+    defaults (calibration paths left out); "" = every method at its defaults."""
+    from refengine.kv.registry import METHODS
+
+    def default(m, k):
+        return METHODS[m].OptionsModel.model_fields[k].default
+
     return ",".join(f"{m}.{k}={v}" for m in ROLE_ORDER if m in methods
-                    for k, v in sorted((methods[m] or {}).items()) if k != "calibration")
+                    for k, v in sorted((methods[m] or {}).items()) if k != "calibration" and v != default(m, k))
 
 
 def plain_16bit(model: str, swiftkv: bool = True) -> float:
@@ -52,11 +60,15 @@ def plain_16bit(model: str, swiftkv: bool = True) -> float:
     return registry.plan([], facts).device_bytes_per_token
 
 
-def rows(path: str | None) -> list[dict]:
-    """One row per configuration of a sweep file."""
-    if not path:
-        return []
-    data = json.loads(Path(path).read_text())
+def rows(paths) -> list[dict]:
+    """One row per configuration of the sweep files (a path or a list of paths)."""
+    out = []
+    for path in ([paths] if isinstance(paths, str) else paths or []):
+        out += _rows(json.loads(Path(path).read_text()))
+    return out
+
+
+def _rows(data: dict) -> list[dict]:
     out = []
     for label, r in data["results"].items():
         methods = r["overrides"].get("kv_methods") or {}
@@ -69,7 +81,7 @@ def rows(path: str | None) -> list[dict]:
             kept = budget / (budget + st["eviction_tokens_evicted"] / st["eviction_requests"])
         out.append({"label": label, "name": name_of(methods), "options": options_of(methods),
                     "command": data.get("command"), "device_ratio": dev * kept, "device_ratio_per_entry": dev,
-                    "host_ratio": r["kv_host_bytes_per_token_16bit"] / base16, "kept_fraction": kept,
+                    "host_ratio": r["kv_host_bytes_per_token_16bit"] / base16 * kept, "kept_fraction": kept,
                     "quality": r["ppl_baseline"] / r["ppl"] if r.get("ppl") else None,
                     "ppl_increase_pct": r.get("ppl_increase_pct"), "top1": r.get("top1_agreement"),
                     "greedy": r.get("greedy_token_agreement"), "tasks": r.get("task_accuracy"),
@@ -85,11 +97,12 @@ def fmt(v, spec: str) -> str:
 def table(title: str, rs: list[dict]) -> list[str]:
     if not rs:
         return []
-    lines = [f"### {title}\n", f"Command: `{rs[0]['command']}`\n",
+    cmds = list(dict.fromkeys(r["command"] for r in rs))
+    lines = [f"### {title}\n", *(f"Command: `{c}`\n" for c in cmds),
              "| configuration | options | device B/token vs 16-bit | host vs 16-bit | ppl increase | quality | "
              "top-1 | greedy tokens | tasks kept | needle |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rs:
-        lines.append(f"| {r['name']} | {r['options'] or '-'} | {r['device_ratio']:.3f} | {r['host_ratio']:.3f} | "
+        lines.append(f"| {r['name']} | {r['options'] or 'defaults'} | {r['device_ratio']:.3f} | {r['host_ratio']:.3f} | "
                      f"{fmt(r['ppl_increase_pct'], '+.2f')}% | {fmt(r['quality'], '.4f')} | {fmt(r['top1'], '.1%')} | "
                      f"{fmt(r['greedy'], '.1%')} | {fmt(r['tasks'], '.1%')} | {fmt(r['needle'], '.1%')} |")
     return lines + [""]
@@ -132,7 +145,8 @@ def pick(rs: list[dict], name: str, options: str) -> dict | None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--short", required=True, help="SmolLM2 sweep, short prompts (the summary's figures)")
+    ap.add_argument("--short", required=True, action="append",
+                    help="SmolLM2 sweep(s), short prompts (the summary's figures); repeatable")
     ap.add_argument("--long", default=None, help="SmolLM2 sweep, >= 2K-token prompts")
     ap.add_argument("--needle", default=None, help="needle-in-a-haystack sweep")
     ap.add_argument("--swiftkv", default=None, help="sweep on the distilled SwiftKV model")
@@ -148,7 +162,7 @@ def main(argv=None) -> int:
         name, opts = p.split("=", 1)
         r = pick(short, name, opts)
         if r is None:
-            raise SystemExit(f"--pick {p}: no such configuration in {args.short}")
+            raise SystemExit(f"--pick {p}: no such configuration in {', '.join(args.short)}")
         methods[name] = {"device_bytes_per_token_ratio": r["device_ratio"], "host_bytes_per_token_ratio": r["host_ratio"],
                          "ppl_increase_pct": r["ppl_increase_pct"], "task_accuracy_kept": r["tasks"]}
     # combined rate at 99%: ZACK x ZipCache settings, quality >= 0.99 in every SmolLM2 sweep that ran them

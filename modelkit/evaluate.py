@@ -289,7 +289,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", default="default", help="the original model (default: %(default)s)")
     p.add_argument("--corpus", required=True, help="corpus directory (held-out split is used)")
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="EngineConfig override for the evaluated models, e.g. kv_cache_dtype=fp8_e4m3")
+                   help="EngineConfig override for the evaluated models, e.g. kv_cache_dtype=fp8_e4m3 (resource "
+                        "sizes kv_cache_memory_gb, max_num_seqs, torch_threads apply to the baseline too)")
     p.add_argument("--kv-methods", default=None, metavar="JSON",
                    help='KV methods for the evaluated models (see swiftserve-worker --help); an option given '
                         'as a list is swept, e.g. \'{"zack": {"rate": [0.3, 0.5], "mode": ["adaptive", "uniform"]}}\'')
@@ -348,9 +349,11 @@ def run(args: argparse.Namespace) -> int:
                 raise SystemExit(f"modelkit eval: {label or name}{suffix}: --kv-methods: {reason}")
             runs.append(((label or name) + suffix, model, dict(overrides, kv_methods=methods)))
     results, t0 = {}, time.time()
+    # Resource sizes (not the model or its KV methods) apply to the baseline's engine too.
+    sizes = {k: v for k, v in overrides.items() if k in ("kv_cache_memory_gb", "max_num_seqs", "torch_threads")}
     ev = Evaluation(baseline, Path(args.corpus), args.samples, args.prefix, args.continuation, args.gen_prompts,
-                    args.gen_tokens, args.seed, join_docs=args.join_docs, metrics=metrics, n_needle=args.needle,
-                    needle_context=args.needle_context)
+                    args.gen_tokens, args.seed, baseline_overrides=sizes, join_docs=args.join_docs, metrics=metrics,
+                    n_needle=args.needle, needle_context=args.needle_context)
     for label, model, kw in tqdm(runs, desc="models", unit="model"):
         results[label] = ev.compare(model, kw)
     table = markdown_table(results)
