@@ -33,3 +33,16 @@ def test_shipped_acrosskv_uses_less_kv(smollm2_dir):
     assert "SmolLM2-135M-Instruct-SwiftKV-AcrossKV2" in names()
     across = _engine(materialize("SmolLM2-135M-Instruct-SwiftKV-AcrossKV2")).stats().kv_bytes_per_token
     assert across < _engine(smollm2_dir).stats().kv_bytes_per_token
+
+
+def test_shipped_zack_answers_like_the_original_with_a_smaller_cache(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    assert "SmolLM2-135M-Instruct-ZACK" in names()
+    ckpt = materialize("SmolLM2-135M-Instruct-ZACK")
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    ids = chat_ids(tok, [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True)
+    eng = _engine(ckpt)
+    (out,) = eng.generate([ids], SamplingParams(max_tokens=16, temperature=0))
+    assert "Paris" in tok.decode(out, skip_special_tokens=True)
+    assert eng.stats().kv_bytes_per_token < _engine(smollm2_dir).stats().kv_bytes_per_token

@@ -127,6 +127,31 @@ def test_swiftkv_checkpoint_serves_through_the_stack(smollm2_dir, tmp_path):
         assert stop_stack(proc) == 0
 
 
+def _worker_metrics(url: str) -> dict[str, float]:
+    return {line.split("{")[0].split(" ")[0]: float(line.rsplit(" ", 1)[1])
+            for line in httpx.get(url + "/metrics", timeout=30).text.splitlines()
+            if line.startswith("swiftserve_worker_")}
+
+
+def test_zack_model_serves_through_the_stack_with_a_smaller_pool(zack_dir):
+    """A ZACK directory re-planned at rate 0.25 by ``swiftserve up --kv-methods``: the gateway answers,
+    and with the same pool bytes the workers hold more tokens (blocks) than the uncompressed model."""
+    port, wport = free_port(), free_port()
+    proc = start_stack(str(zack_dir), port, wport, ["--kv-methods", '{"zack": {"rate": 0.25}}'])
+    try:
+        body = {"model": "smol", "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 6}
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=120, json=body)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1, r.text
+        m = _worker_metrics(f"http://127.0.0.1:{wport}")
+    finally:
+        assert stop_stack(proc) == 0
+    assert m["swiftserve_worker_zack_rate"] >= 0.25
+    assert m["swiftserve_worker_kv_bytes_per_token"] <= 0.75 * 46080 + 1
+    # Same --kv-cache-memory-gb as an uncompressed SmolLM2 worker (46080 B/token): the pool holds more blocks.
+    plain_blocks = m["swiftserve_worker_kv_bytes_total"] // (46080 * m["swiftserve_worker_kv_block_size"])
+    assert m["swiftserve_worker_kv_blocks_total"] >= 1.3 * plain_blocks
+
+
 def test_short_loadtest_against_the_stack(stack, tmp_path):
     from loadtest.cli import main
 
