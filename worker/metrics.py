@@ -184,8 +184,8 @@ class _EngineCollector:
             c.add_metric(self.labels, float(value))
             yield c
         info = GaugeMetricFamily("vllm:cache_config_info", "KV-cache configuration (labels).",
-                                 labels=["block_size", "num_gpu_blocks", "enable_prefix_caching"])
-        info.add_metric([str(s.kv_block_size), str(s.kv_blocks_total), str(s.prefix_caching)], 1.0)
+                                 labels=[*LABELS, "block_size", "num_gpu_blocks", "enable_prefix_caching"])
+        info.add_metric([*self.labels, str(s.kv_block_size), str(s.kv_blocks_total), str(s.prefix_caching)], 1.0)
         yield info
         c = CounterMetricFamily(PREFIX + "preemptions", "Preemptions in the engine.", labels=LABELS)
         c.add_metric(self.labels, float(s.num_preemptions))

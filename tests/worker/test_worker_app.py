@@ -17,6 +17,7 @@ VLLM_NAMES = {
     "vllm:request_queue_time_seconds": "histogram", "vllm:request_prefill_time_seconds": "histogram",
     "vllm:prompt_tokens_total": "counter", "vllm:generation_tokens_total": "counter",
     "vllm:request_success_total": "counter",
+    "vllm:prefix_cache_queries_total": "counter", "vllm:prefix_cache_hits_total": "counter",
 }
 
 
@@ -95,6 +96,11 @@ def test_metric_values_after_requests(client):
     assert value(smp, "swiftserve_worker_kv_bytes_total") == 1 << 20
     assert value(smp, "swiftserve_worker_preemptions_total") == 3
     assert value(smp, "swiftserve_worker_swiftkv_layers") == 15
+    # prefix cache: vLLM's counters (tokens) and the cache-config info gauge the gateway reads
+    assert value(smp, "vllm:prefix_cache_queries_total") == 1000
+    assert value(smp, "vllm:prefix_cache_hits_total") == 640
+    assert value(smp, "vllm:cache_config_info", block_size="16", num_gpu_blocks="100",
+                 enable_prefix_caching="True") == 1
 
 
 def test_gauges_follow_the_engine_at_scrape_time(client_for):
