@@ -19,6 +19,16 @@ def run(s: Scheduler, token=7):
     return out
 
 
+def cached(num_blocks: int, block_size: int, budget: int = 100, **kw) -> tuple[BlockManager, Scheduler]:
+    bm = BlockManager(num_blocks, block_size, enable_prefix_caching=True, **kw)
+    return bm, Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=budget)
+
+
+def serve_one(s: Scheduler, rid: str, tokens, max_tokens=1) -> None:
+    s.add(make(rid, tokens, max_tokens=max_tokens))
+    drain(s)
+
+
 def drain(s: Scheduler):
     outs = []
     while s.has_unfinished():
@@ -38,8 +48,7 @@ def check_invariants(bm: BlockManager):
 
 
 def test_second_request_reuses_full_prompt_blocks_and_computes_the_rest():
-    bm = BlockManager(64, 4, enable_prefix_caching=True)
-    s = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100)
+    bm, s = cached(64, 4)
     shared = list(range(1, 17))                       # 4 full blocks
     s.add(make("a", shared + [100, 101, 102]))
     drain(s)
@@ -52,8 +61,7 @@ def test_second_request_reuses_full_prompt_blocks_and_computes_the_rest():
 
 
 def test_last_prompt_token_is_always_computed_and_shared_blocks_are_never_written():
-    bm = BlockManager(64, 4, enable_prefix_caching=True)
-    s = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100)
+    bm, s = cached(64, 4)
     prompt = list(range(1, 17))                       # exactly 4 blocks
     s.add(make("a", prompt, max_tokens=1))
     drain(s)
@@ -65,8 +73,7 @@ def test_last_prompt_token_is_always_computed_and_shared_blocks_are_never_writte
 
 
 def test_concurrent_requests_share_blocks_with_reference_counts():
-    bm = BlockManager(64, 4, enable_prefix_caching=True)
-    s = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100)
+    bm, s = cached(64, 4)
     shared = list(range(1, 13))
     s.add(make("a", shared + [50], max_tokens=5))
     run(s)                                            # a prefilled, its blocks registered
@@ -84,12 +91,9 @@ def test_concurrent_requests_share_blocks_with_reference_counts():
 
 
 def test_lru_evicts_least_recently_freed_cached_blocks_first():
-    bm = BlockManager(8, 2, enable_prefix_caching=True)
-    s = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100)
-    s.add(make("old", [1, 2, 3, 4, 5], max_tokens=1))
-    drain(s)
-    s.add(make("new", [9, 8, 7, 6, 5], max_tokens=1))
-    drain(s)
+    bm, s = cached(8, 2)
+    serve_one(s, "old", [1, 2, 3, 4, 5])
+    serve_one(s, "new", [9, 8, 7, 6, 5])
     # Fill the pool except for what a 5-token prompt needs: the older prefix is evicted first.
     s.add(make("filler", list(range(20, 32)), max_tokens=1))
     run(s)
@@ -99,10 +103,8 @@ def test_lru_evicts_least_recently_freed_cached_blocks_first():
 
 
 def test_chain_hash_depends_on_the_whole_prefix_and_the_salt():
-    bm = BlockManager(32, 2, enable_prefix_caching=True)
-    s = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100)
-    s.add(make("a", [1, 2, 3, 4, 9], max_tokens=1))
-    drain(s)
+    bm, s = cached(32, 2)
+    serve_one(s, "a", [1, 2, 3, 4, 9])
     assert len(bm.lookup("x", [1, 2, 3, 4, 0])) == 2
     assert bm.lookup("y", [5, 6, 3, 4, 0]) == []      # same second block, other first block: no hit
     other = BlockManager(32, 2, enable_prefix_caching=True, salt=b"fp8")
@@ -128,8 +130,7 @@ def test_truncate_is_refused_with_caching_on():
 
 
 def test_preempted_request_resumes_from_its_cached_blocks():
-    bm = BlockManager(6, 4, enable_prefix_caching=True)
-    s = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100)
+    bm, s = cached(6, 4)
     s.add(make("a", list(range(1, 13)), max_tokens=8))
     s.add(make("b", list(range(30, 42)), max_tokens=8))
     outs = drain(s)
@@ -140,8 +141,7 @@ def test_preempted_request_resumes_from_its_cached_blocks():
 
 
 def test_copies_of_one_prompt_are_prefilled_once():
-    bm = BlockManager(64, 4, enable_prefix_caching=True)
-    s = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100)
+    bm, s = cached(64, 4)
     prompt = list(range(1, 30))
     for i in range(3):                                 # n=3 choices arrive as three requests
         s.add(make(f"c{i}", prompt, max_tokens=2))
