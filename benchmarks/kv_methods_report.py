@@ -136,6 +136,41 @@ def plot(out: Path, sweeps: dict[str, list[dict]]) -> None:
     fig.savefig(out / "quality_vs_memory.png", dpi=130)
 
 
+def bytes_table(pressure: dict) -> list[str]:
+    """Planned bytes per token (16-bit compute dtype, as the pool is sized) of the memory-pressure
+    configurations, over the plain model's 16-bit cache. Torch-free planning: no model loads."""
+    from modelkit.evaluate import bytes_16bit
+
+    base = plain_16bit(pressure["model"])
+    lines = ["### Bytes per token of each configuration (16-bit compute dtype, planned = allocated)\n",
+             "| configuration | device B/token | host B/token | device / 16-bit | host / 16-bit |",
+             "|---|---:|---:|---:|---:|"]
+    for name, r in pressure["results"].items():
+        dev, host = bytes_16bit(Path(pressure["model"]), {"kv_methods": r["methods"]})
+        lines.append(f"| {name} | {dev:.1f} | {host:.1f} | {dev / base:.3f} | {host / base:.3f} |")
+    return lines + ["", "Eviction keeps the bytes per stored entry and frees the entries past `budget` "
+                        "after the prompt (see the quality tables for its ratio per prompt token).", ""]
+
+
+def plot_pressure(out: Path, pressure: dict) -> None:
+    """Peak concurrent sequences per configuration at the same device KV budget."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(pressure["results"])
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.bar(names, [pressure["results"][n]["peak_concurrent"] for n in names], color="C0")
+    ax.axhline(pressure["setup"]["requests"], color="grey", ls=":", label="all requests (the cap)")
+    ax.set_ylabel("peak concurrent sequences")
+    ax.set_title(f"same {pressure['setup']['pool_mb']:.0f} MiB device KV budget", fontsize=9)
+    ax.tick_params(axis="x", labelsize=7, rotation=20)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "pressure_concurrency.png", dpi=130)
+
+
 def pick(rs: list[dict], name: str, options: str) -> dict | None:
     for r in rs:
         if r["name"] == name and r["options"] == options:
@@ -145,7 +180,7 @@ def pick(rs: list[dict], name: str, options: str) -> dict | None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--short", required=True, action="append",
+    ap.add_argument("--short", action="append", default=[],
                     help="SmolLM2 sweep(s), short prompts (the summary's figures); repeatable")
     ap.add_argument("--long", default=None, help="SmolLM2 sweep, >= 2K-token prompts")
     ap.add_argument("--needle", default=None, help="needle-in-a-haystack sweep")
@@ -161,25 +196,25 @@ def main(argv=None) -> int:
     for p in args.pick:
         name, opts = p.split("=", 1)
         r = pick(short, name, opts)
-        if r is None:
-            raise SystemExit(f"--pick {p}: no such configuration in {', '.join(args.short)}")
+        if r is None:                    # not measured (e.g. a sweep stopped early): left out, said so
+            print(f"kv_methods_report: --pick {p}: not in {', '.join(args.short)}; left out", file=sys.stderr)
+            continue
         methods[name] = {"device_bytes_per_token_ratio": r["device_ratio"], "host_bytes_per_token_ratio": r["host_ratio"],
                          "ppl_increase_pct": r["ppl_increase_pct"], "task_accuracy_kept": r["tasks"]}
     # combined rate at 99%: ZACK x ZipCache settings, quality >= 0.99 in every SmolLM2 sweep that ran them
-    best = 0.0
-    for r in short:
-        if r["name"] != "zack+zipcache" or r["quality"] is None:
-            continue
+    measured = [r for r in short if r["name"] == "zack+zipcache" and r["quality"] is not None]
+    best = 0.0 if measured else None                 # None: no ZACK x ZipCache setting was measured
+    for r in measured:
         others = [o for o in long if o["name"] == r["name"] and o["options"] == r["options"]
                   and o["quality"] is not None]
         if all(q >= 0.99 for q in [r["quality"]] + [o["quality"] for o in others]):
             best = max(best, 1 - r["device_ratio"])
     summary = {"methods": methods, "max_concurrency_ratio_best": None, "zack_zipcache_combined_rate_at_99pct": best}
-    pressure = None
     if args.pressure:
         pressure = json.loads(Path(args.pressure).read_text())
         ratios = [r["concurrency_ratio"] for i, r in enumerate(pressure["results"].values()) if i > 0]
         summary["max_concurrency_ratio_best"] = max(ratios)
+        plot_pressure(out, pressure)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
     cmd = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
@@ -188,6 +223,8 @@ def main(argv=None) -> int:
           "token, i.e. times the fraction of prompt entries kept). Quality = baseline perplexity / perplexity, both "
           "scored through the cache (prefix prefilled, continuation decoded token by token). Tasks kept: share of "
           "the task items the uncompressed model solves that the configuration still solves.\n"]
+    if args.pressure:
+        md += bytes_table(pressure)
     for title, rs in (("SmolLM2-135M-Instruct, 256-token prefixes", short),
                       ("SmolLM2-135M-Instruct, 2048-token prefixes (joined held-out passages)", long),
                       ("Needle in a haystack (SmolLM2-135M-Instruct)", needle),

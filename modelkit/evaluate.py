@@ -354,14 +354,21 @@ def run(args: argparse.Namespace) -> int:
     ev = Evaluation(baseline, Path(args.corpus), args.samples, args.prefix, args.continuation, args.gen_prompts,
                     args.gen_tokens, args.seed, baseline_overrides=sizes, join_docs=args.join_docs, metrics=metrics,
                     n_needle=args.needle, needle_context=args.needle_context)
+    cmd = "modelkit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+    def write(done: bool) -> str:
+        """``--out`` after every model, so a long sweep that stops early keeps what it measured."""
+        table = markdown_table(results)
+        if args.out:
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({"command": cmd, "seconds": round(time.time() - t0), "complete": done,
+                                       "results": results}, indent=2))
+            out.with_suffix(".md").write_text(f"Command: `{cmd}`\n\n{table}\n")
+        return table
+
     for label, model, kw in tqdm(runs, desc="models", unit="model"):
         results[label] = ev.compare(model, kw)
-    table = markdown_table(results)
-    print(table)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        cmd = "modelkit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        out.write_text(json.dumps({"command": cmd, "seconds": round(time.time() - t0), "results": results}, indent=2))
-        out.with_suffix(".md").write_text(f"Command: `{cmd}`\n\n{table}\n")
+        write(False)
+    print(write(True))
     return 0

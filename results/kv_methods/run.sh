@@ -21,7 +21,7 @@ $M eval --corpus $C --baseline default --model default --engine-arg kv_cache_mem
     --out $O/sweep_short_methods.json
 $M eval --corpus $C --baseline default --model default --engine-arg kv_cache_memory_gb=1.0 \
     --samples 8 --gen-prompts 0 --metrics ppl \
-    --kv-methods '[{"zack": {"calibration": "'$CAL'", "rate": [0.05, 0.1, 0.2]}, "zipcache": {"bits_lo": 2}}, {"zack": {"calibration": "'$CAL'", "rate": 0.1}, "eviction": {"budget": 128}}, {"kcache": {"top_n": 64}, "eviction": {"budget": 128}}, {"zack": {"calibration": "'$CAL'", "rate": 0.1}, "kcache": {"top_n": 64}}]' \
+    --kv-methods '[{"zack": {"calibration": "'$CAL'", "rate": 0.1}, "zipcache": {"bits_lo": 2}}, {"zack": {"calibration": "'$CAL'", "rate": 0.1}, "eviction": {"budget": 128}}, {"kcache": {"top_n": 64}, "eviction": {"budget": 128}}, {"zack": {"calibration": "'$CAL'", "rate": 0.1}, "kcache": {"top_n": 64}}, {"zack": {"calibration": "'$CAL'", "rate": [0.05, 0.2]}, "zipcache": {"bits_lo": 2}}]' \
     --out $O/sweep_short_combos.json
 
 # 2. 2048-token prompts (joined held-out passages) and the needle-in-a-haystack probe at 2048 tokens
