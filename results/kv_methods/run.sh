@@ -27,7 +27,7 @@ $M eval --corpus $C --baseline default --model default --engine-arg kv_cache_mem
 # 2. 2048-token prompts (joined held-out passages) and the needle-in-a-haystack probe at 2048 tokens
 $M eval --corpus $C --baseline default --model default --engine-arg kv_cache_memory_gb=1.0 \
     --join-docs --prefix 2048 --continuation 32 --samples 2 --gen-prompts 0 --metrics ppl --needle 4 --needle-context 2048 \
-    --kv-methods '[{"kcache": {"top_n": 64}}, {"zipcache": {"bits_lo": 2}}, {"eviction": {"budget": 512}}]' \
+    --kv-methods '[{"eviction": {"budget": 512}}, {"kcache": {"top_n": 64}}, {"zipcache": {"bits_lo": 2}}]' \
     --out $O/sweep_long.json
 
 # 3. the distilled SwiftKV model (baseline: the same model, uncompressed)
