@@ -26,3 +26,6 @@ class EngineConfig:
     swiftkv: bool = True                        # use SwiftKV when the checkpoint has it; False = run as baseline
     torch_threads: int | None = None            # intra-op threads (CPU)
     kv_methods: dict = field(default_factory=dict)  # method name -> options (ZACK, KCache, ZipCache)
+    load_format: str = "auto"                   # "auto": safetensors in ``model``; "dummy": random weights (benchmarks)
+    enable_prefix_caching: bool = True          # share cached full prompt blocks (off when a KV method opts out)
+    long_prefill_token_threshold: int | None = None  # most tokens of one request per step; None: budget // 2, 0: no cap

@@ -48,8 +48,15 @@ class LLMEngine:
                              f"max_position_embeddings={limit}")
         self.max_model_len = config.max_model_len or min(limit, DEFAULT_MAX_MODEL_LEN)
         self.runner = ModelRunner(config, self.spec, self.max_model_len)
-        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        salt = self.runner.prefix_cache_salt() if config.enable_prefix_caching else None
+        if config.enable_prefix_caching and salt is None:
+            log.info("prefix caching off: a KV method (%s) stores blocks that are not a function of their prefix",
+                     ", ".join(m.name for m in self.runner.kv_methods if not m.prefix_cacheable))
+        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
+                                          enable_prefix_caching=salt is not None, salt=salt or b"")
+        cap = config.long_prefill_token_threshold
+        cap = max(config.block_size, config.max_num_batched_tokens // 2) if cap is None else cap
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, cap)
         self.eos_token_ids = self.spec.eos_token_ids
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -217,11 +224,15 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
+            prefix_caching=bm.enable_prefix_caching,
+            prefix_cache_queries=bm.prefix_queries,
+            prefix_cache_hits=bm.prefix_hits,
             extra={"kv_bytes_used": float(bm.num_used * r.kv.bytes_per_block),
                    "kv_host_bytes_per_token": float(r.kv.host_bytes_per_token),
                    "kv_host_bytes_used": float(bm.num_used * r.kv.host_bytes_per_block),
                    "kv_host_bytes_total": float(r.kv.host_bytes_total),
                    "kv_reserved_bytes": float(r.reserved_bytes),
+                   "prefix_cached_blocks": float(bm.num_cached_blocks),
                    "swiftkv_layers": float(r.model.num_kv_layers),
                    "swiftkv_group_size": float(r.model.group_size),
                    **r.kv.stats()},

@@ -28,6 +28,7 @@ from refengine.kv.spec import CacheSpec, EngineLimits
 from refengine.model_config import ModelSpec
 from refengine.models.llama import LlamaModel
 from refengine.outputs import TokenLogprob
+from refengine.dummy_weights import DummyWeights
 from refengine.weights import OverlayWeights, WeightSource
 from refengine.sampler import SampleRow, sample
 from refengine.scheduler import SchedulerOutput
@@ -68,7 +69,12 @@ class ModelRunner:
         facts = registry.facts_from_spec(spec, config.model, config.swiftkv, elem, config.block_size)
         self.kv_methods = registry.build(config.kv_methods, facts, config.kv_cache_dtype)   # MethodError: refuse
         self.cache_spec = registry.plan(self.kv_methods, facts)
-        weights = WeightSource(config.model)
+        if config.load_format == "dummy":             # random weights of the config's shape (benchmarks)
+            weights = DummyWeights(spec, config.seed)
+        elif config.load_format == "auto":
+            weights = WeightSource(config.model)
+        else:
+            raise ValueError(f"load_format {config.load_format!r} not in ('auto', 'dummy')")
         overrides: dict = {}
         for m in self.kv_methods:
             overrides.update(m.weight_overrides(facts, self.cache_spec, weights))
@@ -103,6 +109,16 @@ class ModelRunner:
                  self.model.num_kv_layers, self.model.group_size, self.kv_methods or "none", num_blocks,
                  self.bytes_per_token, self.bytes_per_token_baseline / self.bytes_per_token,
                  self.bytes_per_token_baseline)
+
+    def prefix_cache_salt(self) -> bytes | None:
+        """Everything besides the tokens that decides what a block stores, or None when a KV method
+        opts out of prefix caching (its blocks are not a function of their prefix)."""
+        keys = [m.prefix_cache_key() for m in self.kv_methods]
+        if any(k is None for k in keys):
+            return None
+        m = self.model
+        return repr((self.config.model, str(self.dtype), m.use_swiftkv, m.num_kv_layers, m.group_size,
+                     self.config.block_size, keys)).encode()
 
     def release(self, request_id: str) -> None:
         self._gens.pop(request_id, None)

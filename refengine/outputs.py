@@ -62,6 +62,9 @@ class EngineStats:
     num_preemptions: int = 0
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
+    prefix_caching: bool = False
+    prefix_cache_queries: int = 0               # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0                  # of which found there
     extra: dict[str, float] = field(default_factory=dict)  # method-specific gauges
 
 

@@ -9,6 +9,14 @@ allow. When a running request cannot get a block, the newest running request is
 preempted (its blocks freed, ``num_computed_tokens`` reset) and put back at the
 head of the waiting queue; it is recomputed later, its sampled tokens kept.
 
+Prefix caching: a request admitted from scratch first takes the cached blocks of its
+prompt (``BlockManager.lookup``); its ``num_computed_tokens`` starts at the cached
+length, and its computed full blocks are registered after each step (``commit``). A
+request whose next uncached block is being computed by another one (``n > 1`` copies
+of a prompt) waits until that block is cached instead of computing it again.
+With fewer budget tokens than running requests, the next step resumes after the last
+request served; ``long_prefill_cap`` bounds one request's share of a step's budget.
+
 Blocks are counted in cache entries, not positions: after an eviction KV method
 dropped tokens (``truncate``, applied between steps), a request needs blocks for
 ``num_cached_tokens`` entries while its chunks keep their true positions
@@ -56,8 +64,11 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 long_prefill_cap: int = 0) -> None:
         self.bm = block_manager
+        self.long_prefill_cap = long_prefill_cap   # most tokens one request computes in a step (0: no cap)
+        self._resume = 0                           # index in ``running`` where the next step starts
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Request] = deque()
@@ -103,31 +114,59 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     # ---- the step ---------------------------------------------------------
+    def _share(self, req: Request, budget: int) -> int:
+        """Tokens ``req`` may compute this step: what is left, within the budget and the long-prefill cap."""
+        n = min(req.num_tokens - req.num_computed_tokens, budget)
+        return min(n, self.long_prefill_cap) if self.long_prefill_cap and n > 1 else n
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
-        i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+        # Running requests, oldest first, but resuming after the last one served when the budget
+        # ran out last step: with fewer tokens than running requests the tail still advances.
+        start = self._resume if self._resume < len(self.running) else 0
+        order = self.running[start:] + self.running[:start]
+        scheduled: dict[str, ScheduledChunk] = {}
+        visited = 0
+        for req in order:
+            if budget <= 0:
+                break
+            visited += 1
+            if req.status is not RequestStatus.RUNNING:
+                continue                       # preempted earlier in this step
+            n = self._share(req, budget)
             while not self.bm.ensure(req.request_id, req.num_cached_tokens + n):
-                victim = self.running.pop()
+                victim = self.running.pop()    # the newest request gives its blocks back
+                gone = scheduled.pop(victim.request_id, None)
+                if gone is not None:           # already served this step: take its chunk back
+                    out.chunks.remove(gone)
+                    budget += gone.num_tokens
                 self._preempt(victim)
                 out.preempted.append(victim.request_id)
                 if victim is req:
                     break
             else:
-                out.chunks.append(self._chunk(req, n))
+                chunk = scheduled[req.request_id] = self._chunk(req, n)
+                out.chunks.append(chunk)
                 budget -= n
-                i += 1
                 continue
             break  # the request itself was preempted: nothing newer can run either
+        self._resume = start + visited if budget <= 0 and visited < len(order) else 0
 
         if not out.preempted:
+            skipped: list[Request] = []
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 req = self.waiting[0]
-                n = min(req.num_tokens - req.num_computed_tokens, budget)
-                if not self.bm.ensure(req.request_id, req.num_cached_tokens + n):
+                hits = self.bm.lookup(req.request_id, req.token_ids) if req.num_computed_tokens == 0 else []
+                if self.bm.in_flight(req.request_id, req.token_ids, len(hits)):
+                    skipped.append(self.waiting.popleft())  # its next block is being computed: a hit soon
+                    continue
+                cached = len(hits) * self.bm.block_size
+                req.num_computed_tokens = max(req.num_computed_tokens, cached)
+                n = self._share(req, budget)
+                if not self.bm.allocate(req.request_id, hits, req.num_cached_tokens + n, req.num_tokens):
+                    if cached:
+                        req.num_computed_tokens = 0
                     break
                 self.waiting.popleft()
                 req.status = RequestStatus.RUNNING
@@ -136,6 +175,7 @@ class Scheduler:
                 self.running.append(req)
                 out.chunks.append(self._chunk(req, n))
                 budget -= n
+            self.waiting.extendleft(reversed(skipped))
         return out
 
     def _chunk(self, req: Request, n: int) -> ScheduledChunk:
@@ -166,6 +206,7 @@ class Scheduler:
             if req.status is not RequestStatus.RUNNING:
                 continue  # aborted between schedule and update
             req.num_computed_tokens += chunk.num_tokens
+            self.bm.commit(req.request_id, req.token_ids, req.num_cached_tokens)
             if not chunk.needs_logits:
                 continue
             req.prefilled = True

@@ -89,9 +89,12 @@ def fast_prefill_indices(layer_name: str) -> tuple[torch.Tensor | None, int | No
 
 
 def scheduler_figures(scheduler_stats) -> dict:
-    """The load figures of a ``SchedulerStats`` (running, waiting, KV usage in [0, 1])."""
+    """The load figures of a ``SchedulerStats`` (running, waiting, KV usage in [0, 1]) and its
+    prefix-cache queries/hits in tokens since the previous record (0 when vLLM reports none)."""
+    pc = getattr(scheduler_stats, "prefix_cache_stats", None)
     return {"running": int(scheduler_stats.num_running_reqs), "waiting": int(scheduler_stats.num_waiting_reqs),
-            "kv_usage": float(scheduler_stats.kv_cache_usage)}
+            "kv_usage": float(scheduler_stats.kv_cache_usage),
+            "prefix_queries": int(getattr(pc, "queries", 0) or 0), "prefix_hits": int(getattr(pc, "hits", 0) or 0)}
 
 
 def iteration_figures(iteration_stats) -> dict:

@@ -87,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-num-seqs", type=int, default=64, help="running requests at most")
     e.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="token budget per engine step (chunked prefill)")
+    e.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action=argparse.BooleanOptionalAction,
+                   default=True, help="reuse the KV of cached full prompt blocks across requests (default on; "
+                   "off by itself when a KV method opts out, e.g. eviction)")
+    e.add_argument("--long-prefill-token-threshold", type=int, default=None,
+                   help="most tokens one request computes per step (default: half the step budget; 0: no cap)")
     e.add_argument("--kv-cache-dtype", choices=sorted(KV_CACHE_DTYPES), default="auto",
                    help="KV-cache storage: 'auto' (model dtype) or fp8 e4m3 with per-token scales ('fp8' = 'fp8_e4m3')")
     e.add_argument("--no-swiftkv", dest="swiftkv", action="store_false",
@@ -117,7 +122,8 @@ def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> 
         max_model_len=args.max_model_len, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
         kv_cache_memory_gb=args.kv_cache_memory_gb, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_dtype=KV_CACHE_DTYPES[args.kv_cache_dtype],
-        swiftkv=args.swiftkv, torch_threads=args.torch_threads, kv_methods=dict(args.kv_methods))
+        swiftkv=args.swiftkv, torch_threads=args.torch_threads, kv_methods=dict(args.kv_methods),
+        enable_prefix_caching=args.enable_prefix_caching, long_prefill_token_threshold=args.long_prefill_token_threshold)
     return WorkerConfig(
         engine_config=engine_config, host=args.host, port=args.port,
         served_model_name=tuple(args.served_model_name or ()), engine=args.engine, tokenizer=args.tokenizer,
@@ -132,6 +138,8 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     for name in ("port", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_logprobs"):
         if getattr(args, name) < (0 if name == "max_logprobs" else 1):
             parser.error(f"--{name.replace('_', '-')} must be positive")
+    if args.long_prefill_token_threshold is not None and args.long_prefill_token_threshold < 0:
+        parser.error("--long-prefill-token-threshold must be >= 0")
     if args.max_model_len is not None and args.max_model_len < 2:
         parser.error("--max-model-len must be >= 2")
     if args.max_concurrent_requests < 0:

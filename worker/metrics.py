@@ -177,12 +177,18 @@ class _EngineCollector:
         # vLLM's cache-config info gauge (always 1; the figures are labels): the Gateway API
         # Inference Extension and our gateway read the cache size and block size from it.
         info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-                                 labels=[*LABELS, "block_size", "num_gpu_blocks"])
-        info.add_metric([*self.labels, str(s.kv_block_size), str(s.kv_blocks_total)], 1.0)
+                                 labels=[*LABELS, "block_size", "num_gpu_blocks", "enable_prefix_caching"])
+        info.add_metric([*self.labels, str(s.kv_block_size), str(s.kv_blocks_total), str(s.prefix_caching)], 1.0)
         yield info
         c = CounterMetricFamily("vllm:num_preemptions", "Preemptions in the engine.", labels=LABELS)
         c.add_metric(self.labels, float(s.num_preemptions))
         yield c
+        for name, doc, value in (("vllm:prefix_cache_queries", "Prefix-cache queries, in prompt tokens.",
+                                  s.prefix_cache_queries),
+                                 ("vllm:prefix_cache_hits", "Prefix-cache hits, in prompt tokens.", s.prefix_cache_hits)):
+            c = CounterMetricFamily(name, doc, labels=LABELS)
+            c.add_metric(self.labels, float(value))
+            yield c
         c = CounterMetricFamily(PREFIX + "preemptions", "Preemptions in the engine.", labels=LABELS)
         c.add_metric(self.labels, float(s.num_preemptions))
         yield c

@@ -25,6 +25,9 @@ takes part in three phases:
    requests finish, abort or are preempted (drop per-request state; their blocks
    are already free); ``stats()`` adds gauges to ``/metrics``.
 
+Prefix caching: ``prefix_cacheable`` / ``prefix_cache_key()`` say whether and under which
+key the blocks a method stores may be shared between requests with the same prefix.
+
 Every hook has a do-nothing default; a method overrides what it needs. Its
 ``role`` says which composition rules apply (see ``refengine.kv.registry``).
 """
@@ -79,6 +82,12 @@ class KVMethod:
     summary: ClassVar[str] = ""
     # Methods this one cannot be combined with: name -> the reason given to the user.
     refuses: ClassVar[dict[str, str]] = {}
+    # Prefix caching shares a block between requests with the same token prefix, so what a
+    # block stores must be a function of those tokens (and of the method's options, which key
+    # the cache through ``prefix_cache_key``). A method whose stored entries depend on later
+    # tokens or change after being written (eviction, saliency-ranked codecs) sets this False
+    # and the engine turns prefix caching off.
+    prefix_cacheable: ClassVar[bool] = True
 
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         try:
@@ -90,6 +99,10 @@ class KVMethod:
 
     def __repr__(self) -> str:
         return f"{self.name}({self.opts.model_dump()})"
+
+    def prefix_cache_key(self) -> str | None:
+        """What keys this method's cached blocks (its name and options), or None: not cacheable."""
+        return repr(self) if self.prefix_cacheable else None
 
     # ---- planning (no torch) ---------------------------------------------
     def validate(self, facts: ModelFacts) -> list[str]:

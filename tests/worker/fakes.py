@@ -98,7 +98,8 @@ class FakeEngineClient:
         self.stats_value = EngineStats(num_running=1, num_waiting=2, kv_usage=0.25, kv_blocks_total=100,
                                        kv_blocks_used=25, kv_block_size=16, kv_bytes_total=1 << 20,
                                        kv_bytes_per_token=1024.0, kv_bytes_per_token_baseline=2048.0,
-                                       num_preemptions=3, extra={"swiftkv_layers": 15.0})
+                                       num_preemptions=3, prefix_caching=True, prefix_cache_queries=1000,
+                                       prefix_cache_hits=640, extra={"swiftkv_layers": 15.0})
 
     async def start(self) -> None:
         self.started = True

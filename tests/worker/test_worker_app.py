@@ -17,6 +17,7 @@ VLLM_NAMES = {
     "vllm:request_queue_time_seconds": "histogram", "vllm:request_prefill_time_seconds": "histogram",
     "vllm:prompt_tokens_total": "counter", "vllm:generation_tokens_total": "counter",
     "vllm:request_success_total": "counter",
+    "vllm:prefix_cache_queries_total": "counter", "vllm:prefix_cache_hits_total": "counter",
 }
 
 
@@ -102,6 +103,10 @@ def test_metric_values_after_requests(client):
     info = {k: v for k, v in smp.items() if k[0] == "vllm:cache_config_info"}
     ((_, labels), v), = info.items()
     assert v == 1 and dict(labels)["num_gpu_blocks"] == "100" and dict(labels)["block_size"].isdigit()
+    assert dict(labels)["enable_prefix_caching"] == "True"
+    # prefix cache: vLLM's counters, in tokens (the gateway's prefix policy reads them)
+    assert value(smp, "vllm:prefix_cache_queries_total") == 1000
+    assert value(smp, "vllm:prefix_cache_hits_total") == 640
 
 
 def test_gauges_follow_the_engine_at_scrape_time(client_for):

@@ -55,6 +55,7 @@ class VllmEngineClient:
         lay = s.layout
         self._stats = EngineStats(
             kv_blocks_total=blocks, kv_block_size=block_size,
+            prefix_caching=bool(getattr(self.engine.vllm_config.cache_config, "enable_prefix_caching", False)),
             kv_bytes_per_token=lay.kv_bytes_per_token(s.dtype_bytes),
             kv_bytes_per_token_baseline=lay.baseline_kv_bytes_per_token(s.dtype_bytes),
             kv_bytes_total=blocks * block_size * lay.kv_bytes_per_token(s.dtype_bytes),
@@ -95,6 +96,8 @@ class VllmEngineClient:
             f = V.scheduler_figures(scheduler_stats)
             s.num_running, s.num_waiting, s.kv_usage = f["running"], f["waiting"], f["kv_usage"]
             s.kv_blocks_used = round(f["kv_usage"] * s.kv_blocks_total)
+            s.prefix_cache_queries += f["prefix_queries"]
+            s.prefix_cache_hits += f["prefix_hits"]
         s.prompt_tokens_total = self._counts["prompt_tokens"]
         s.generation_tokens_total = self._counts["generation_tokens"]
         s.num_preemptions = self._counts["preemptions"]

@@ -63,6 +63,7 @@ def build_settings(worker_config, device: str) -> VllmSettings:
         model=ec.model, tokenizer=worker_config.tokenizer_path, served_model_name=list(worker_config.model_names),
         dtype=dtype, seed=ec.seed, max_num_seqs=ec.max_num_seqs, max_num_batched_tokens=ec.max_num_batched_tokens,
         kv_cache_dtype=KV_DTYPES.get(ec.kv_cache_dtype, ec.kv_cache_dtype), disable_log_stats=False,
+        enable_prefix_caching=ec.enable_prefix_caching,
         enforce_eager=cpu if worker_config.vllm_enforce_eager is None else worker_config.vllm_enforce_eager,
         gpu_memory_utilization=worker_config.vllm_gpu_memory_utilization or (0.5 if cpu else 0.9),
         max_logprobs=worker_config.max_logprobs)

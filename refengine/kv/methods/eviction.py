@@ -55,6 +55,7 @@ class EvictionOptions(Options):
 class EvictionMethod(KVMethod):
     name = "eviction"
     role = "eviction"
+    prefix_cacheable = False     # compaction rewrites a request's blocks in place
     OptionsModel = EvictionOptions
     summary = ("SnapKV-style: after the prompt keep `budget` tokens per KV head chosen by the pooled attention of "
                "the last `window` prompt queries, free the other blocks; options budget, window, kernel, pooling")

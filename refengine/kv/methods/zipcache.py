@@ -53,6 +53,7 @@ class ZipCacheOptions(Options):
 class ZipCacheMethod(KVMethod):
     name = "zipcache"
     role = "codec"
+    prefix_cacheable = False     # a block's precision split depends on attention from later tokens
     OptionsModel = ZipCacheOptions
     summary = ("packed 4/2-bit K (per channel) and V (channel-normalised, per token), salient tokens at bits_hi by "
                "probe-estimated normalised attention, full-precision window; options bits_hi, bits_lo, "

@@ -210,3 +210,28 @@ def test_combination_serves_with_real_bytes_and_is_exact_when_lossless(name, lay
 ])
 def test_pairs_that_do_not_compose_are_refused_before_loading(pair, words, models):
     assert words in registry.check(pair, models["base"])
+
+
+@pytest.mark.parametrize("layout", ["base", "swiftkv"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_prefix_caching_composes_or_the_method_opts_out(name, layout, models, zack_calibrations):
+    """A method whose blocks are a function of their prefix shares them (same greedy tokens as with
+    caching off, real hits); one that rewrites or re-ranks blocks (eviction, ZipCache) turns it off."""
+    methods = {name: options(CASES[name].lossy, zack_calibrations[layout])}
+    shared = PROMPTS[0] + list(range(4000, 4030))            # 44 tokens: 2 full blocks of 16
+    prompts = [shared + [504, 3575], shared + [4649], shared + [314, 28, 9]]
+
+    def run(caching):
+        eng = LLMEngine(EngineConfig(model=str(models[layout]), max_model_len=256, num_kv_blocks=48, block_size=16,
+                                     kv_methods=methods, enable_prefix_caching=caching))
+        return eng, eng.generate(prompts[:1], GREEDY) + eng.generate(prompts[1:], GREEDY)
+
+    on, got = run(True)
+    cacheable = all(m.prefix_cacheable for m in on.runner.kv_methods)
+    assert on.stats().prefix_caching == cacheable
+    assert cacheable == (name not in ("eviction", "zipcache"))
+    if cacheable:
+        assert got == run(False)[1]
+        assert on.stats().prefix_cache_hits == 2 * 2 * 16
+    else:
+        assert on.stats().prefix_cache_hits == 0

