@@ -32,11 +32,14 @@ from pathlib import Path
 from modelkit.corpus import chat_ids, iter_chat, iter_docs
 
 
+KV_CACHE_GB = 3.0          # per engine; ``--kv-cache-gb`` lowers it on a machine short of memory
+
+
 def _engine(model_dir: Path, overrides: dict, max_model_len: int):
     from refengine.config import EngineConfig
     from refengine.engine import LLMEngine
 
-    kw = dict(max_model_len=max_model_len, kv_cache_memory_gb=3.0, max_num_seqs=32)
+    kw = dict(max_model_len=max_model_len, kv_cache_memory_gb=KV_CACHE_GB, max_num_seqs=32)
     kw.update(overrides)
     return LLMEngine(EngineConfig(model=str(model_dir), **kw))
 
@@ -258,6 +261,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gen-prompts", type=int, default=32, help="held-out chat prompts for greedy agreement")
     p.add_argument("--gen-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kv-cache-gb", type=float, default=KV_CACHE_GB,
+                   help="KV cache memory of each engine, baseline included (default: %(default)s)")
     p.add_argument("--out", default=None, help="JSON output path (a .md table is written next to it)")
     p.set_defaults(func=run)
 
@@ -290,9 +295,11 @@ def run(args: argparse.Namespace) -> int:
             if reason:
                 raise SystemExit(f"modelkit eval: {label or name}{suffix}: --kv-methods: {reason}")
             runs.append(((label or name) + suffix, model, dict(overrides, kv_methods=methods)))
+    mem = {} if args.kv_cache_gb == KV_CACHE_GB else {"kv_cache_memory_gb": args.kv_cache_gb}
+    runs = [(label, model, {**mem, **kw}) for label, model, kw in runs]
     results, t0 = {}, time.time()
     ev = Evaluation(baseline, Path(args.corpus), args.samples, args.prefix, args.continuation, args.gen_prompts,
-                    args.gen_tokens, args.seed, join_docs=args.join_docs, tasks=args.tasks,
+                    args.gen_tokens, args.seed, baseline_overrides=mem, join_docs=args.join_docs, tasks=args.tasks,
                     task_items=args.task_items)
     for label, model, kw in tqdm(runs, desc="models", unit="model"):
         results[label] = ev.compare(model, kw)
