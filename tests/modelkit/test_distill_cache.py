@@ -39,18 +39,6 @@ def test_cache_refuses_other_settings_and_other_windows(tmp_path):
     assert WindowCache(tmp_path, {"l": 22, "topk": 64}).count() == 1
 
 
-@pytest.fixture
-def corpus(tmp_path):
-    d = tmp_path / "corpus"
-    d.mkdir()
-    text = "Rivers carry water from the mountains to the sea, and towns grow along them. " * 20
-    with open(d / "docs.jsonl", "w") as f:
-        for i, split in enumerate(["train"] * 4 + ["heldout"]):
-            f.write(json.dumps({"id": f"d{i}", "source": "t", "license": "x", "kind": "text", "split": split,
-                                "text": f"Passage {i}. " + text}) + "\n")
-    return d
-
-
 def _cfg(smollm2_dir, corpus, out, **kw):
     base = dict(model=str(smollm2_dir), output=str(out), corpus=str(corpus), l=26, groups=[1], seq_len=32,
                 micro_batch=2, grad_accum=1, steps=4, lr=1e-3, warmup=0.0, dtype="float32", compile=False,
@@ -61,13 +49,13 @@ def _cfg(smollm2_dir, corpus, out, **kw):
 
 @pytest.mark.slow
 @pytest.mark.model
-def test_cached_training_matches_uncached_and_resumes(smollm2_dir, corpus, tmp_path):
+def test_cached_training_matches_uncached_and_resumes(smollm2_dir, tiny_corpus, tmp_path):
     from modelkit.distill_train import Trainer
 
-    plain = Trainer(_cfg(smollm2_dir, corpus, tmp_path / "plain"), smollm2_dir)
+    plain = Trainer(_cfg(smollm2_dir, tiny_corpus, tmp_path / "plain"), smollm2_dir)
     plain.run()
     cache = tmp_path / "cache"
-    cfg = _cfg(smollm2_dir, corpus, tmp_path / "cached", cache=str(cache), topk=49152, cache_dtype="float32",
+    cfg = _cfg(smollm2_dir, tiny_corpus, tmp_path / "cached", cache=str(cache), topk=49152, cache_dtype="float32",
                hidden_mse=0.0)
     cached = Trainer(cfg, smollm2_dir)
     cached.run()
@@ -79,20 +67,20 @@ def test_cached_training_matches_uncached_and_resumes(smollm2_dir, corpus, tmp_p
     for k, v in plain.model.swiftkv_state(1).items():
         assert torch.allclose(v, cached.model.swiftkv_state(1)[k], atol=1e-4), k
     # A longer rerun resumes from state.pt and finds every window cached.
-    more = Trainer(_cfg(smollm2_dir, corpus, tmp_path / "cached2", cache=str(cache), topk=49152,
+    more = Trainer(_cfg(smollm2_dir, tiny_corpus, tmp_path / "cached2", cache=str(cache), topk=49152,
                         cache_dtype="float32", steps=2), smollm2_dir)
     more.run()
     assert more.cache.misses == 0 and more.cache.hits == 4
     with pytest.raises(SystemExit):        # another k on the same directory
-        Trainer(_cfg(smollm2_dir, corpus, tmp_path / "x", cache=str(cache), topk=8), smollm2_dir)
+        Trainer(_cfg(smollm2_dir, tiny_corpus, tmp_path / "x", cache=str(cache), topk=8), smollm2_dir)
 
 
 @pytest.mark.slow
 @pytest.mark.model
-def test_hidden_mse_term_is_cached_and_trains(smollm2_dir, corpus, tmp_path):
+def test_hidden_mse_term_is_cached_and_trains(smollm2_dir, tiny_corpus, tmp_path):
     from modelkit.distill_train import Trainer
 
-    t = Trainer(_cfg(smollm2_dir, corpus, tmp_path / "mse", cache=str(tmp_path / "c"), topk=16,
+    t = Trainer(_cfg(smollm2_dir, tiny_corpus, tmp_path / "mse", cache=str(tmp_path / "c"), topk=16,
                      hidden_mse=1.0, steps=3), smollm2_dir)
     t.run()
     rec = torch.load(next((tmp_path / "c").glob("w*.pt")), weights_only=True)
