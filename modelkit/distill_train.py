@@ -57,6 +57,7 @@ class Trainer:
         self.heldout = load_windows(Path(cfg.corpus), base_dir, "heldout", cfg.seq_len, 1, cfg.seed)[:cfg.eval_windows]
         # Row r of self.train is window self.train_ids[r] of the corpus (the cache's key).
         self.train_ids = torch.arange(len(self.train))
+        self.corpus_train = self.train          # the least-squares start may draw from all of them
         if 0 < cfg.train_windows < len(self.train):
             self.train_ids = torch.randperm(len(self.train), generator=torch.Generator().manual_seed(cfg.seed + 2))
             self.train_ids = self.train_ids[:cfg.train_windows]
@@ -82,9 +83,9 @@ class Trainer:
         if cfg.init == "lstsq":
             t0 = time.time()
             gen = torch.Generator().manual_seed(cfg.seed + 1)
-            pick = torch.randperm(len(self.train), generator=gen)[:cfg.init_windows]
+            pick = torch.randperm(len(self.corpus_train), generator=gen)[:cfg.init_windows]
             with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
-                tensors, tokens = fit_swiftkv_kv(self.model, self.train[pick], cfg.micro_batch)
+                tensors, tokens = fit_swiftkv_kv(self.model, self.corpus_train[pick], cfg.micro_batch)
             self.model.load_swiftkv(tensors)
             info.update(tokens=tokens, seconds=round(time.time() - t0, 1))
             if tokens < 10 * self.model.spec.hidden_size:   # each regression has hidden_size inputs
