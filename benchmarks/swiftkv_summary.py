@@ -4,8 +4,9 @@
   perplexity increase, KL, top-1 agreement and task accuracy kept (plus their 95%
   intervals); several files must share one setup and baseline (checked);
 * speed: JSON files of ``benchmarks/swiftkv_prefill.py`` with engines
-  ``swiftkv l={l} g={g}``; ``prefill_time_ratio`` is the mean over prompt lengths of the
-  median per-round TTFT ratio against the baseline of the same run.
+  ``swiftkv l={l} g={g}``; ``prefill_time_ratio`` is the median per-round TTFT ratio
+  against the baseline of the same run, averaged over the prompt lengths at which every
+  variant was measured.
 
 A variant missing from either file is an error: nothing is filled in by hand.
 
@@ -41,14 +42,17 @@ def merge(qualities: list[dict], prefills: list[dict]) -> tuple[dict, dict]:
 
 def summarise(quality: dict, prefill: dict) -> dict:
     shipped = {}
-    for label, r in quality["results"].items():
-        m = re.fullmatch(r"l(\d+)_g(\d+)", label)
-        if not m:
-            continue
+    labels = {lab: m for lab in quality["results"] if (m := re.fullmatch(r"l(\d+)_g(\d+)", lab))}
+    lengths = [{row["prompt_tokens"] for row in prefill["rows"] if row["engine"] == f"swiftkv l={m[1]} g={m[2]}"}
+               for m in labels.values()]
+    common = set.intersection(*lengths) if lengths else set()
+    for label, m in labels.items():
+        r = quality["results"][label]
         ratios = [row["ratio_vs_baseline_median"] for row in prefill["rows"]
-                  if row["engine"] == f"swiftkv l={m[1]} g={m[2]}"]       # a variant is measured in one run
+                  if row["engine"] == f"swiftkv l={m[1]} g={m[2]}" and row["prompt_tokens"] in common]
         if not ratios:
-            raise SystemExit(f"{label}: no 'swiftkv l={m[1]} g={m[2]}' rows in the prefill benchmark")
+            raise SystemExit(f"{label}: no 'swiftkv l={m[1]} g={m[2]}' rows in the prefill benchmark at a prompt "
+                             "length every variant was measured at")
         if r.get("task_accuracy") is None:
             raise SystemExit(f"{label}: the quality file has no task accuracy (run modelkit eval with tasks)")
         shipped[label] = {
@@ -65,7 +69,7 @@ def summarise(quality: dict, prefill: dict) -> dict:
             "original": {"ppl": first["ppl_baseline"], "tasks_solved": first["tasks_kept"],
                          "tasks_generated": first["tasks_total"]},
             "setup": first["setup"], "quality_command": quality["command"], "prefill_command": prefill["command"],
-            "prefill_lengths": sorted({row["prompt_tokens"] for row in prefill["rows"]})}
+            "prefill_lengths": sorted(common)}
 
 
 def plot(summary: dict, path: Path) -> None:

@@ -22,10 +22,10 @@ def _quality(label, ppl_inc, acc, setup=None):
     return {"command": "modelkit eval ...", "results": {label: r}}
 
 
-def _prefill(engine, ratios):
-    rows = [{"prompt_tokens": n, "engine": "baseline", "ratio_vs_baseline_median": 1.0} for n in (512, 2048)]
+def _prefill(engine, ratios, lengths=(512, 2048)):
+    rows = [{"prompt_tokens": n, "engine": "baseline", "ratio_vs_baseline_median": 1.0} for n in lengths]
     rows += [{"prompt_tokens": n, "engine": engine, "ratio_vs_baseline_median": r}
-             for n, r in zip((512, 2048), ratios)]
+             for n, r in zip(lengths, ratios)]
     return {"command": "python benchmarks/swiftkv_prefill.py ...", "rows": rows}
 
 
@@ -39,6 +39,11 @@ def test_summary_from_measured_files(tmp_path):
     assert v["prefill_time_ratio"] == pytest.approx(0.78) and v["ci95"]["kl"] == [0.09, 0.11]
     assert all(isinstance(v[k], float) for k in summary_mod.FIELDS)
     json.dumps(s)
+    # l22 measured at 2048 tokens only: every variant's ratio is taken at the common length.
+    s = summary_mod.summarise(*summary_mod.merge(
+        [_quality("l15_g1", 33.0, 0.5), _quality("l22_g1", 4.0, 0.92)],
+        [_prefill("swiftkv l=15 g=1", [0.6, 0.5]), _prefill("swiftkv l=22 g=1", [0.77], lengths=(2048,))]))
+    assert s["shipped"]["l15_g1"]["prefill_time_ratio"] == 0.5 and s["prefill_lengths"] == [2048]
 
 
 def test_summary_refuses_missing_or_mismatched_inputs():
