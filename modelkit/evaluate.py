@@ -10,7 +10,8 @@ act: in the cache.
                 position-wise token agreement, mean common-prefix fraction, exact match
   tasks         task suite with exact answers (modelkit.tasks: arithmetic, copy, sequence,
                 capital, reading comprehension), on the items the original answers
-                correctly (``--task-items`` per kind); accuracy = share of them kept
+                correctly (``--task-items`` per kind; the default 25 keeps the earlier
+                suite's items and cost); accuracy = share of them kept
 95% intervals (modelkit.eval_stats): bootstrap over scored sequences for ppl increase,
 KL and top-1 agreement (``*_ci``); Wilson for task accuracy.
 KV methods (``--kv-methods``) apply to the evaluated models and are validated before
@@ -134,7 +135,7 @@ class Evaluation:
 
     def __init__(self, baseline: Path, corpus: Path, n_score: int = 64, prefix: int = 256, cont: int = 64,
                  n_gen: int = 32, gen_tokens: int = 64, seed: int = 0, baseline_overrides: dict | None = None,
-                 join_docs: bool = False, tasks: bool = True, task_items: int = 100):
+                 join_docs: bool = False, tasks: bool = True, task_items: int = 25):
         from transformers import AutoTokenizer
 
         from modelkit.tasks import make_tasks
@@ -251,8 +252,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help='KV methods for the evaluated models (see swiftserve-worker --help); an option given '
                         'as a list is swept, e.g. \'{"zack": {"rate": [0.3, 0.5], "mode": ["adaptive", "uniform"]}}\'')
     p.add_argument("--no-tasks", dest="tasks", action="store_false", help="skip the task suite")
-    p.add_argument("--task-items", type=int, default=100,
-                   help="generated task items per kind, before keeping those the original solves (default: %(default)s)")
+    p.add_argument("--task-items", type=int, default=25,
+                   help="generated task items per kind, before keeping those the original solves (default: "
+                        "%(default)s, the earlier suite plus 25 reading items; 100 keeps >= 200 items for SmolLM2)")
     p.add_argument("--join-docs", action="store_true",
                    help="score sequences made of held-out passages joined RAG-style (allows long --prefix)")
     p.add_argument("--samples", type=int, default=64, help="scored held-out sequences (default: %(default)s)")
