@@ -254,7 +254,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-tasks", dest="tasks", action="store_false", help="skip the task suite")
     p.add_argument("--task-items", type=int, default=25,
                    help="generated task items per kind, before keeping those the original solves (default: "
-                        "%(default)s, the earlier suite plus 25 reading items; 100 keeps >= 200 items for SmolLM2)")
+                        "%(default)s: the earlier suite plus 25 reading items; raise it for tighter intervals)")
     p.add_argument("--join-docs", action="store_true",
                    help="score sequences made of held-out passages joined RAG-style (allows long --prefix)")
     p.add_argument("--samples", type=int, default=64, help="scored held-out sequences (default: %(default)s)")
