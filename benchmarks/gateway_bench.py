@@ -2,7 +2,9 @@
 
 1. Overhead: the same closed-loop load (``--concurrency`` clients, streaming requests)
    straight to a fast stub worker and through the gateway in front of it, alternated;
-   reports added p50/p99 latency and the maximum requests/s each path sustained.
+   reports added p50/p99 latency and the maximum requests/s each path sustained. The
+   same with one client (``--unloaded-seconds``): the gateway's own latency without the
+   CPU queueing that 16 clients, the gateway and the worker cause on a small machine.
 2. Routing: Poisson arrivals through the gateway to two stub workers that serve one
    request at a time, one of them ``--slow-factor`` times slower; JSQ vs round-robin
    p50/p99 TTFT.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shlex
 import socket
 import statistics
@@ -37,11 +40,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def spawn(args: list[str], cwd: str | None = None) -> subprocess.Popen:
+    """A Python child; with ``cwd``, ``-m`` modules are imported from that tree first."""
+    return subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
 
 
-def wait_ready(url: str, path: str = "/health", timeout: float = 30) -> None:
+def wait_ready(url: str, path: str = "/health", timeout: float = 90) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
@@ -101,12 +105,17 @@ def main(argv=None) -> int:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=8.0, help="per overhead round")
     ap.add_argument("--rounds", type=int, default=3, help="alternating direct/gateway rounds")
+    ap.add_argument("--unloaded-seconds", type=float, default=4.0, help="per one-client round (0: skip)")
+    ap.add_argument("--compare-tree", default=None,
+                    help="also measure the gateway of another source tree (e.g. an older commit's gateway/ and "
+                         "swiftserve/ unpacked there), in the same alternating rounds, as 'before'")
     ap.add_argument("--rate", type=float, default=8.0, help="Poisson req/s for the routing test")
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--service-ms", type=float, default=50.0, help="fast worker time per request")
     ap.add_argument("--slow-factor", type=float, default=4.0)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    load_before = os.getloadavg()[0]          # other jobs on the machine skew every figure: recorded
     procs = []
     try:
         # ---- 1. overhead --------------------------------------------------------------------
@@ -115,16 +124,30 @@ def main(argv=None) -> int:
         g = f"http://127.0.0.1:{gp}"
         procs.append(spawn([str(HERE / "stub_worker.py"), "--port", str(wp)]))
         procs.append(spawn(["-m", "gateway", "--workers", w, "--port", str(gp), "--log-level", "warning"]))
-        wait_ready(w)
-        wait_ready(g)
-        rounds = {"direct": [], "gateway": []}
+        paths = [("direct", w), ("gateway", g)]
+        if a.compare_tree:
+            bp = free_port()
+            procs.append(spawn(["-m", "gateway", "--workers", w, "--port", str(bp), "--log-level", "warning"],
+                               cwd=a.compare_tree))
+            paths.append(("before", f"http://127.0.0.1:{bp}"))
+        for _, url in paths:
+            wait_ready(url)
+        rounds = {f"{k}{sfx}": [] for k, _ in paths for sfx in ("", "_1")}
         for _ in range(a.rounds):
-            for k, url in (("direct", w), ("gateway", g)):
+            for k, url in paths:
                 rounds[k].append(asyncio.run(closed_loop(url, a.concurrency, a.seconds)))
+                if a.unloaded_seconds:
+                    rounds[k + "_1"].append(asyncio.run(closed_loop(url, 1, a.unloaded_seconds)))
         over = {k: {m: statistics.median(r[m] for r in v) for m in ("rps", "p50_ms", "p99_ms")}
-                for k, v in rounds.items()}
-        over["added_p50_ms"] = over["gateway"]["p50_ms"] - over["direct"]["p50_ms"]
-        over["added_p99_ms"] = over["gateway"]["p99_ms"] - over["direct"]["p99_ms"]
+                for k, v in rounds.items() if v}
+        for sfx in ("", "_1") if a.unloaded_seconds else ("",):
+            for k, _ in paths[1:]:
+                tag = "" if k == "gateway" else "_" + k
+                for q in ("p50", "p99"):
+                    over[f"added_{q}_ms{tag}{sfx}"] = over[k + sfx][q + "_ms"] - over["direct" + sfx][q + "_ms"]
+        over["rps_ratio"] = over["gateway"]["rps"] / over["direct"]["rps"]
+        if a.compare_tree:
+            over["rps_ratio_before"] = over["before"]["rps"] / over["direct"]["rps"]
         for p in procs:
             p.terminate()
         procs.clear()
@@ -152,16 +175,33 @@ def main(argv=None) -> int:
         for p in procs:
             p.terminate()
     cmd = "python " + " ".join(shlex.quote(x) for x in [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+    load = [load_before, os.getloadavg()[0]]
     result = {"command": cmd, "overhead": over, "overhead_rounds": rounds, "routing": routing,
-              "settings": vars(a)}
+              "settings": vars(a), "load_average_1min": load}
     md = [f"# Gateway benchmark\n\nCommand: `{cmd}`\n",
           f"Overhead ({a.concurrency} concurrent streaming clients, fast stub worker, medians of {a.rounds} "
-          "alternating rounds, this machine: 2 cores shared by clients, gateway and worker):\n",
+          "alternating rounds, this machine: 2 cores shared by clients, gateway and worker; 1-minute load "
+          f"average {load[0]:.1f} at the start, {load[1]:.1f} at the end):\n",
           "| path | requests/s | p50 latency (ms) | p99 latency (ms) |", "|---|---:|---:|---:|"]
-    for k in ("direct", "gateway"):
+    names = {"direct": "direct", "gateway": "gateway", "before": "gateway before (--compare-tree)"}
+    for k, _ in paths:
         o = over[k]
-        md.append(f"| {k} | {o['rps']:.0f} | {o['p50_ms']:.1f} | {o['p99_ms']:.1f} |")
-    md.append(f"\nAdded by the gateway: p50 {over['added_p50_ms']:+.1f} ms, p99 {over['added_p99_ms']:+.1f} ms.\n")
+        md.append(f"| {names[k]} | {o['rps']:.0f} | {o['p50_ms']:.1f} | {o['p99_ms']:.1f} |")
+    md.append(f"\nAdded by the gateway: p50 {over['added_p50_ms']:+.1f} ms, p99 {over['added_p99_ms']:+.1f} ms; "
+              f"requests/s {over['rps_ratio']:.0%} of direct.\n")
+    if a.compare_tree:
+        md.append(f"Added by the gateway before: p50 {over['added_p50_ms_before']:+.1f} ms, p99 "
+                  f"{over['added_p99_ms_before']:+.1f} ms; requests/s {over['rps_ratio_before']:.0%} of direct.\n")
+    if a.unloaded_seconds:
+        md += ["One client (no CPU queueing):\n", "| path | requests/s | p50 latency (ms) | p99 latency (ms) |",
+               "|---|---:|---:|---:|"]
+        for k, _ in paths:
+            o = over[k + "_1"]
+            md.append(f"| {names[k]} | {o['rps']:.0f} | {o['p50_ms']:.2f} | {o['p99_ms']:.2f} |")
+        md.append(f"\nAdded by the gateway with one client: p50 {over['added_p50_ms_1']:+.2f} ms, "
+                  f"p99 {over['added_p99_ms_1']:+.2f} ms" + (
+                      f"; before: p50 {over['added_p50_ms_before_1']:+.2f} ms, p99 {over['added_p99_ms_before_1']:+.2f} ms"
+                      if a.compare_tree else "") + ".\n")
     md += [f"Routing (Poisson {a.rate} req/s, {a.requests} requests, two one-at-a-time workers, one "
            f"{a.slow_factor:g}x slower):\n", "| policy | p50 TTFT (ms) | p99 TTFT (ms) |", "|---|---:|---:|"]
     for k, v in routing.items():

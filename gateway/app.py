@@ -18,7 +18,7 @@ import random
 import time
 from contextlib import asynccontextmanager
 
-import httpx
+import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -33,7 +33,9 @@ from gateway.edge import EdgeError, parse_body, read_body
 from gateway.errors import error
 from gateway.health import Health
 from gateway.metrics import GatewayMetrics
-from gateway.proxy import Forwarder
+from gateway.prefix import PrefixIndex, block_hashes, prompt_bytes
+from gateway.prefix_routing import RouteRequest
+from gateway.proxy import Forwarder, upstream_session
 from gateway.routing import make_policy
 from gateway.scraper import Scraper
 
@@ -65,20 +67,45 @@ def install_error_handlers(app: FastAPI) -> None:
         return error(500, f"Internal gateway error: {type(exc).__name__}", "internal_error")
 
 
+class FastPath:
+    """ASGI: ``POST /v1/completions`` and ``/v1/chat/completions`` straight to ``handler``
+    (an unexpected exception is a JSON 500, as in the app's handler); the rest to ``app``."""
+
+    PATHS = ("/v1/completions", "/v1/chat/completions")
+
+    def __init__(self, app, handler) -> None:
+        self.app, self.handler = app, handler
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.PATHS:
+            return await self.app(scope, receive, send)
+        try:
+            response = await self.handler(Request(scope, receive), scope["path"])
+        except Exception as exc:  # noqa: BLE001 - the client gets JSON, the log one line
+            log.error("unhandled %s on POST %s: %s", type(exc).__name__, scope["path"], exc)
+            response = error(500, f"Internal gateway error: {type(exc).__name__}", "internal_error")
+        await response(scope, receive, send)
+
+
 def build_app(config: GatewayConfig) -> FastAPI:
     pool = WorkerPool(config.workers)
     health = Health(config.health)
     admission = Admission(config.max_inflight_per_worker, config.max_queue, config.queue_timeout)
     auth = Auth(config.api_keys, config.requests_per_minute, config.tokens_per_minute)
-    policy = make_policy(config.policy)
+    prefix_index = PrefixIndex(config.prefix_record_blocks, config.prefix_ttl)
+    if config.policy == "prefix":
+        policy = make_policy("prefix", prefix_index, block_bytes=config.prefix_block_bytes, eps=config.balance_eps,
+                             floor=config.balance_floor, load_weight=config.prefix_load_weight)
+        pool.on_remove.append(policy.forget)
+    else:
+        policy = make_policy(config.policy)
     rng = random.Random()
     metrics = GatewayMetrics(pool, config.stale_after, time.monotonic, lambda: admission.queued)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        limits = httpx.Limits(max_connections=2000, max_keepalive_connections=500)
-        timeout = httpx.Timeout(connect=config.connect_timeout, read=config.first_byte_timeout, write=30, pool=30)
-        client = app.state.client = httpx.AsyncClient(limits=limits, timeout=timeout)
+        # one pooled client: forwarding, probes, scrapes and /v1/models
+        client = app.state.client = upstream_session(config.connect_timeout, config.first_byte_timeout)
         tasks = [asyncio.create_task(Scraper(pool, client, config.scrape_interval, config.scrape_timeout).run()),
                  asyncio.create_task(health.run(client, lambda: pool))]
         if config.workers_file:
@@ -91,15 +118,24 @@ def build_app(config: GatewayConfig) -> FastAPI:
         finally:
             for t in tasks:
                 t.cancel()
-            await client.aclose()
+            await client.close()
 
     app = FastAPI(title="SwiftServe gateway", lifespan=lifespan)
     install_error_handlers(app)
     app.state.config, app.state.pool, app.state.metrics = config, pool, metrics
     app.state.admission, app.state.health, app.state.auth = admission, health, auth
+    app.state.prefix_index = prefix_index
 
-    def choose(cands):
-        return policy(cands, time.monotonic(), config.stale_after, rng)
+    def choose(cands, req=None):
+        return policy(cands, time.monotonic(), config.stale_after, rng, req)
+
+    def route_request(request: Request, path: str, body: dict) -> RouteRequest | None:
+        if config.policy != "prefix":
+            return None
+        data = prompt_bytes(path, body)
+        session = request.headers.get(config.session_header) if config.session_header else None
+        return RouteRequest(block_hashes(data, config.prefix_block_bytes, config.prefix_max_blocks), len(data),
+                            session or None)
 
     forwarder = Forwarder(config, pool, health, admission, metrics, choose, lambda exc: _rejected(metrics, exc))
 
@@ -123,7 +159,7 @@ def build_app(config: GatewayConfig) -> FastAPI:
         def on_usage(completion_tokens: int) -> None:
             auth.correct(who, est, est - requested_tokens(body) + completion_tokens)
 
-        return await forwarder.forward(app.state.client, path, raw, on_usage)
+        return await forwarder.forward(app.state.client, path, raw, on_usage, route_request(request, path, body))
 
     def guard(flag: bool, request: Request) -> JSONResponse | None:
         if flag and auth.enabled:
@@ -132,6 +168,11 @@ def build_app(config: GatewayConfig) -> FastAPI:
             except Rejected as exc:
                 return _rejected(metrics, exc)
         return None
+
+    # The two proxied routes skip FastAPI's middleware and routing layers (per-request and
+    # per-chunk cost); the routes below stay for the OpenAPI schema.
+    inner_stack = app.build_middleware_stack
+    app.build_middleware_stack = lambda: FastPath(inner_stack(), proxy)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -151,12 +192,13 @@ def build_app(config: GatewayConfig) -> FastAPI:
             if not w.routable(time.monotonic()):
                 continue
             try:
-                r = await app.state.client.get(w.url + "/v1/models", timeout=5)
-                for item in r.json().get("data", []):
+                async with app.state.client.get(w.url + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                    doc = await r.json(content_type=None)
+                for item in doc.get("data", []):
                     if item.get("id") not in seen:
                         seen.add(item.get("id"))
                         data.append(item)
-            except (httpx.HTTPError, ValueError):
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError):
                 continue
         return {"object": "list", "data": data}
 

@@ -15,8 +15,8 @@ from swiftserve import envs
 def parse_args(argv=None) -> GatewayConfig:
     d, h = GatewayConfig(), HealthPolicy()
     p = argparse.ArgumentParser(prog="swiftserve-gateway",
-                                description="OpenAI-compatible gateway routing each request to the worker with the "
-                                            "shortest queue (works with SwiftServe workers and stock `vllm serve`).")
+                                description="OpenAI-compatible gateway routing each request to a worker by cached prompt "
+                                            "prefix and load (works with SwiftServe workers and stock `vllm serve`).")
     g = p.add_argument_group("workers (at least one source)")
     g.add_argument("--workers", default=",".join(envs.worker_urls()),
                    help="comma-separated worker base URLs (default: $SWIFTSERVE_WORKERS)")
@@ -31,7 +31,28 @@ def parse_args(argv=None) -> GatewayConfig:
     s.add_argument("--port", type=int, default=d.port)
     s.add_argument("--log-level", default=envs.log_level())
     r = p.add_argument_group("routing")
-    r.add_argument("--policy", choices=POLICIES, default=d.policy, help="routing policy (default: %(default)s)")
+    r.add_argument("--policy", choices=POLICIES, default=d.policy,
+                   help="routing policy: prefix (cached prompt prefix vs load, bounded load; for prompt-heavy "
+                        "traffic), jsq (shortest queue), p2c, round_robin, kv (default: %(default)s)")
+    r.add_argument("--balance-eps", type=float, default=d.balance_eps,
+                   help="prefix: no worker gets a request that would put it above ceil((1+eps) x mean load) "
+                        "(default: %(default)s)")
+    r.add_argument("--balance-floor", type=float, default=d.balance_floor,
+                   help="prefix: the load bound is never below this many requests, so a prefix keeps its "
+                        "worker at low load (default: %(default)s)")
+    r.add_argument("--prefix-load-weight", type=float, default=d.prefix_load_weight,
+                   help="prefix: cost of one request of load against a fully cached prompt (default: %(default)s)")
+    r.add_argument("--prefix-block-bytes", type=int, default=d.prefix_block_bytes,
+                   help="prefix: prompt bytes per hashed block (default: %(default)s)")
+    r.add_argument("--prefix-max-blocks", type=int, default=d.prefix_max_blocks,
+                   help="prefix: blocks hashed per prompt (default: %(default)s)")
+    r.add_argument("--prefix-record-blocks", type=int, default=d.prefix_record_blocks,
+                   help="prefix: blocks remembered per worker, oldest dropped first (default: %(default)s)")
+    r.add_argument("--prefix-ttl", type=float, default=d.prefix_ttl,
+                   help="prefix: seconds a remembered block counts (default: %(default)s)")
+    r.add_argument("--session-header", default=d.session_header,
+                   help="prefix: requests carrying this header stick to one worker while the load bound "
+                        "allows ('' turns it off) (default: %(default)s)")
     r.add_argument("--scrape-interval", type=float, default=d.scrape_interval, help="seconds (default: %(default)s)")
     r.add_argument("--stale-after", type=float, default=d.stale_after,
                    help="scraped worker figures older than this are ignored (default: %(default)s s)")
@@ -65,18 +86,25 @@ def parse_args(argv=None) -> GatewayConfig:
     a.add_argument("--protect-metrics", action="store_true", help="require the API key on /metrics")
     a.add_argument("--protect-health", action="store_true", help="require the API key on /health")
     x = p.parse_args(argv)
-    for name in ("max_attempts", "max_body_bytes", "max_response_bytes"):
+    for name in ("max_attempts", "max_body_bytes", "max_response_bytes", "prefix_block_bytes", "prefix_max_blocks",
+                 "prefix_record_blocks"):
         if getattr(x, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
-    for name in ("connect_timeout", "first_byte_timeout", "body_timeout", "queue_timeout"):
+    for name in ("connect_timeout", "first_byte_timeout", "body_timeout", "queue_timeout", "prefix_ttl"):
         if not getattr(x, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be > 0")
+    for name in ("balance_eps", "balance_floor", "prefix_load_weight"):
+        if not getattr(x, name) >= 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0")
     workers = [u.strip().rstrip("/") for u in x.workers.split(",") if u.strip()]
     if not (workers or x.workers_file or x.k8s_service):
         p.error("no workers: pass --workers URL[,URL...], --workers-file, --k8s-service, or set SWIFTSERVE_WORKERS")
     return GatewayConfig(
         workers=workers, workers_file=x.workers_file, k8s_service=x.k8s_service, k8s_namespace=x.k8s_namespace,
         k8s_port_name=x.k8s_port_name, k8s_port=x.k8s_port, host=x.host, port=x.port, policy=x.policy,
+        balance_eps=x.balance_eps, balance_floor=x.balance_floor, prefix_load_weight=x.prefix_load_weight, prefix_block_bytes=x.prefix_block_bytes,
+        prefix_max_blocks=x.prefix_max_blocks, prefix_record_blocks=x.prefix_record_blocks, prefix_ttl=x.prefix_ttl,
+        session_header=x.session_header.strip().lower(),
         scrape_interval=x.scrape_interval, stale_after=x.stale_after, connect_timeout=x.connect_timeout,
         first_byte_timeout=x.first_byte_timeout, max_attempts=x.max_attempts, max_body_bytes=x.max_body_bytes,
         body_timeout=x.body_timeout, max_response_bytes=x.max_response_bytes,

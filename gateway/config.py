@@ -18,7 +18,16 @@ class GatewayConfig:
     k8s_port: int = 8000
     host: str = "127.0.0.1"
     port: int = 8000
-    policy: str = "jsq"                    # jsq | p2c | round_robin | kv
+    policy: str = "prefix"                 # prefix | jsq | p2c | round_robin | kv
+    # prefix policy (gateway.prefix_routing)
+    balance_eps: float = 0.5               # no worker above ceil((1+eps) x mean load) after a decision ...
+    balance_floor: float = 2.0             # ... unless that is below this many requests
+    prefix_load_weight: float = 0.25       # cost of one request of load, in fractions of a cached prompt
+    prefix_block_bytes: int = 128          # prompt bytes per hashed block (~32 tokens)
+    prefix_max_blocks: int = 256           # blocks hashed per prompt (longer prompts: first 32 KiB)
+    prefix_record_blocks: int = 65536      # blocks remembered per worker (less if it reports a smaller cache)
+    prefix_ttl: float = 600.0              # seconds a remembered block counts
+    session_header: str = "x-session-id"   # requests with this header stick to one worker ("" = off)
     scrape_interval: float = 0.1           # seconds between /metrics scrapes of each worker
     scrape_timeout: float = 0.5
     stale_after: float = 2.0               # scraped figures older than this count as unknown

@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 class WorkerPool:
     def __init__(self, urls: list[str]) -> None:
         self.workers: dict[str, WorkerState] = {}
+        self.on_remove: list = []           # callbacks(url) when a worker has left for good
         self.sync(urls)
 
     def __iter__(self):
@@ -47,6 +48,8 @@ class WorkerPool:
         for u, w in list(self.workers.items()):
             if w.draining and w.in_flight == 0:
                 del self.workers[u]
+                for cb in self.on_remove:
+                    cb(u)
 
 
 def read_workers_file(path: str | Path) -> list[str]:

@@ -20,7 +20,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 
 from gateway.routing import WorkerState
 
@@ -61,15 +61,16 @@ class Health:
                 log.warning("worker %s is unhealthy (%d failed probes)", w.url, self._fails[w.url])
                 w.healthy = False
 
-    async def probe(self, client: httpx.AsyncClient, w: WorkerState) -> None:
+    async def probe(self, client: aiohttp.ClientSession, w: WorkerState) -> None:
         try:
-            r = await client.get(w.url + "/health", timeout=self.p.timeout)
-            ok = r.status_code == 200
-        except (httpx.HTTPError, OSError):
+            async with client.get(w.url + "/health", timeout=aiohttp.ClientTimeout(total=self.p.timeout)) as r:
+                await r.read()
+                ok = r.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             ok = False
         self.probe_result(w, ok)
 
-    async def run(self, client: httpx.AsyncClient, workers) -> None:
+    async def run(self, client: aiohttp.ClientSession, workers) -> None:
         while True:
             await asyncio.gather(*(self.probe(client, w) for w in list(workers())))
             await asyncio.sleep(self.p.interval)

@@ -28,6 +28,9 @@ class GatewayMetrics:
         self.tpot = Histogram(p + "time_per_output_token_seconds", "(last - first token) / (tokens - 1), per request",
                               buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28),
                               registry=r)
+        self.prefix_cached = Histogram(p + "prefix_cached_fraction",
+                                       "Prefix policy: share of the prompt the chosen worker was recorded holding",
+                                       buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0), registry=r)
         self.e2e = Histogram(p + "e2e_request_latency_seconds", "Time from request to the last response byte",
                              buckets=LATENCY_BUCKETS, registry=r)
         self.workers, self.stale_after, self.now, self.queued = workers, stale_after, now, queued

@@ -20,6 +20,10 @@ OpenAI-style error, and the worker's in-flight count returns to zero.
   same in-band form the worker uses for its own errors). Nothing is retried after the
   first byte, so an answer is never duplicated.
 
+Upstream I/O is aiohttp (C HTTP parser, pooled keep-alive connections, no
+decompression: the bytes read are the bytes of the answer); SSE pass-through lives in
+gateway.streaming.
+
 Accounting: ``Lease`` holds one dispatch; its ``finish(ok)`` runs exactly once however
 the attempt ends (in the response's cleanup for streams) and reports the outcome to
 the circuit breaker. A client that goes away is not the worker's fault. Closing the
@@ -29,24 +33,31 @@ upstream response is what tells the worker to abort.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import re
 import time
 
-import httpx
-from fastapi.responses import Response, StreamingResponse
+import aiohttp
+from fastapi.responses import Response
+from yarl import URL
 
 from gateway.admission import Rejected
 from gateway.errors import error
-from gateway.streaming import StreamStats
+from gateway.streaming import DONE_EVENTS, SSEStream, StreamStats, error_event, event_end, is_json, valid_prefix
 
 log = logging.getLogger(__name__)
-HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding"}
-RETRYABLE = (httpx.TransportError, asyncio.TimeoutError)
+HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding", "date",
+               "server"}
+RETRYABLE = (aiohttp.ClientError, asyncio.TimeoutError)
 # identity: the bytes read are the bytes of the answer (checked, counted, passed on)
 UPSTREAM_HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
-DONE_EVENTS = (b"data: [DONE]\n\n", b"data: [DONE]\r\n\r\n")
+
+
+def upstream_session(connect_timeout: float, read_timeout: float) -> aiohttp.ClientSession:
+    """The forwarding client: keep-alive pool, ``read_timeout`` = longest silence from a worker."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=2000, limit_per_host=0, keepalive_timeout=60),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout),
+        auto_decompress=False, skip_auto_headers=("User-Agent",), cookie_jar=aiohttp.DummyCookieJar())
 
 
 class AttemptFailed(Exception):
@@ -55,16 +66,6 @@ class AttemptFailed(Exception):
     def __init__(self, reason: str, message: str, status: int = 502) -> None:
         super().__init__(message)
         self.reason, self.status = reason, status
-
-
-def error_event(message: str, code: str) -> bytes:
-    body = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
-    return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
-
-
-def _event_end(buf: bytes) -> int:
-    """Length of the prefix of ``buf`` made of complete SSE events (0 if none)."""
-    return max(buf.rfind(b"\n\n") + 2, buf.rfind(b"\r\n\r\n") + 4, 0)
 
 
 class Lease:
@@ -90,44 +91,53 @@ class Lease:
         self.pool.reap()
 
 
-class ProxiedStream(StreamingResponse):
-    """A streamed upstream response whose cleanup runs however the response ends."""
+def _close(resp: aiohttp.ClientResponse) -> None:
+    """Return a fully read connection to the pool; close one cut short (the worker then aborts)."""
+    if resp.content.at_eof():
+        resp.release()
+    else:
+        resp.close()
 
-    def __init__(self, content, on_close, **kw):
-        super().__init__(content, **kw)
-        self._on_close = on_close
 
-    async def __call__(self, scope, receive, send):
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._on_close()
+def _headers(resp: aiohttp.ClientResponse) -> dict[str, str]:
+    return {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
 
 
 class Forwarder:
     def __init__(self, config, pool, health, admission, metrics, choose, rejected) -> None:
         self.cfg, self.pool, self.health, self.admission = config, pool, health, admission
         self.m, self.choose, self.rejected = metrics, choose, rejected
+        self._urls: dict[tuple[str, str], URL] = {}       # parsed once per (worker, path)
 
-    async def forward(self, client: httpx.AsyncClient, path: str, raw: bytes, on_usage) -> Response:
-        """Send ``raw`` to a worker's ``path``; ``on_usage(completion_tokens)`` once a stream's usage is seen."""
+    def _url(self, base: str, path: str) -> URL:
+        url = self._urls.get((base, path))
+        if url is None:
+            if len(self._urls) > 4096:
+                self._urls.clear()
+            url = self._urls[(base, path)] = URL(base + path)
+        return url
+
+    async def forward(self, session: aiohttp.ClientSession, path: str, raw: bytes, on_usage, route=None):
+        """Send ``raw`` to a worker's ``path``; ``on_usage(completion_tokens)`` once a stream's usage is seen;
+        ``route`` (a RouteRequest or None) is what the routing policy may know about the request."""
         t0, tried, last = time.monotonic(), set(), None
         endpoint = path.rsplit("/", 1)[-1]
+        choose = (lambda cands: self.choose(cands, route)) if route is not None else self.choose
         for attempt in range(self.cfg.max_attempts):
             try:
-                worker = await self.admission.acquire(lambda: self.pool, self.choose, tried)
+                worker = await self.admission.acquire(lambda: self.pool, choose, tried)
             except Rejected as exc:
                 if attempt and exc.reason == "no_worker":
                     break
                 return self.rejected(exc)
             tried.add(worker.url)
             self.m.routed.labels(self.cfg.policy, worker.url).inc()
+            if route is not None and route.cached_fraction is not None:
+                self.m.prefix_cached.observe(route.cached_fraction)
             lease = Lease(worker, self.health, self.admission, self.pool)
             last_try = attempt + 1 >= self.cfg.max_attempts
             try:
-                resp = await client.send(client.build_request("POST", worker.url + path, content=raw,
-                                                              headers=UPSTREAM_HEADERS),
-                                         stream=True)
+                resp = await session.post(self._url(worker.url, path), data=raw, headers=UPSTREAM_HEADERS)
             except RETRYABLE as exc:
                 lease.finish(False)
                 last = self._failed(worker, _transport_failure(exc))
@@ -136,7 +146,7 @@ class Forwarder:
                 lease.finish(None)
                 raise
             try:
-                if resp.headers.get("content-type", "").startswith("text/event-stream") and resp.status_code < 400:
+                if resp.headers.get("content-type", "").startswith("text/event-stream") and resp.status < 400:
                     return await self._stream(resp, lease, t0, endpoint, on_usage)
                 return await self._buffered(resp, lease, t0, endpoint, last_try)
             except AttemptFailed as exc:
@@ -144,7 +154,7 @@ class Forwarder:
                 continue
             except BaseException:           # cancelled (shutdown): release, and close the upstream
                 lease.finish(None)
-                await resp.aclose()
+                resp.close()
                 raise
         self.m.rejected.labels("no_worker").inc()
         if last is None:
@@ -159,11 +169,11 @@ class Forwarder:
         log.warning("worker %s failed before the first byte (%s): %s", worker.url, exc.reason, exc)
         return exc
 
-    async def _buffered(self, resp: httpx.Response, lease: Lease, t0: float, endpoint: str, last_try: bool):
+    async def _buffered(self, resp: aiohttp.ClientResponse, lease: Lease, t0: float, endpoint: str, last_try: bool):
         """Read a whole (non-SSE) answer; a failure here is retried, since nothing was sent yet."""
         size, parts = 0, []
         try:
-            async for chunk in resp.aiter_raw():
+            async for chunk in resp.content.iter_any():
                 size += len(chunk)
                 if size > self.cfg.max_response_bytes:
                     lease.finish(True)
@@ -175,13 +185,13 @@ class Forwarder:
             lease.finish(False)
             raise _transport_failure(exc) from None
         finally:
-            await resp.aclose()
+            _close(resp)
         content = b"".join(parts)
-        status = resp.status_code
+        status = resp.status
         if status >= 500 and not last_try:
             lease.finish(False)
             raise AttemptFailed(f"http_{status}", f"HTTP {status} from the worker", status)
-        if not _is_json(content):
+        if not is_json(content):
             # Garbage: retried while attempts are left; then an OpenAI-style error, never the garbage.
             broken = status == 200 or status >= 500
             lease.finish(not broken)
@@ -194,46 +204,43 @@ class Forwarder:
         lease.finish(status < 500)
         self.m.requests.labels(endpoint, str(status)).inc()
         self.m.e2e.observe(time.monotonic() - t0)
-        headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
-        return Response(content, status_code=status, headers=headers)
+        return Response(content, status_code=status, headers=_headers(resp))
 
-    async def _stream(self, resp: httpx.Response, lease: Lease, t0: float, endpoint: str, on_usage):
-        chunks = resp.aiter_raw()
+    async def _stream(self, resp: aiohttp.ClientResponse, lease: Lease, t0: float, endpoint: str, on_usage):
         try:
-            first = await chunks.__anext__()
-        except StopAsyncIteration:
-            first = b""
+            first = await resp.content.readany()
         except RETRYABLE as exc:
-            await resp.aclose()
+            resp.close()
             lease.finish(False)
             raise _transport_failure(exc) from None
         if not first:
-            await resp.aclose()
+            resp.close()
             lease.finish(False)
             raise AttemptFailed("empty_stream", "the worker ended the stream before any event")
         stats = StreamStats(t0)
         outcome = {"failed": False}
         limit, url = self.cfg.max_response_bytes, lease.worker.url
 
-        async def body():
-            pending, sent, ended = b"", 0, False
+        async def pump(send):
+            pending, sent, ended, chunk = b"", 0, False, first
             try:
-                async for chunk in _prepend(first, chunks):
+                while chunk:
                     stats.feed(chunk)
                     pending += chunk
-                    cut = _event_end(pending)
+                    cut = event_end(pending)
                     if cut:
                         out, pending = pending[:cut], pending[cut:]
                         sent += len(out)
                         if sent > limit:
                             raise AttemptFailed("response_too_large", f"the stream exceeds {limit} bytes")
-                        good = _valid_prefix(out)
+                        good = valid_prefix(out)
                         if good < len(out):
                             if good:
-                                yield out[:good]
+                                await send({"type": "http.response.body", "body": out[:good], "more_body": True})
                             raise AttemptFailed("bad_event", "the worker sent an event that is not JSON")
                         ended = out.endswith(DONE_EVENTS)
-                        yield out
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                    chunk = await resp.content.readany()
                 if not ended:
                     raise AttemptFailed("truncated_stream", "the worker ended the stream without [DONE]")
             except (AttemptFailed, *RETRYABLE) as exc:
@@ -241,11 +248,12 @@ class Forwarder:
                 outcome["failed"] = True
                 self.m.retries.labels("after_first_byte_" + failure.reason).inc()
                 log.warning("stream from %s failed after the first byte (%s): %s", url, failure.reason, failure)
-                yield error_event(f"The worker failed during the stream: {failure}", failure.reason)
+                await send({"type": "http.response.body", "body": error_event(
+                    f"The worker failed during the stream: {failure}", failure.reason), "more_body": True})
 
         async def on_close():
             lease.finish(not outcome["failed"])
-            self.m.requests.labels(endpoint, "502" if outcome["failed"] else str(resp.status_code)).inc()
+            self.m.requests.labels(endpoint, "502" if outcome["failed"] else str(resp.status)).inc()
             self.m.e2e.observe(time.monotonic() - t0)
             if stats.ttft is not None:
                 self.m.ttft.observe(stats.ttft)
@@ -253,42 +261,13 @@ class Forwarder:
                 self.m.tpot.observe(stats.tpot)
             if stats.completion_tokens is not None:
                 on_usage(stats.completion_tokens)
-            await resp.aclose()          # closing the upstream stream makes the worker abort
+            _close(resp)          # closing a stream cut short makes the worker abort
 
-        headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
-        return ProxiedStream(body(), on_close, status_code=resp.status_code, headers=headers,
-                             media_type=resp.headers.get("content-type"))
-
-
-def _valid_prefix(events: bytes) -> int:
-    """Length of the leading run of well-formed events (each ``data:`` payload JSON or [DONE])."""
-    pos = 0
-    for block in re.split(rb"(?<=\n\n)|(?<=\r\n\r\n)", events):
-        for line in block.splitlines():
-            if line.startswith(b"data:"):
-                payload = line[5:].strip()
-                if payload != b"[DONE]" and not _is_json(payload):
-                    return pos
-        pos += len(block)
-    return pos
-
-
-def _is_json(content: bytes) -> bool:
-    try:
-        json.loads(content)
-    except (ValueError, RecursionError):
-        return False
-    return True
-
-
-async def _prepend(first: bytes, rest):
-    yield first
-    async for chunk in rest:
-        yield chunk
+        headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in _headers(resp).items()]
+        return SSEStream(resp.status, headers, pump, on_close)
 
 
 def _transport_failure(exc: BaseException) -> AttemptFailed:
-    if isinstance(exc, (httpx.TimeoutException, asyncio.TimeoutError)):
+    if isinstance(exc, asyncio.TimeoutError):
         return AttemptFailed("timeout", f"{type(exc).__name__}: no answer in time", 504)
     return AttemptFailed(type(exc).__name__, f"{type(exc).__name__}: {exc or 'connection lost'}", 502)
-

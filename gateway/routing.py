@@ -11,7 +11,8 @@ what spreads a burst evenly. Subtracting the in-flight count observed at scrape 
 avoids counting our own requests twice while still seeing load from other gateways
 or clients. Figures older than ``stale_after`` are unknown: load = in_flight_now.
 
-Other policies: ``p2c`` (power of two choices on the same load), ``round_robin``,
+``prefix`` (gateway.prefix_routing): expected cached prompt prefix vs this load, with
+a bounded-load rule; the default, for prompt-heavy traffic. Other policies: ``p2c`` (power of two choices on the same load), ``round_robin``,
 ``kv`` (JSQ on load plus KV-cache occupancy, so that among equally loaded workers the
 one with the emptiest cache wins and a nearly full cache (> 95%) is avoided while any
 other worker has room). Only routable workers are considered (healthy, circuit not
@@ -35,6 +36,9 @@ class WorkerState:
     kv_usage: float | None = None        # last scraped vllm:kv_cache_usage_perc (0..1)
     scraped_at: float | None = None      # monotonic time of the last successful scrape
     in_flight_at_scrape: int = 0
+    prefix_queries: float | None = None  # last scraped vllm:prefix_cache_queries_total (tokens)
+    prefix_hits: float | None = None     # last scraped vllm:prefix_cache_hits_total (tokens)
+    cache_tokens: int | None = None      # KV-cache size from vllm:cache_config_info (blocks x block size)
     # circuit breaker (passive): consecutive request failures, open until, half-open trial
     failures: int = 0
     open_until: float = 0.0
@@ -65,18 +69,18 @@ def _pick_min(cands: list[WorkerState], key, rng: random.Random) -> WorkerState 
     return rng.choice([w for w, v in zip(cands, vals) if v == best])
 
 
-def jsq(workers, now, stale_after, rng):
+def jsq(workers, now, stale_after, rng, req=None):
     return _pick_min([w for w in workers if w.routable(now)], lambda w: effective_load(w, now, stale_after), rng)
 
 
-def p2c(workers, now, stale_after, rng):
+def p2c(workers, now, stale_after, rng, req=None):
     live = [w for w in workers if w.routable(now)]
     if len(live) <= 2:
         return jsq(live, now, stale_after, rng)
     return jsq(rng.sample(live, 2), now, stale_after, rng)
 
 
-def kv_aware(workers, now, stale_after, rng):
+def kv_aware(workers, now, stale_after, rng, req=None):
     live = [w for w in workers if w.routable(now)]
     fresh = lambda w: w.scraped_at is not None and now - w.scraped_at <= stale_after  # noqa: E731
     roomy = [w for w in live if not (fresh(w) and (w.kv_usage or 0.0) > 0.95)]
@@ -93,7 +97,7 @@ class RoundRobin:
     def __init__(self) -> None:
         self.i = 0
 
-    def __call__(self, workers, now, stale_after, rng):
+    def __call__(self, workers, now, stale_after, rng, req=None):
         live = [w for w in workers if w.routable(now)]
         if not live:
             return None
@@ -101,13 +105,19 @@ class RoundRobin:
         return live[self.i % len(live)]
 
 
-POLICIES = ("jsq", "p2c", "round_robin", "kv")
+POLICIES = ("prefix", "jsq", "p2c", "round_robin", "kv")
 
 
-def make_policy(name: str):
+def make_policy(name: str, prefix_index=None, **prefix_options):
+    """A policy callable ``(workers, now, stale_after, rng, req=None) -> worker | None``."""
     table = {"jsq": jsq, "p2c": p2c, "kv": kv_aware}
     if name in table:
         return table[name]
     if name == "round_robin":
         return RoundRobin()
+    if name == "prefix":
+        from gateway.prefix import PrefixIndex
+        from gateway.prefix_routing import PrefixAware
+
+        return PrefixAware(prefix_index if prefix_index is not None else PrefixIndex(), **prefix_options)
     raise ValueError(f"unknown routing policy {name!r} ({', '.join(POLICIES)})")

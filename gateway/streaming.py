@@ -1,17 +1,69 @@
-"""Light inspection of a proxied response body for gateway metrics.
+"""SSE pass-through: the bytes of a worker's event stream to the client, unchanged.
 
-We do not parse the stream, only look for markers in the raw bytes as they pass:
-the first SSE event carrying generated text (TTFT), the last one (for TPOT), and
-``usage.completion_tokens``. Bytes go to the client unchanged.
+``SSEStream`` is a raw ASGI response. Its pump sends each complete event (a run of
+bytes ending in a blank line) as soon as it has arrived, after a cheap check that
+every ``data:`` payload is JSON (orjson) or ``[DONE]``; nothing is decoded or
+re-serialised. A watcher task waits for the client's ``http.disconnect`` and cancels
+the pump (the response's own task) at once (also during a long silence such as a prefill), so the upstream is
+closed and the worker aborts. ``on_close()`` runs exactly once however it ends.
+
+Failures after the first byte (the pump raises ``StreamFailure``-like exceptions given
+by the caller) become one in-band error event followed by ``data: [DONE]``.
+
+``StreamStats`` looks for markers in the raw bytes as they pass: the first event
+carrying generated text (TTFT), the last one (TPOT), ``usage.completion_tokens``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 import time
 
+import orjson
+from starlette.responses import Response
+
 TEXT = re.compile(rb'"(?:text|content)"\s*:\s*"(?!")')
 USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+DONE_EVENTS = (b"data: [DONE]\n\n", b"data: [DONE]\r\n\r\n")
+_BLOCKS = re.compile(rb"(?<=\n\n)|(?<=\r\n\r\n)")
+
+
+def error_event(message: str, code: str) -> bytes:
+    body = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
+    return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"     # the worker's own format
+
+
+def event_end(buf: bytes) -> int:
+    """Length of the prefix of ``buf`` made of complete SSE events (0 if none)."""
+    return max(buf.rfind(b"\n\n") + 2, buf.rfind(b"\r\n\r\n") + 4, 0)
+
+
+def is_json(content: bytes) -> bool:
+    try:
+        orjson.loads(content)
+    except orjson.JSONDecodeError:
+        try:                            # what orjson refuses but Python emits (NaN, -Infinity)
+            json.loads(content)
+        except (ValueError, RecursionError):
+            return False
+    return True
+
+
+def valid_prefix(events: bytes) -> int:
+    """Length of the leading run of well-formed events (each ``data:`` payload JSON or [DONE])."""
+    pos = 0
+    blocks = events.split(b"\n\n") if b"\r" not in events else _BLOCKS.split(events)
+    sep = 2 if b"\r" not in events else 0
+    for block in blocks:
+        for line in block.splitlines():
+            if line.startswith(b"data:"):
+                payload = line[5:].strip()
+                if payload != b"[DONE]" and not is_json(payload):
+                    return pos
+        pos += len(block) + sep
+    return min(pos, len(events))
 
 
 class StreamStats:
@@ -24,12 +76,13 @@ class StreamStats:
 
     def feed(self, chunk: bytes) -> None:
         data = self._tail + chunk
-        now = time.monotonic()
         if TEXT.search(data):
+            now = time.monotonic()
             self.first_token = self.first_token or now
             self.last_token = now
-        for m in USAGE.finditer(data):
-            self.completion_tokens = int(m.group(1))
+        if b"completion_tokens" in data:
+            for m in USAGE.finditer(data):
+                self.completion_tokens = int(m.group(1))
         self._tail = data[-64:]          # a marker may straddle two chunks
 
     @property
@@ -42,3 +95,43 @@ class StreamStats:
         if self.first_token is None or not n or n < 2:
             return None
         return (self.last_token - self.first_token) / (n - 1)
+
+
+class SSEStream(Response):
+    """ASGI response: ``pump(send)`` sends the events; ``on_close()`` runs once at the end.
+    A Starlette ``Response`` only so that a FastAPI route may return it as is."""
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], pump, on_close) -> None:
+        self.status_code, self.raw_headers, self.pump, self.on_close = status, headers, pump, on_close
+        self.background = None
+        self.client_gone = False
+
+    async def __call__(self, scope, receive, send) -> None:
+        me, pumping = asyncio.current_task(), True
+
+        async def watch():                      # the client went away: stop the pump at once
+            while True:
+                if (await receive())["type"] == "http.disconnect":
+                    # the server also says "disconnect" once the response is complete: not ours to cancel
+                    if pumping:
+                        self.client_gone = True
+                        me.cancel()
+                    return
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            await self.pump(send)
+            pumping = False
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not self.client_gone:            # cancelled from outside (shutdown)
+                raise
+            if hasattr(me, "uncancel"):         # our own cancel (Python >= 3.11 counts them)
+                me.uncancel()
+        except OSError:                         # the client went away while we were writing
+            self.client_gone = True
+        finally:
+            pumping = False
+            watcher.cancel()
+            await self.on_close()

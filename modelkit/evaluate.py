@@ -12,11 +12,17 @@ act: in the cache.
                 capital, reading comprehension), on the items the original answers
                 correctly (``--task-items`` per kind; the default 25 keeps the earlier
                 suite's items and cost); accuracy = share of them kept
+  needle        needle-in-a-haystack retrieval at ``--needle-context`` tokens
+                (modelkit.needle), on the items the original answers correctly
 95% intervals (modelkit.eval_stats): bootstrap over scored sequences for ppl increase,
 KL and top-1 agreement (``*_ci``); Wilson for task accuracy.
 KV methods (``--kv-methods``) apply to the evaluated models and are validated before
-anything loads; an option given as a JSON list is swept (one evaluation per combination).
+anything loads; an option given as a JSON list is swept (one evaluation per combination),
+and a JSON list of method objects evaluates each in turn (``{}`` = no method).
 ``--join-docs`` builds long prompts RAG-style, by joining held-out passages.
+``--metrics`` picks what runs (sweeps that only need perplexity skip the rest).
+Each result also carries the KV bytes per token a 16-bit cache of the same
+configuration would store (planned, torch-free), for ratios against a 16-bit cache.
 Writes a JSON file and a markdown table; prints the table.
 """
 
@@ -33,14 +39,11 @@ from pathlib import Path
 from modelkit.corpus import chat_ids, iter_chat, iter_docs
 
 
-KV_CACHE_GB = 3.0          # per engine; ``--kv-cache-gb`` lowers it on a machine short of memory
-
-
 def _engine(model_dir: Path, overrides: dict, max_model_len: int):
     from refengine.config import EngineConfig
     from refengine.engine import LLMEngine
 
-    kw = dict(max_model_len=max_model_len, kv_cache_memory_gb=KV_CACHE_GB, max_num_seqs=32)
+    kw = dict(max_model_len=max_model_len, kv_cache_memory_gb=3.0, max_num_seqs=32)
     kw.update(overrides)
     return LLMEngine(EngineConfig(model=str(model_dir), **kw))
 
@@ -130,33 +133,62 @@ def run_tasks(engine, tok, tasks, max_tokens: int = 24) -> list[bool]:
     return [t.correct(tok.decode(o, skip_special_tokens=True)) for t, o in zip(tasks, outs)]
 
 
+METRICS = ("ppl", "greedy", "tasks", "needle")
+
+
+def bytes_16bit(model: Path, overrides: dict) -> tuple[float, float]:
+    """(device, host) KV bytes per token the same configuration plans with a 16-bit compute dtype."""
+    from refengine.kv import registry
+
+    facts = registry.facts_for(model, overrides.get("swiftkv", True), elem_bytes=2,
+                               block_size=overrides.get("block_size", 16))
+    spec = registry.plan(registry.build(overrides.get("kv_methods") or {}, facts,
+                                        overrides.get("kv_cache_dtype", "auto")), facts)
+    return spec.device_bytes_per_token, spec.host_bytes_per_token
+
+
 class Evaluation:
     """Baseline figures computed once; ``compare(model)`` runs one transformed model against them."""
 
     def __init__(self, baseline: Path, corpus: Path, n_score: int = 64, prefix: int = 256, cont: int = 64,
                  n_gen: int = 32, gen_tokens: int = 64, seed: int = 0, baseline_overrides: dict | None = None,
-                 join_docs: bool = False, tasks: bool = True, task_items: int = 25):
+                 join_docs: bool = False, metrics: tuple[str, ...] = ("ppl", "greedy", "tasks"),
+                 n_needle: int = 0, needle_context: int = 2048,
+                 task_items: int = 25):
         from transformers import AutoTokenizer
 
         from modelkit.tasks import make_tasks
         from refengine.sampling_params import SamplingParams
 
         self.baseline = baseline
+        self.metrics = tuple(metrics)
         self.tok = AutoTokenizer.from_pretrained(baseline)
-        self.items = scoring_items(corpus, self.tok, n_score, prefix, cont, seed, join_docs)
-        self.prompts = chat_prompts(corpus, self.tok, n_gen, 900)
+        self.items = scoring_items(corpus, self.tok, n_score, prefix, cont, seed, join_docs) \
+            if "ppl" in metrics else []
+        self.prompts = chat_prompts(corpus, self.tok, n_gen, 900) if "greedy" in metrics else []
         self.greedy = SamplingParams(max_tokens=gen_tokens, temperature=0)
-        self.max_len = prefix + cont + gen_tokens + 1024
+        self.max_len = max(prefix + cont + gen_tokens + 1024, needle_context + 64 if n_needle else 0)
         self.setup = {"score_items": n_score, "prefix_tokens": prefix, "continuation_tokens": cont,
-                      "join_docs": join_docs,
+                      "join_docs": join_docs, "metrics": list(self.metrics),
                       "greedy_prompts": len(self.prompts), "greedy_tokens": gen_tokens, "seed": seed}
         base = _engine(baseline, baseline_overrides or {}, self.max_len)
-        self.scores = self._score(base)
-        self.gen = base.generate(self.prompts, self.greedy)
-        self.setup["task_items_per_kind"] = task_items if tasks else 0
-        suite = make_tasks(task_items, seed=seed) if tasks else []
-        self.tasks_total = len(suite)
-        self.tasks = [t for t, ok in zip(suite, run_tasks(base, self.tok, suite)) if ok] if suite else []
+        self.scores = self._score(base) if self.items else []
+        self.gen = base.generate(self.prompts, self.greedy) if self.prompts else []
+        self.tasks_total, self.tasks = 0, []
+        if "tasks" in metrics:
+            self.setup["task_items_per_kind"] = task_items
+            tasks = make_tasks(task_items, seed=seed)
+            self.tasks_total = len(tasks)
+            self.tasks = [t for t, ok in zip(tasks, run_tasks(base, self.tok, tasks)) if ok]
+        self.needles, self.needles_total = [], 0
+        if "needle" in metrics and n_needle:
+            from modelkit import needle
+
+            items = needle.make_items(corpus, self.tok, n_needle, needle_context, seed)
+            self.needles_total = len(items)
+            self.needles = [it for it, ok in zip(items, needle.correct(base, self.tok, items)) if ok]
+            self.setup.update({"needle_items": n_needle, "needle_context": needle_context,
+                               "needle_baseline_accuracy": len(self.needles) / n_needle})
         self.kv_bytes = base.stats().kv_bytes_per_token
 
     def _score(self, engine) -> list:
@@ -168,8 +200,9 @@ class Evaluation:
     def compare(self, model: Path, overrides: dict) -> dict:
         eng = _engine(model, overrides, self.max_len)
         result: dict = {"model": str(model), "baseline": str(self.baseline), "overrides": overrides}
-        result.update(score_metrics(self.scores, self._score(eng)))
-        result.update(greedy_metrics(self.gen, eng.generate(self.prompts, self.greedy)))
+        if self.items:
+            result.update(score_metrics(self.scores, self._score(eng)))
+        result.update(greedy_metrics(self.gen, eng.generate(self.prompts, self.greedy) if self.gen else []))
         oks = run_tasks(eng, self.tok, self.tasks) if self.tasks else []
         by_kind: dict[str, list[bool]] = {}
         for t, ok in zip(self.tasks, oks):
@@ -180,9 +213,20 @@ class Evaluation:
                        "task_accuracy": sum(oks) / len(oks) if oks else None,
                        "task_accuracy_ci": wilson(sum(oks), len(oks)),
                        "tasks_kept_by_kind": {k: len(v) for k, v in by_kind.items()},
-                       "task_accuracy_by_kind": {k: sum(v) / len(v) for k, v in by_kind.items()},
-                       "kv_bytes_per_token": eng.stats().kv_bytes_per_token,
-                       "kv_bytes_per_token_baseline": self.kv_bytes, "setup": self.setup})
+                       "task_accuracy_by_kind": {k: sum(v) / len(v) for k, v in by_kind.items()}})
+        if self.needles:
+            from modelkit import needle
+
+            hits = needle.correct(eng, self.tok, self.needles)
+            result.update({"needles_kept": len(self.needles), "needle_accuracy": sum(hits) / len(hits)})
+        stats = eng.stats()
+        dev16, host16 = bytes_16bit(model, overrides)
+        result.update({"kv_bytes_per_token": stats.kv_bytes_per_token,
+                       "kv_host_bytes_per_token": stats.extra.get("kv_host_bytes_per_token", 0.0),
+                       "kv_bytes_per_token_baseline": self.kv_bytes,
+                       "kv_bytes_per_token_16bit": dev16, "kv_host_bytes_per_token_16bit": host16,
+                       "kv_method_stats": {k: v for k, v in stats.extra.items() if not k.startswith(("kv_", "swiftkv"))},
+                       "setup": self.setup})
         return result
 
 
@@ -193,6 +237,7 @@ ROWS = [("ppl through cache", "ppl", "{:.3f}"), ("ppl increase vs original", "pp
         ("greedy exact match", "greedy_exact_match", "{:.1%}"),
         ("task accuracy (items the original solves)", "task_accuracy", "{:.1%}"),
         ("task items the original solves", "tasks_kept", "{:d}"),
+        ("needle retrieval (items the original solves)", "needle_accuracy", "{:.1%}"),
         ("KV bytes per token", "kv_bytes_per_token", "{:.0f}")]
 
 
@@ -209,10 +254,18 @@ def markdown_table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def sweep(methods: dict) -> list[tuple[str, dict]]:
-    """``{"zack": {"rate": [0.3, 0.5], "mode": "uniform"}}`` -> one (suffix, methods) per combination."""
+def sweep(methods: dict | list) -> list[tuple[str, dict]]:
+    """``{"zack": {"rate": [0.3, 0.5], "mode": "uniform"}}`` -> one (suffix, methods) per combination.
+
+    A list of such objects is swept item by item; its suffixes name the methods (``{}``: none)."""
     import itertools
 
+    if isinstance(methods, list):
+        out = []
+        for item in methods:
+            name = "+".join(item) or "none"
+            out += [(f"[{name}]" if not suffix else f"[{name}]{suffix}", combo) for suffix, combo in sweep(item)]
+        return out
     axes = [(m, k, v) for m, opts in methods.items() if isinstance(opts, dict)
             for k, v in opts.items() if isinstance(v, list)]
     if not axes:
@@ -247,11 +300,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", default="default", help="the original model (default: %(default)s)")
     p.add_argument("--corpus", required=True, help="corpus directory (held-out split is used)")
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="EngineConfig override for the evaluated models, e.g. kv_cache_dtype=fp8_e4m3")
+                   help="EngineConfig override for the evaluated models, e.g. kv_cache_dtype=fp8_e4m3 (resource "
+                        "sizes kv_cache_memory_gb, max_num_seqs, torch_threads apply to the baseline too)")
     p.add_argument("--kv-methods", default=None, metavar="JSON",
                    help='KV methods for the evaluated models (see swiftserve-worker --help); an option given '
                         'as a list is swept, e.g. \'{"zack": {"rate": [0.3, 0.5], "mode": ["adaptive", "uniform"]}}\'')
-    p.add_argument("--no-tasks", dest="tasks", action="store_false", help="skip the task suite")
+    p.add_argument("--metrics", default="ppl,greedy,tasks",
+                   help="comma-separated subset of " + ",".join(METRICS) + " (default: %(default)s; needle also "
+                        "needs --needle N)")
+    p.add_argument("--needle", type=int, default=0, metavar="N",
+                   help="needle-in-a-haystack items (adds 'needle' to --metrics)")
+    p.add_argument("--needle-context", type=int, default=2048, help="haystack tokens per needle item")
+    p.add_argument("--no-tasks", dest="tasks", action="store_false",
+                   help="skip the task suite (same as leaving 'tasks' out of --metrics)")
     p.add_argument("--task-items", type=int, default=25,
                    help="generated task items per kind, before keeping those the original solves (default: "
                         "%(default)s: the earlier suite plus 25 reading items; raise it for tighter intervals)")
@@ -263,8 +324,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gen-prompts", type=int, default=32, help="held-out chat prompts for greedy agreement")
     p.add_argument("--gen-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--kv-cache-gb", type=float, default=KV_CACHE_GB,
-                   help="KV cache memory of each engine, baseline included (default: %(default)s)")
     p.add_argument("--out", default=None, help="JSON output path (a .md table is written next to it)")
     p.set_defaults(func=run)
 
@@ -280,9 +339,15 @@ def run(args: argparse.Namespace) -> int:
             methods = json.loads(args.kv_methods)
         except json.JSONDecodeError as exc:
             raise SystemExit(f"modelkit eval: --kv-methods is not valid JSON: {exc}")
-        if not isinstance(methods, dict):
-            raise SystemExit("modelkit eval: --kv-methods must be a JSON object")
+        if not isinstance(methods, dict) and not (isinstance(methods, list) and methods
+                                                   and all(isinstance(m, dict) for m in methods)):
+            raise SystemExit("modelkit eval: --kv-methods must be a JSON object or a list of objects")
         combos = sweep(methods)
+    metrics = tuple(m for m in args.metrics.split(",") if m and (args.tasks or m != "tasks")) \
+        + (("needle",) if args.needle else ())
+    bad = [m for m in metrics if m not in METRICS]
+    if bad:
+        raise SystemExit(f"modelkit eval: unknown --metrics {', '.join(bad)} (known: {', '.join(METRICS)})")
     from tqdm import tqdm
 
     from refengine.kv import registry
@@ -293,24 +358,32 @@ def run(args: argparse.Namespace) -> int:
         model = resolve_model(name)
         for suffix, methods in combos:
             reason = registry.check(methods, model, overrides.get("swiftkv", True),
-                                    overrides.get("kv_cache_dtype", "auto"))
+                                    overrides.get("kv_cache_dtype", "auto"), overrides.get("block_size", 16))
             if reason:
                 raise SystemExit(f"modelkit eval: {label or name}{suffix}: --kv-methods: {reason}")
             runs.append(((label or name) + suffix, model, dict(overrides, kv_methods=methods)))
-    mem = {} if args.kv_cache_gb == KV_CACHE_GB else {"kv_cache_memory_gb": args.kv_cache_gb}
-    runs = [(label, model, {**mem, **kw}) for label, model, kw in runs]
     results, t0 = {}, time.time()
+    # Resource sizes (not the model or its KV methods) apply to the baseline's engine too.
+    sizes = {k: v for k, v in overrides.items() if k in ("kv_cache_memory_gb", "max_num_seqs", "torch_threads")}
     ev = Evaluation(baseline, Path(args.corpus), args.samples, args.prefix, args.continuation, args.gen_prompts,
-                    args.gen_tokens, args.seed, baseline_overrides=mem, join_docs=args.join_docs, tasks=args.tasks,
+                    args.gen_tokens, args.seed, baseline_overrides=sizes, join_docs=args.join_docs, metrics=metrics,
+                    n_needle=args.needle, needle_context=args.needle_context,
                     task_items=args.task_items)
+    cmd = "modelkit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+    def write(done: bool) -> str:
+        """``--out`` after every model, so a long sweep that stops early keeps what it measured."""
+        table = markdown_table(results)
+        if args.out:
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({"command": cmd, "seconds": round(time.time() - t0), "complete": done,
+                                       "results": results}, indent=2))
+            out.with_suffix(".md").write_text(f"Command: `{cmd}`\n\n{table}\n")
+        return table
+
     for label, model, kw in tqdm(runs, desc="models", unit="model"):
         results[label] = ev.compare(model, kw)
-    table = markdown_table(results)
-    print(table)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        cmd = "modelkit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        out.write_text(json.dumps({"command": cmd, "seconds": round(time.time() - t0), "results": results}, indent=2))
-        out.with_suffix(".md").write_text(f"Command: `{cmd}`\n\n{table}\n")
+        write(False)
+    print(write(True))
     return 0

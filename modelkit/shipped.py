@@ -25,8 +25,8 @@ VARIANTS: dict[str, tuple[str, int, int]] = {
 # name -> (calibration directory relative to checkpoints/, base: "default" or a VARIANTS name, rate, mode)
 # The rate is the highest swept adaptive rate keeping >= 99% of the baseline's quality (results/zack/).
 ZACK_VARIANTS: dict[str, tuple[str, str, float, str]] = {
-    "SmolLM2-135M-Instruct-ZACK": ("smollm2-zack", "default", 0.05, "adaptive"),
-    "SmolLM2-135M-Instruct-SwiftKV-ZACK": ("smollm2-swiftkv-zack", "SmolLM2-135M-Instruct-SwiftKV", 0.05, "adaptive"),
+    "SmolLM2-135M-Instruct-ZACK": ("smollm2-zack", "default", 0.01, "adaptive"),
+    "SmolLM2-135M-Instruct-SwiftKV-ZACK": ("smollm2-swiftkv-zack", "SmolLM2-135M-Instruct-SwiftKV", 0.01, "adaptive"),
 }
 
 

@@ -13,6 +13,11 @@ Queries are the step's flattened tokens ``q [T, heads, head_dim]``.
 
 GQA: prefills use SDPA's ``enable_gqa``; decodes fold each KV head's query heads
 into query rows (no repeat of K/V in memory either way).
+
+Lengths and offsets here are *cache* entries (``ScheduledChunk.cache_start``), which
+differ from token positions once an eviction method dropped tokens; RoPE positions
+never reach this module. ``seq_rows(batch)`` names each sequence's query rows (by
+request id) for KV methods that observe queries (eviction scores, ZipCache probes).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ class PrefillSeq:
     blocks: torch.Tensor                 # [nblk] block ids holding keys 0..ctx-1
     ctx: int
     mask: torch.Tensor | None            # [n, ctx] bool (True = attend) or None for plain causal
+    seq_id: str | None = None            # request id
 
 
 @dataclass
@@ -39,6 +45,8 @@ class DecodeGroup:
     mask: torch.Tensor | None            # [B, 1, 1, max_blocks*block_size] bool (broadcast over heads and
                                          # query rows); None if no padding
     lengths: list[int] = field(default_factory=list)
+    seq_ids: list = field(default_factory=list)     # request id per row
+    rows: list[int] = field(default_factory=list)   # q_rows as a list
 
 
 @dataclass
@@ -85,23 +93,37 @@ def paged_attention(q: torch.Tensor, cache, batch: AttnBatch, scale: float) -> t
     return out
 
 
+def seq_rows(batch: AttnBatch) -> list[tuple[str | None, int, int, int]]:
+    """``(seq_id, first query row, number of rows, cache index of the first row)`` per sequence."""
+    out = [(p.seq_id, p.q_start, p.q_end - p.q_start, p.ctx - (p.q_end - p.q_start)) for p in batch.prefills]
+    d = batch.decode
+    if d is not None:
+        ids = d.seq_ids or [None] * len(d.rows)
+        out += [(sid, r, 1, n - 1) for sid, r, n in zip(ids, d.rows, d.lengths)]
+    return out
+
+
 def build_attn_batch(chunks: list[tuple[int, int, list[int]]], block_size: int, device: torch.device,
-                     q_offsets: list[int] | None = None) -> AttnBatch:
-    """Describe a step's attention from ``(start, num_tokens, block_table)`` per sequence.
+                     q_offsets: list[int] | None = None, seq_ids: list[str] | None = None) -> AttnBatch:
+    """Describe a step's attention from ``(cache_start, num_tokens, block_table)`` per sequence.
 
     ``q_offsets[i]`` is the first row of sequence i in the flattened queries
     (default: cumulative ``num_tokens``). Sequences with one query join the decode group.
+    ``seq_ids`` (request ids) label the sequences for methods that observe queries.
     """
     prefills: list[PrefillSeq] = []
     dec_rows: list[int] = []
+    dec_ids: list = []
     dec_tables: list[tuple[int, list[int]]] = []
     row = 0
     for i, (start, n, table) in enumerate(chunks):
         q0 = q_offsets[i] if q_offsets is not None else row
+        sid = seq_ids[i] if seq_ids is not None else None
         row = q0 + n
         ctx = start + n
         if n == 1:
             dec_rows.append(q0)
+            dec_ids.append(sid)
             dec_tables.append((ctx, table))
             continue
         blocks = torch.tensor(table[:-(-ctx // block_size)], dtype=torch.long, device=device)
@@ -109,7 +131,7 @@ def build_attn_batch(chunks: list[tuple[int, int, list[int]]], block_size: int, 
         if start > 0:
             qpos = torch.arange(start, ctx, device=device).unsqueeze(1)
             mask = torch.arange(ctx, device=device).unsqueeze(0) <= qpos
-        prefills.append(PrefillSeq(q0, q0 + n, blocks, ctx, mask))
+        prefills.append(PrefillSeq(q0, q0 + n, blocks, ctx, mask, sid))
     decode = None
     if dec_rows:
         lengths = [c for c, _ in dec_tables]
@@ -121,7 +143,8 @@ def build_attn_batch(chunks: list[tuple[int, int, list[int]]], block_size: int, 
             lens = torch.tensor(lengths, device=device)
             span = torch.arange(max_blocks * block_size, device=device)
             mask = (span.unsqueeze(0) < lens.unsqueeze(1))[:, None, None, :]
-        decode = DecodeGroup(torch.tensor(dec_rows, dtype=torch.long, device=device), blocks, mask, lengths)
+        decode = DecodeGroup(torch.tensor(dec_rows, dtype=torch.long, device=device), blocks, mask, lengths,
+                             dec_ids if seq_ids is not None else [], dec_rows)
     return AttnBatch(prefills, decode, row)
 
 

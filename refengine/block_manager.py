@@ -6,7 +6,9 @@ its own tensor of ``num_blocks`` blocks). A token at position ``p`` of a request
 lives in block ``table[p // block_size]`` at offset ``p % block_size``.
 
 Invariants: a block id is either in the free list or in exactly one request's
-table; ``num_free + sum(len(tables)) == num_blocks``.
+table; ``num_free + sum(len(tables)) == num_blocks``. ``truncate`` (eviction: the
+request's cache entries were compacted to the front) returns the blocks past the
+kept tokens to the free list, where any request can take them.
 """
 
 from __future__ import annotations
@@ -57,6 +59,19 @@ class BlockManager:
             return False
         table.extend(self._free.popleft() for _ in range(missing))
         return True
+
+    def truncate(self, request_id: str, num_tokens: int) -> list[int]:
+        """Keep the blocks holding the first ``num_tokens`` tokens; free the rest. Returns the freed ids."""
+        table = self._tables.get(request_id)
+        if table is None:
+            return []
+        keep = self.blocks_needed(num_tokens)
+        freed = table[keep:]
+        del table[keep:]
+        self._free.extend(freed)
+        if not table:
+            del self._tables[request_id]
+        return freed
 
     def free(self, request_id: str) -> None:
         table = self._tables.pop(request_id, None)

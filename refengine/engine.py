@@ -1,5 +1,10 @@
 """LLMEngine: the synchronous engine. ``step()`` = schedule -> run model -> update.
 
+After the update, KV methods see the step (``runner.after_step``) and may return
+edits that go through the scheduler (eviction: ``Scheduler.truncate`` frees the
+blocks past a request's kept cache entries; its positions are unchanged).
+Requests that finish, abort or are preempted are forgotten by the methods.
+
 Not thread-safe: one thread owns it (``AsyncEngine`` runs it on a background
 thread). Callers speak token ids and ``SamplingParams``; out come
 ``RequestOutput`` increments (one token per request per step).
@@ -84,6 +89,7 @@ class LLMEngine:
     # ---- the step ---------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         sched = self.scheduler.schedule()
+        self.runner.forget(sched.preempted)        # their blocks are free (and may be reused this step)
         if not sched.chunks:
             return []
         try:
@@ -91,8 +97,11 @@ class LLMEngine:
             self._failed_steps = 0
         except Exception as exc:  # noqa: BLE001 - isolate the request(s) that cause it
             sampled, logprobs = self._isolate(sched, exc)
+        touched = self.scheduler.update(sched, sampled)
+        for edit in self.runner.after_step(sched):
+            self.scheduler.truncate(edit.request_id, edit.num_cached)
         outputs = []
-        for req in self.scheduler.update(sched, sampled):
+        for req in touched:
             if req.num_output_tokens == 1:
                 self.prompt_tokens_total += req.num_prompt_tokens
             self.generation_tokens_total += 1
@@ -208,8 +217,11 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
-            extra={"kv_bytes_used": float(bm.num_used * bm.block_size * r.kv.bytes_per_token),
+            extra={"kv_bytes_used": float(bm.num_used * r.kv.bytes_per_block),
                    "kv_host_bytes_per_token": float(r.kv.host_bytes_per_token),
+                   "kv_host_bytes_used": float(bm.num_used * r.kv.host_bytes_per_block),
+                   "kv_host_bytes_total": float(r.kv.host_bytes_total),
+                   "kv_reserved_bytes": float(r.reserved_bytes),
                    "swiftkv_layers": float(r.model.num_kv_layers),
                    "swiftkv_group_size": float(r.model.group_size),
                    **r.kv.stats()},

@@ -4,10 +4,13 @@ It owns the model, the KV cache and the RNGs. At start-up the KV methods
 (``config.kv_methods`` + ``kv_cache_dtype``) are parsed, validated and planned
 before any weight is read; their load-time weight replacements are applied as
 the model loads, and the block pool is sized by the planned device bytes per
-token. ``execute(SchedulerOutput)`` turns the
-scheduler's token counts and block tables into batch tensors (input ids, positions,
-slot mapping, attention descriptions), runs one forward pass and samples one
-token for every request whose chunk reached its last known token.
+block (after the methods' fixed reservations). ``execute(SchedulerOutput)`` turns the
+scheduler's token counts and block tables into batch tensors (input ids, true
+positions for RoPE, slot mapping and attention over *cache* offsets, which differ
+once an eviction method dropped tokens), runs one forward pass and samples one
+token for every request whose chunk reached its last known token. ``after_step``
+gives KV methods the step after the scheduler's update and collects their edits;
+``forget`` drops their per-request state.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ import torch
 from refengine.attention import build_attn_batch, slot_mapping
 from refengine.config import EngineConfig
 from refengine.kv import registry
+from refengine.kv.base import Truncate
 from refengine.kv.cache import KVCache
-from refengine.kv.spec import CacheSpec
+from refengine.kv.spec import CacheSpec, EngineLimits
 from refengine.model_config import ModelSpec
 from refengine.models.llama import LlamaModel
 from refengine.outputs import TokenLogprob
@@ -61,7 +65,7 @@ class ModelRunner:
             torch.set_num_threads(config.torch_threads)
         torch.manual_seed(config.seed)
         elem = torch.empty((), dtype=self.dtype).element_size()
-        facts = registry.facts_from_spec(spec, config.model, config.swiftkv, elem)
+        facts = registry.facts_from_spec(spec, config.model, config.swiftkv, elem, config.block_size)
         self.kv_methods = registry.build(config.kv_methods, facts, config.kv_cache_dtype)   # MethodError: refuse
         self.cache_spec = registry.plan(self.kv_methods, facts)
         weights = WeightSource(config.model)
@@ -74,23 +78,27 @@ class ModelRunner:
         self.bytes_per_token = self.cache_spec.device_bytes_per_token
         self.host_bytes_per_token = self.cache_spec.host_bytes_per_token
         # The same model with no SwiftKV and no KV method: the denominator of compression ratios.
-        plain = registry.facts_from_spec(spec, config.model, False, elem)
+        plain = registry.facts_from_spec(spec, config.model, False, elem, config.block_size)
         self.bytes_per_token_baseline = CacheSpec.for_model(plain).device_bytes_per_token
-        num_blocks = config.num_kv_blocks or int(
-            config.kv_cache_memory_gb * (1 << 30) // (config.block_size * self.bytes_per_token))
+        limits = EngineLimits(config.block_size, config.max_num_seqs, config.max_num_batched_tokens)
+        self.reserved_bytes = sum(m.reserved_bytes(self.cache_spec, limits) for m in self.kv_methods)
+        per_block = self.cache_spec.device_bytes_per_block
+        budget = int(config.kv_cache_memory_gb * (1 << 30)) - self.reserved_bytes
+        num_blocks = config.num_kv_blocks or max(0, budget // per_block)
         if num_blocks * config.block_size < max_model_len:
             raise ValueError(
                 f"KV cache of {num_blocks} blocks x {config.block_size} tokens cannot hold one request of "
                 f"max_model_len={max_model_len}; raise --kv-cache-memory-gb or lower --max-model-len")
         self.num_blocks = num_blocks
         self.kv = KVCache(self.cache_spec, self.kv_methods, num_blocks, config.block_size, self.dtype, self.device)
-        if self.kv.bytes_per_token != self.bytes_per_token:     # the spec's arithmetic is the contract
-            raise RuntimeError(f"KV storage allocated {self.kv.bytes_per_token} bytes/token, "
-                               f"planned {self.bytes_per_token}")
+        if (self.kv.bytes_per_block, self.kv.host_bytes_per_block) != (per_block, self.cache_spec.host_bytes_per_block):
+            raise RuntimeError(f"KV storage allocated {self.kv.bytes_per_block} device + "   # the spec is the contract
+                               f"{self.kv.host_bytes_per_block} host bytes/block, planned {per_block} + "
+                               f"{self.cache_spec.host_bytes_per_block}")
         self.default_gen = torch.Generator(device=self.device).manual_seed(config.seed)
         self._gens: dict[str, torch.Generator] = {}
         self.want_dist = False                   # scoring: keep full logprob rows (evaluation only)
-        log.info("model %s on %s/%s: swiftkv=%s (l=%d, g=%d), KV methods %s, %d KV blocks, %d bytes/token "
+        log.info("model %s on %s/%s: swiftkv=%s (l=%d, g=%d), KV methods %s, %d KV blocks, %.1f bytes/token "
                  "(%.2fx smaller than %d)", config.model, self.device, self.dtype, self.model.use_swiftkv,
                  self.model.num_kv_layers, self.model.group_size, self.kv_methods or "none", num_blocks,
                  self.bytes_per_token, self.bytes_per_token_baseline / self.bytes_per_token,
@@ -98,6 +106,21 @@ class ModelRunner:
 
     def release(self, request_id: str) -> None:
         self._gens.pop(request_id, None)
+        self.forget([request_id])
+
+    def forget(self, request_ids: list[str]) -> None:
+        """Requests that finished, aborted or were preempted: KV methods drop their state."""
+        if request_ids:
+            for m in self.kv_methods:
+                m.forget(request_ids)
+
+    @torch.inference_mode()
+    def after_step(self, sched: SchedulerOutput) -> list[Truncate]:
+        """KV methods' serving hook after the scheduler's update; returns their edits."""
+        edits: list[Truncate] = []
+        for m in self.kv_methods:
+            edits += m.after_step(sched, self.kv) or []
+        return edits
 
     def _generator(self, request_id: str, seed: int | None) -> torch.Generator | None:
         if seed is None:
@@ -110,7 +133,10 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> tuple[dict[str, int], dict[str, TokenLogprob]]:
         dev, bs = self.device, self.config.block_size
-        chunks = [(c.start, c.num_tokens, c.block_table) for c in sched.chunks]
+        # Cache offsets (slot mapping, attention lengths) vs true positions (RoPE): they differ
+        # by the tokens an eviction method dropped from the request's cache.
+        chunks = [(c.cache_start, c.num_tokens, c.block_table) for c in sched.chunks]
+        seq_ids = [c.request.request_id for c in sched.chunks]
         ids, pos, logit_rows, sampling = [], [], [], []
         row = 0
         for c in sched.chunks:
@@ -123,13 +149,15 @@ class ModelRunner:
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         positions = torch.tensor(pos, dtype=torch.long, device=dev)
         slots = slot_mapping(chunks, bs, dev)
-        attn_all = build_attn_batch(chunks, bs, dev)
+        attn_all = build_attn_batch(chunks, bs, dev, seq_ids=seq_ids)
         logits_idx = torch.tensor(logit_rows, dtype=torch.long, device=dev)
         attn_logits = None
         if self.model.use_swiftkv:
             # Later layers: one query per sampling sequence, at its last position.
-            attn_logits = build_attn_batch([(c.start + c.num_tokens - 1, 1, c.block_table) for c in sampling],
-                                           bs, dev)
+            attn_logits = build_attn_batch([(c.cache_start + c.num_tokens - 1, 1, c.block_table) for c in sampling],
+                                           bs, dev, seq_ids=[c.request.request_id for c in sampling])
+        for m in self.kv_methods:
+            m.begin_step(sched, self.kv)
         logits = self.model(input_ids, positions, self.kv, attn_all, slots, logits_idx, attn_logits)
         if not sampling:
             return {}, {}

@@ -1,8 +1,14 @@
 """A request's state inside the engine: token ids, progress, status. No torch.
 
 ``token_ids`` holds prompt + generated tokens in one list. The scheduler advances
-``num_computed_tokens`` (tokens whose KV is in the cache) towards ``num_tokens``;
+``num_computed_tokens`` (positions whose KV has been computed) towards ``num_tokens``;
 when a step computes the last known token, the model samples a new one.
+
+Positions vs cache entries: an eviction KV method may drop computed tokens from the
+cache (``num_evicted``). Then the cache holds ``num_cached_tokens =
+num_computed_tokens - num_evicted`` entries per head, compacted to the front of the
+block table, while RoPE positions keep counting ``num_computed_tokens``. Both reset
+on preemption (the cache is rebuilt by recomputation).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ class Request:
     __slots__ = (
         "request_id", "token_ids", "num_prompt_tokens", "params", "eos_token_ids",
         "num_computed_tokens", "status", "stop_reason", "timings", "num_preemptions",
-        "max_model_len", "forced_ids", "score_log",
+        "max_model_len", "forced_ids", "score_log", "num_evicted", "prefilled",
     )
 
     def __init__(
@@ -51,6 +57,8 @@ class Request:
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self.num_computed_tokens = 0
+        self.num_evicted = 0            # computed tokens no longer in the cache (eviction)
+        self.prefilled = False          # a token was sampled since the cache was (re)built
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
         self.timings = RequestTimings(arrival=arrival_time if arrival_time is not None else time.monotonic())
@@ -63,6 +71,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Entries per head in the cache (= positions computed, minus evicted ones)."""
+        return self.num_computed_tokens - self.num_evicted
 
     @property
     def num_output_tokens(self) -> int:

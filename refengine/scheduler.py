@@ -8,6 +8,12 @@ waiting requests are admitted FIFO while budget, ``max_num_seqs`` and KV blocks
 allow. When a running request cannot get a block, the newest running request is
 preempted (its blocks freed, ``num_computed_tokens`` reset) and put back at the
 head of the waiting queue; it is recomputed later, its sampled tokens kept.
+
+Blocks are counted in cache entries, not positions: after an eviction KV method
+dropped tokens (``truncate``, applied between steps), a request needs blocks for
+``num_cached_tokens`` entries while its chunks keep their true positions
+(``ScheduledChunk.start``, for RoPE) next to their cache offsets (``cache_start``,
+for the slot mapping and attention lengths).
 """
 
 from __future__ import annotations
@@ -26,6 +32,12 @@ class ScheduledChunk:
     start: int              # first position computed this step (= num_computed_tokens before)
     num_tokens: int         # positions start .. start+num_tokens-1
     block_table: list[int]
+    cache_start: int = -1   # cache entry of position ``start`` (= start - num_evicted); -1: same as start
+    ends_prefill: bool = False  # the first token sampled since the cache was (re)built comes from this chunk
+
+    def __post_init__(self) -> None:
+        if self.cache_start < 0:
+            self.cache_start = self.start
 
     @property
     def needs_logits(self) -> bool:
@@ -83,6 +95,8 @@ class Scheduler:
     def _preempt(self, req: Request) -> None:
         self.bm.free(req.request_id)
         req.num_computed_tokens = 0
+        req.num_evicted = 0
+        req.prefilled = False
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -96,14 +110,14 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
-            while not self.bm.ensure(req.request_id, req.num_computed_tokens + n):
+            while not self.bm.ensure(req.request_id, req.num_cached_tokens + n):
                 victim = self.running.pop()
                 self._preempt(victim)
                 out.preempted.append(victim.request_id)
                 if victim is req:
                     break
             else:
-                out.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, self.bm.table(req.request_id)))
+                out.chunks.append(self._chunk(req, n))
                 budget -= n
                 i += 1
                 continue
@@ -113,16 +127,32 @@ class Scheduler:
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 req = self.waiting[0]
                 n = min(req.num_tokens - req.num_computed_tokens, budget)
-                if not self.bm.ensure(req.request_id, req.num_computed_tokens + n):
+                if not self.bm.ensure(req.request_id, req.num_cached_tokens + n):
                     break
                 self.waiting.popleft()
                 req.status = RequestStatus.RUNNING
                 if req.timings.first_scheduled is None:
                     req.timings.first_scheduled = time.monotonic()
                 self.running.append(req)
-                out.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, self.bm.table(req.request_id)))
+                out.chunks.append(self._chunk(req, n))
                 budget -= n
         return out
+
+    def _chunk(self, req: Request, n: int) -> ScheduledChunk:
+        start = req.num_computed_tokens
+        return ScheduledChunk(req, start, n, self.bm.table(req.request_id), req.num_cached_tokens,
+                              ends_prefill=not req.prefilled and start + n == req.num_tokens)
+
+    def truncate(self, request_id: str, num_cached: int) -> list[int]:
+        """An eviction method compacted the request's cache to its first ``num_cached`` entries:
+        record the dropped tokens (positions are unchanged) and free the blocks past them."""
+        req = self.requests.get(request_id)
+        if req is None or req.status is not RequestStatus.RUNNING:
+            return []
+        if not 0 < num_cached <= req.num_cached_tokens:
+            raise ValueError(f"cannot keep {num_cached} of {req.num_cached_tokens} cached tokens of {request_id!r}")
+        req.num_evicted += req.num_cached_tokens - num_cached
+        return self.bm.truncate(request_id, num_cached)
 
     def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
         """Advance progress, append sampled tokens, retire finished requests.
@@ -138,6 +168,7 @@ class Scheduler:
             req.num_computed_tokens += chunk.num_tokens
             if not chunk.needs_logits:
                 continue
+            req.prefilled = True
             req.append_token(sampled[req.request_id])
             if req.timings.first_token is None:
                 req.timings.first_token = now

@@ -2,7 +2,10 @@
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``
 (with ``max_model_len``), ``GET /health`` (200 when the engine is healthy and the worker is not
-draining, else 503), ``GET /load`` (running / waiting / in-flight / KV usage, for routers),
+draining, else 503), ``GET /load`` (running / waiting / in-flight / KV usage, for routers; its
+``server_load`` is vLLM's field: generation HTTP requests in flight), ``GET /get_load`` (the
+per-rank list that SGLang-style routers poll: ``dp_rank``, ``num_reqs``, ``num_waiting_reqs``,
+``num_tokens`` = tokens held in the KV cache),
 ``GET /metrics`` (Prometheus, per-app registry), ``GET /version``.
 
 Shared objects live on ``app.state`` (``config``, ``engine``, ``tokenizer``,
@@ -85,12 +88,20 @@ def build_app(config: WorkerConfig, engine, tokenizer) -> FastAPI:
         st = raw_request.app.state
         s = st.engine.stats()
         return JSONResponse({
+            "server_load": st.serving.in_flight,
             "model": st.config.model_name,
             "running": s.num_running, "waiting": s.num_waiting, "in_flight": st.serving.in_flight,
             "max_concurrent_requests": st.config.max_concurrent_requests,
             "kv_usage": s.kv_usage, "kv_blocks_used": s.kv_blocks_used, "kv_blocks_total": s.kv_blocks_total,
             "num_preemptions": s.num_preemptions, "healthy": st.engine.healthy(), "draining": st.serving.draining,
         })
+
+    @app.get("/get_load")
+    async def get_load(raw_request: Request):
+        st = raw_request.app.state
+        s = st.engine.stats()
+        return JSONResponse([{"dp_rank": 0, "num_reqs": s.num_running + s.num_waiting, "num_waiting_reqs": s.num_waiting,
+                              "num_tokens": s.kv_blocks_used * s.kv_block_size}])
 
     @app.get("/metrics")
     async def metrics(raw_request: Request):

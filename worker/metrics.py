@@ -174,6 +174,12 @@ class _EngineCollector:
         yield g("vllm:num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting)
         yield g("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = full.", s.kv_usage)
         yield g("vllm:gpu_cache_usage_perc", "KV-cache usage, 1 = full (older name).", s.kv_usage)
+        # vLLM's cache-config info gauge (always 1; the figures are labels): the Gateway API
+        # Inference Extension and our gateway read the cache size and block size from it.
+        info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                                 labels=[*LABELS, "block_size", "num_gpu_blocks"])
+        info.add_metric([*self.labels, str(s.kv_block_size), str(s.kv_blocks_total)], 1.0)
+        yield info
         c = CounterMetricFamily("vllm:num_preemptions", "Preemptions in the engine.", labels=LABELS)
         c.add_metric(self.labels, float(s.num_preemptions))
         yield c

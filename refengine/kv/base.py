@@ -8,14 +8,22 @@ takes part in three phases:
    reasons the method cannot run on this model; ``configure(group, facts)`` edits
    the ``GroupSpec`` of every cache slot it applies to (dimensions, codec, where V
    lives, whether tokens may be evicted).
+   ``reserved_bytes(spec, limits)`` is device memory the method needs besides the
+   block pool (ZipCache's full-precision window); the pool budget shrinks by it.
 2. Loading (torch): ``weight_overrides(facts, spec, weights)`` returns replaced
    tensors by checkpoint name (e.g. ZACK folds its V rotation into V and O);
    ``qk_transform(group)`` may return the transform applied to queries and keys
    after RoPE (ZACK); ``make_store(...)`` builds the storage of a codec;
    ``wrap_attention(group, op)`` may replace the attention operation of a slot
    (KCache's top-N, a codec's fused kernel).
-3. Serving: ``after_step(...)`` may return edits to apply through the scheduler
-   (eviction); ``stats()`` adds gauges to ``/metrics``.
+3. Serving, once per engine step (``sched`` is the scheduler's output; chunks carry
+   request, true positions and cache offsets): ``begin_step(sched, cache)`` before the
+   forward pass; ``after_step(sched, cache)`` after the scheduler recorded the sampled
+   tokens, returning ``Truncate`` edits the engine applies through the scheduler
+   (eviction: the method has compacted the request's cache entries to the front;
+   the scheduler frees the blocks past them, positions stay); ``forget(ids)`` when
+   requests finish, abort or are preempted (drop per-request state; their blocks
+   are already free); ``stats()`` adds gauges to ``/metrics``.
 
 Every hook has a do-nothing default; a method overrides what it needs. Its
 ``role`` says which composition rules apply (see ``refengine.kv.registry``).
@@ -23,16 +31,25 @@ Every hook has a do-nothing default; a method overrides what it needs. Its
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from refengine.kv.spec import CacheSpec, GroupSpec, ModelFacts
+from refengine.kv.spec import CacheSpec, EngineLimits, GroupSpec, ModelFacts
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 ROLES = ("dims", "codec", "placement", "eviction")
+
+
+@dataclass(frozen=True)
+class Truncate:
+    """Edit returned by ``after_step``: the request's cache now holds its first ``num_cached`` entries."""
+
+    request_id: str
+    num_cached: int
 
 
 class MethodError(ValueError):
@@ -60,6 +77,8 @@ class KVMethod:
     role: ClassVar[str]
     OptionsModel: ClassVar[type[Options]] = Options
     summary: ClassVar[str] = ""
+    # Methods this one cannot be combined with: name -> the reason given to the user.
+    refuses: ClassVar[dict[str, str]] = {}
 
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         try:
@@ -82,6 +101,9 @@ class KVMethod:
     def configure(self, group: GroupSpec, facts: ModelFacts) -> GroupSpec:
         return group
 
+    def reserved_bytes(self, spec: CacheSpec, limits: EngineLimits) -> int:
+        return 0
+
     # ---- loading (torch) -------------------------------------------------
     def weight_overrides(self, facts: ModelFacts, spec: CacheSpec, weights) -> dict[str, "torch.Tensor"]:
         return {}
@@ -89,15 +111,22 @@ class KVMethod:
     def qk_transform(self, group: GroupSpec, device, dtype):
         return None
 
-    def make_store(self, group: GroupSpec, heads: int, dims: int, num_blocks: int, block_size: int,
-                   dtype, device):
+    def make_store(self, group: GroupSpec, which: str, heads: int, dims: int, num_blocks: int, block_size: int,
+                   dtype, device, pin: bool = False):
+        """A store for K (``which="k"``) or V of ``heads`` heads of ``dims`` each, or None (built-in codec)."""
         return None
 
     def wrap_attention(self, group: GroupSpec, op):
         return op
 
     # ---- serving ---------------------------------------------------------
-    def after_step(self, step) -> list | None:
+    def begin_step(self, sched, cache) -> None:
+        return None
+
+    def after_step(self, sched, cache) -> list[Truncate]:
+        return []
+
+    def forget(self, request_ids) -> None:
         return None
 
     def stats(self) -> dict[str, float]:

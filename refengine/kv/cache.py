@@ -13,7 +13,11 @@ A model layer calls its slot with the step's tensors (T = tokens of the step):
 - an *attention op* per part computes ``[T, nq, k_dim] -> [T, nq, v_dim]`` over the
   stores (paged attention by default; methods may wrap or replace it).
 
-Slots shared by several layers (AcrossKV) are one object, allocated once.
+Slots shared by several layers (AcrossKV) are one object, allocated once. A slot
+whose spec puts V on the host allocates its V stores in CPU memory (pinned when the
+device is CUDA), apart from the device pool: the pool's budget counts device bytes
+only. ``compact`` moves kept entries of one request to the front of its block table,
+head by head (eviction); RoPE was applied before ``write``, so nothing is re-rotated.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from refengine import attention
-from refengine.kv.spec import CacheSpec, GroupSpec, HeadPart
+from refengine.kv.spec import BlockBytes, CacheSpec, GroupSpec, HeadPart
 from refengine.kv.storage import make_store
 
 
@@ -33,8 +37,12 @@ class PartKV:
         self.k = k_store
         self.v = v_store
 
+    @property
+    def v_device(self) -> torch.device:
+        return self.v.device
+
     def gather(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k.gather(blocks), self.v.gather(blocks.to(self.v.data.device)).to(blocks.device)
+        return self.k.gather(blocks), self.v.gather(blocks.to(self.v.device)).to(blocks.device, non_blocking=True)
 
 
 def paged_op(q: torch.Tensor, part: PartKV, batch: attention.AttnBatch, scale: float) -> torch.Tensor:
@@ -59,28 +67,35 @@ class HeadSplit:
         return [q] if self.single else [q.index_select(1, i) for i in self.q_idx]
 
 
-class SlotKV:
-    def __init__(self, group: GroupSpec, parts: list[PartKV], ops: list, transform):
+class SlotKV(BlockBytes):
+    def __init__(self, group: GroupSpec, parts: list[PartKV], ops: list, transform, block_size: int):
         self.group = group
+        self.block_size = block_size
         self.parts = parts
         self.ops = ops
         self.transform = transform
         self.v_splits = [len(p.part.heads) * p.part.v_dim for p in parts]
 
     @property
-    def device_bytes_per_token(self) -> int:
-        return sum(p.k.bytes_per_token + (0 if self.group.v_on_host else p.v.bytes_per_token) for p in self.parts)
+    def device_bytes_per_block(self) -> int:
+        return sum(p.k.bytes_per_block + (0 if self.group.v_on_host else p.v.bytes_per_block) for p in self.parts)
 
     @property
-    def host_bytes_per_token(self) -> int:
-        return sum(p.v.bytes_per_token for p in self.parts) if self.group.v_on_host else 0
+    def host_bytes_per_block(self) -> int:
+        return sum(p.v.bytes_per_block for p in self.parts) if self.group.v_on_host else 0
 
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         T = k.shape[0]
         vs = v.split(self.v_splits, dim=-1) if len(self.parts) > 1 else (v,)
         for p, kp, vp in zip(self.parts, self.transform.keys(k), vs):
             p.k.write(slots, kp)
-            p.v.write(slots.to(p.v.data.device), vp.reshape(T, len(p.part.heads), p.part.v_dim))
+            p.v.write(slots.to(p.v.device), vp.reshape(T, len(p.part.heads), p.part.v_dim))
+
+    def compact(self, src: list[torch.Tensor], dst: torch.Tensor) -> None:
+        """Per part, head h of flat slot ``dst[j]`` <- head h of ``src[part][h, j]`` (K and V)."""
+        for p, s in zip(self.parts, src):
+            p.k.move_heads(s, dst)
+            p.v.move_heads(s.to(p.v.device), dst.to(p.v.device))
 
     def attend(self, q: torch.Tensor, batch: attention.AttnBatch, scale: float) -> torch.Tensor:
         T = q.shape[0]
@@ -89,7 +104,7 @@ class SlotKV:
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
 
-class KVCache:
+class KVCache(BlockBytes):
     """Every slot of the engine; ``layers[i]`` is the ``SlotKV`` layer i reads and writes."""
 
     def __init__(self, spec: CacheSpec, methods: list, num_blocks: int, block_size: int, dtype: torch.dtype,
@@ -98,26 +113,29 @@ class KVCache:
         self.methods = list(methods)
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.device = device
         self.slots = [self._build_slot(g, num_blocks, block_size, dtype, device) for g in spec.groups]
         self.layers = [self.slots[s] for s in spec.layer_slot]
 
     def _applying(self, group: GroupSpec) -> list:
         return [m for m in self.methods if m.applies_to(group)]
 
-    def _store(self, group: GroupSpec, heads: int, dims: int, num_blocks: int, block_size: int, dtype, device):
+    def _store(self, group: GroupSpec, which: str, heads: int, dims: int, num_blocks: int, block_size: int,
+               dtype, device, pin: bool = False):
         for m in self._applying(group):
-            store = m.make_store(group, heads, dims, num_blocks, block_size, dtype, device)
+            store = m.make_store(group, which, heads, dims, num_blocks, block_size, dtype, device, pin)
             if store is not None:
                 return store
-        return make_store(group.codec, num_blocks, block_size, heads, dims, dtype, device)
+        return make_store(group.codec, num_blocks, block_size, heads, dims, dtype, device, pin)
 
     def _build_slot(self, group: GroupSpec, num_blocks, block_size, dtype, device) -> SlotKV:
+        host = group.v_on_host and torch.device(device).type != "cpu"
         v_device = torch.device("cpu") if group.v_on_host else device
         parts, ops = [], []
         for part in group.parts:
             n = len(part.heads)
-            k = self._store(group, n, part.k_dim, num_blocks, block_size, dtype, device)
-            v = self._store(group, n, part.v_dim, num_blocks, block_size, dtype, v_device)
+            k = self._store(group, "k", n, part.k_dim, num_blocks, block_size, dtype, device)
+            v = self._store(group, "v", n, part.v_dim, num_blocks, block_size, dtype, v_device, pin=host)
             parts.append(PartKV(part, k, v))
             op = paged_op
             for m in self._applying(group):
@@ -126,20 +144,41 @@ class KVCache:
         transform = None
         for m in self._applying(group):
             transform = transform or m.qk_transform(group, device, dtype)
-        return SlotKV(group, parts, ops, transform or HeadSplit(group, device))
+        return SlotKV(group, parts, ops, transform or HeadSplit(group, device), block_size)
 
     @property
-    def bytes_per_token(self) -> int:
-        """Device bytes per token (what the block pool is sized by)."""
-        return sum(s.device_bytes_per_token for s in self.slots)
+    def device_bytes_per_block(self) -> int:
+        """Device bytes per block (what the block pool is sized by)."""
+        return sum(s.device_bytes_per_block for s in self.slots)
 
     @property
-    def host_bytes_per_token(self) -> int:
-        return sum(s.host_bytes_per_token for s in self.slots)
+    def host_bytes_per_block(self) -> int:
+        return sum(s.host_bytes_per_block for s in self.slots)
+
+    bytes_per_block = device_bytes_per_block            # short names the engine reports with
+    bytes_per_token = BlockBytes.device_bytes_per_token
 
     @property
     def bytes_total(self) -> int:
-        return self.bytes_per_token * self.num_blocks * self.block_size
+        return self.bytes_per_block * self.num_blocks
+
+    @property
+    def host_bytes_total(self) -> int:
+        return self.host_bytes_per_block * self.num_blocks
+
+    def compact(self, table: list[int], keep: list[list[torch.Tensor]]) -> None:
+        """Move one request's kept entries to the front of its block table, in every slot.
+
+        ``keep[slot][part]`` is ``[heads of the part, N]`` cache indices (ascending per head,
+        so ``keep[h, j] >= j``); afterwards entry j of head h holds what ``keep[h, j]`` held.
+        """
+        bs = self.block_size
+        t = torch.tensor(table, dtype=torch.long, device=self.device)
+        for slot, parts in zip(self.slots, keep):
+            n = parts[0].shape[1]
+            dst_idx = torch.arange(n, device=self.device)
+            dst = t[dst_idx // bs] * bs + dst_idx % bs
+            slot.compact([t[k // bs] * bs + k % bs for k in parts], dst)
 
     def stats(self) -> dict[str, float]:
         out: dict[str, float] = {}

@@ -19,6 +19,11 @@ Composition rules:
 4. Only a ``dims`` method may transform queries and keys (after RoPE, before the
    cache write); RoPE is applied before ``write``, so no method re-rotates keys.
 5. A method that refuses a model (``validate``) stops the start with its reason.
+6. Pairs a method declares impossible (``KVMethod.refuses``) are refused with its reason:
+   eviction x zipcache (whole-block quantisation vs moving single tokens) and
+   kcache x zipcache (dense top-N V rows from the host vs packed V with its own op).
+   Every other pair composes: eviction compacts any dense or fp8 store, host V
+   included; KCache's top-N runs on ZACK's compressed heads and on fp8.
 """
 
 from __future__ import annotations
@@ -28,12 +33,16 @@ from pathlib import Path
 from typing import Any
 
 from refengine.kv.base import ROLES, KVMethod, MethodError
+from refengine.kv.methods.eviction import EvictionMethod
 from refengine.kv.methods.fp8 import Fp8Method
+from refengine.kv.methods.kcache import KCacheMethod
 from refengine.kv.methods.zack import ZackMethod
+from refengine.kv.methods.zipcache import ZipCacheMethod
 from refengine.kv.spec import CacheSpec, ModelFacts
 
 # The one list of methods: the CLI's help, validation and the shared tests all read it.
-METHODS: dict[str, type[KVMethod]] = {m.name: m for m in (ZackMethod, Fp8Method)}
+METHODS: dict[str, type[KVMethod]] = {m.name: m for m in (ZackMethod, Fp8Method, ZipCacheMethod, KCacheMethod,
+                                                           EvictionMethod)}
 
 # Methods a model directory turns on by itself (config.json key -> method name).
 AUTO_FROM_CONFIG = {"zack": "zack"}
@@ -86,6 +95,11 @@ def parse(config: dict[str, Any] | None, facts: ModelFacts | None = None,
         if len(names) > 1:
             what = "two KV codecs" if role == "codec" else f"two {role} methods"
             reasons.append(f"{what} cannot be combined: {' and '.join(names)} (at most one {role} method)")
+    names = {m.name for m in methods}
+    for m in methods:
+        for other, why in m.refuses.items():
+            if other in names:
+                reasons.append(f"{m.name} cannot be combined with {other}: {why}")
     if reasons:
         raise MethodError("; ".join(reasons))
     return sorted(methods, key=lambda m: ROLES.index(m.role))
@@ -117,27 +131,27 @@ def build(config: dict[str, Any] | None, facts: ModelFacts, kv_cache_dtype: str 
     return methods
 
 
-def facts_for(model_dir: str | Path, swiftkv: bool = True, elem_bytes: int = 4) -> ModelFacts:
+def facts_for(model_dir: str | Path, swiftkv: bool = True, elem_bytes: int = 4, block_size: int = 16) -> ModelFacts:
     """``ModelFacts`` of a model directory without loading weights (for CLIs' early validation)."""
     from refengine.model_config import load_model_spec
 
     spec = load_model_spec(model_dir)
-    return facts_from_spec(spec, str(model_dir), swiftkv, elem_bytes)
+    return facts_from_spec(spec, str(model_dir), swiftkv, elem_bytes, block_size)
 
 
-def facts_from_spec(spec, model_dir: str, swiftkv: bool, elem_bytes: int) -> ModelFacts:
+def facts_from_spec(spec, model_dir: str, swiftkv: bool, elem_bytes: int, block_size: int = 16) -> ModelFacts:
     on = bool(swiftkv and spec.swiftkv)
     return ModelFacts(model_dir=str(model_dir), num_layers=spec.num_layers, num_heads=spec.num_heads,
                       num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, elem_bytes=elem_bytes,
                       swiftkv_layers=spec.num_key_value_layers if on else None,
-                      group_size=spec.key_value_group_size if on else 1, config=spec.raw)
+                      group_size=spec.key_value_group_size if on else 1, config=spec.raw, block_size=block_size)
 
 
 def check(config: dict[str, Any] | None, model_dir: str | Path, swiftkv: bool = True,
-          kv_cache_dtype: str = "auto") -> str | None:
+          kv_cache_dtype: str = "auto", block_size: int = 16) -> str | None:
     """None when the methods can serve this model; otherwise the reasons, one message."""
     try:
-        build(config, facts_for(model_dir, swiftkv), kv_cache_dtype)
+        build(config, facts_for(model_dir, swiftkv, block_size=block_size), kv_cache_dtype)
     except (MethodError, ValueError) as exc:
         return str(exc)
     return None

@@ -17,6 +17,11 @@ folded at load time must follow (ZACK's V and O) are defined here once:
 - Attention output (the O projection's input): for each part, for each of its KV
   heads, that head's ``q_per_kv`` query heads, each ``v_dim`` wide.
 With one part (every head the same size) both are the model's usual head order.
+
+Bytes are exact per *block* (``block_size`` tokens): a packed codec keeps metadata
+per block (ZipCache's per-channel K ranges), so a token's share may be fractional.
+``*_bytes_per_token`` = bytes per block / block size; the pool is sized and checked
+per block.
 """
 
 from __future__ import annotations
@@ -29,12 +34,43 @@ SCALE_BYTES = 4     # one float32 scale per (token, head) for the fp8 codec
 
 
 def codec_bytes(codec: str, dims: int, elem_bytes: int) -> int:
-    """Bytes of one token of one head stored with ``codec``."""
+    """Bytes of one token of one head stored with a per-token ``codec`` (dense, fp8)."""
     if codec == "dense":
         return dims * elem_bytes
     if codec == "fp8":
         return dims + SCALE_BYTES
     raise ValueError(f"unknown KV codec {codec!r}")
+
+
+def codec_block_bytes(codec: str, dims: int, elem_bytes: int, block_size: int, which: str,
+                      codec_args=None) -> int:
+    """Bytes of one block of one head. A codec with per-block metadata passes ``codec_args``
+    with ``block_bytes(dims, block_size, which)`` (``which``: "k" or "v")."""
+    if codec_args is not None and hasattr(codec_args, "block_bytes"):
+        return codec_args.block_bytes(dims, block_size, which)
+    return codec_bytes(codec, dims, elem_bytes) * block_size
+
+
+class BlockBytes:
+    """Per-token figures derived from per-block ones (``device_bytes_per_block``,
+    ``host_bytes_per_block``, ``block_size``): a packed codec's token share may be fractional."""
+
+    @property
+    def device_bytes_per_token(self) -> float:
+        return self.device_bytes_per_block / self.block_size
+
+    @property
+    def host_bytes_per_token(self) -> float:
+        return self.host_bytes_per_block / self.block_size
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """Engine sizes some methods plan fixed buffers with (e.g. ZipCache's full-precision window)."""
+
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
 
 
 @dataclass(frozen=True)
@@ -47,7 +83,7 @@ class HeadPart:
 
 
 @dataclass(frozen=True)
-class GroupSpec:
+class GroupSpec(BlockBytes):
     """One cache slot: which layers read it and how each KV head is stored."""
 
     slot: int
@@ -58,8 +94,10 @@ class GroupSpec:
     elem_bytes: int               # bytes of one element in the compute dtype
     k_dims: tuple[int, ...]       # stored K size per KV head
     v_dims: tuple[int, ...]       # stored V size per KV head
-    codec: str = "dense"          # "dense" (compute dtype) | "fp8" (e4m3 + per-token-head scale)
+    codec: str = "dense"          # "dense" (compute dtype) | "fp8" (e4m3 + per-token-head scale) | "zipcache"
     codec_owner: str | None = None  # the method that set the codec (composition checks)
+    codec_args: object = None     # hashable codec parameters (a packed layout with block_bytes(...))
+    block_size: int = 16          # tokens per block (the unit of allocation)
     v_on_host: bool = False       # V lives in a host pool, not in the device pool
     may_evict: bool = False       # a method may drop tokens of this slot after a step
     options: dict = field(default_factory=dict, compare=False)  # method notes (informational)
@@ -89,24 +127,33 @@ class GroupSpec:
     def out_width(self) -> int:
         return self.q_per_kv * sum(self.v_dims)
 
-    def _bytes(self, dims: tuple[int, ...]) -> int:
-        return sum(codec_bytes(self.codec, d, self.elem_bytes) for d in dims)
+    def _block_bytes(self, dims: tuple[int, ...], which: str) -> int:
+        return sum(codec_block_bytes(self.codec, d, self.elem_bytes, self.block_size, which, self.codec_args)
+                   for d in dims)
 
     @property
-    def k_bytes_per_token(self) -> int:
-        return self._bytes(self.k_dims)
+    def k_bytes_per_block(self) -> int:
+        return self._block_bytes(self.k_dims, "k")
 
     @property
-    def v_bytes_per_token(self) -> int:
-        return self._bytes(self.v_dims)
+    def v_bytes_per_block(self) -> int:
+        return self._block_bytes(self.v_dims, "v")
 
     @property
-    def device_bytes_per_token(self) -> int:
-        return self.k_bytes_per_token + (0 if self.v_on_host else self.v_bytes_per_token)
+    def device_bytes_per_block(self) -> int:
+        return self.k_bytes_per_block + (0 if self.v_on_host else self.v_bytes_per_block)
 
     @property
-    def host_bytes_per_token(self) -> int:
-        return self.v_bytes_per_token if self.v_on_host else 0
+    def host_bytes_per_block(self) -> int:
+        return self.v_bytes_per_block if self.v_on_host else 0
+
+    @property
+    def k_bytes_per_token(self) -> float:
+        return self.k_bytes_per_block / self.block_size
+
+    @property
+    def v_bytes_per_token(self) -> float:
+        return self.v_bytes_per_block / self.block_size
 
     def with_(self, **changes) -> "GroupSpec":
         return replace(self, **changes)
@@ -125,10 +172,11 @@ class ModelFacts:
     swiftkv_layers: int | None    # SwiftKV's l when SwiftKV runs, else None
     group_size: int               # AcrossKV g (1 without)
     config: dict = field(default_factory=dict, compare=False, repr=False)   # raw config.json
+    block_size: int = 16          # tokens per KV block of the engine
 
 
 @dataclass(frozen=True)
-class CacheSpec:
+class CacheSpec(BlockBytes):
     """Every slot of an engine's cache, and which slot each layer reads."""
 
     groups: tuple[GroupSpec, ...]
@@ -146,7 +194,7 @@ class CacheSpec:
         groups = tuple(
             GroupSpec(slot=s, layers=tuple(i for i, x in enumerate(layer_slot) if x == s), kv_heads=kvh,
                       head_dim=d, q_per_kv=facts.num_heads // kvh, elem_bytes=facts.elem_bytes,
-                      k_dims=(d,) * kvh, v_dims=(d,) * kvh)
+                      k_dims=(d,) * kvh, v_dims=(d,) * kvh, block_size=facts.block_size)
             for s in range(num_slots))
         return cls(groups, tuple(layer_slot))
 
@@ -155,12 +203,16 @@ class CacheSpec:
         return len(self.groups)
 
     @property
-    def device_bytes_per_token(self) -> int:
-        return sum(g.device_bytes_per_token for g in self.groups)
+    def block_size(self) -> int:
+        return self.groups[0].block_size if self.groups else 16
 
     @property
-    def host_bytes_per_token(self) -> int:
-        return sum(g.host_bytes_per_token for g in self.groups)
+    def device_bytes_per_block(self) -> int:
+        return sum(g.device_bytes_per_block for g in self.groups)
+
+    @property
+    def host_bytes_per_block(self) -> int:
+        return sum(g.host_bytes_per_block for g in self.groups)
 
     def slot_of(self, layer: int) -> GroupSpec:
         return self.groups[self.layer_slot[layer]]

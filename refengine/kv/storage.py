@@ -4,10 +4,14 @@ A store holds ``heads`` heads of ``dims`` elements for every token slot and know
 nothing about attention:
   write(slots [T], x [T, heads, dims])     encode and store T tokens at flat slots
   gather(blocks [n]) -> [n, block_size, heads, dims]   decode whole blocks (compute dtype)
-  rows(slots [N]) -> [N, heads, dims]      decode single tokens (top-N recall, eviction)
-  move(src [N], dst [N])                   copy token slots (compaction after eviction)
+  rows(slots [N]) -> [N, heads, dims]      decode single tokens
+  pick(slots [M], heads [M]) -> [M, dims]  decode one head of single tokens (KCache's top-N fetch)
+  move(src [N], dst [N])                   copy token slots
+  move_heads(src [heads, N], dst [N])      per-head compaction after eviction: head h of slot
+                                           ``dst[j]`` takes head h of slot ``src[h, j]``
 Flat slot index = ``block_id * block_size + offset``. Whole-block ``index_select``
-is several times faster on CPU than gathering tokens one by one.
+is several times faster on CPU than gathering tokens one by one. ``bytes_per_block``
+is what one block of the store allocates (the spec's arithmetic checks against it).
 
 Codecs: ``DenseStore`` (the compute dtype) and ``Fp8Store`` (float8 e4m3 bytes with
 one float32 absmax scale per (token, head); stored as uint8 so index ops work on
@@ -23,6 +27,15 @@ from refengine.kv.spec import codec_bytes
 FP8_MAX = 448.0  # largest finite float8_e4m3fn value
 
 
+def move_heads(t: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """In ``t [blocks, block_size, heads, ...]``: head h of flat slot ``dst[j]`` <- head h of ``src[h, j]``.
+
+    All sources are read before anything is written, so overlapping ranges are safe."""
+    flat = t.view(-1, *t.shape[2:])
+    heads = torch.arange(src.shape[0], device=src.device)
+    flat[dst.unsqueeze(0), heads.unsqueeze(1)] = flat[src, heads.unsqueeze(1)]
+
+
 class DenseStore:
     codec = "dense"
 
@@ -30,7 +43,9 @@ class DenseStore:
                  device: torch.device, pin: bool = False):
         self.data = torch.zeros(num_blocks, block_size, heads, dims, dtype=dtype, device=device,
                                 pin_memory=pin)
+        self.device = self.data.device
         self.bytes_per_token = heads * codec_bytes("dense", dims, self.data.element_size())
+        self.bytes_per_block = self.bytes_per_token * block_size
 
     def write(self, slots: torch.Tensor, x: torch.Tensor) -> None:
         self.data.view(-1, *self.data.shape[2:]).index_copy_(0, slots, x.to(self.data.dtype))
@@ -41,9 +56,15 @@ class DenseStore:
     def rows(self, slots: torch.Tensor) -> torch.Tensor:
         return self.data.view(-1, *self.data.shape[2:]).index_select(0, slots)
 
+    def pick(self, slots: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+        return self.data.view(-1, *self.data.shape[2:])[slots, heads]
+
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         flat = self.data.view(-1, *self.data.shape[2:])
         flat.index_copy_(0, dst, flat.index_select(0, src))
+
+    def move_heads(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        move_heads(self.data, src, dst)
 
 
 class Fp8Store:
@@ -58,7 +79,9 @@ class Fp8Store:
                                 pin_memory=pin)
         self.scale = torch.ones(num_blocks, block_size, heads, 1, dtype=torch.float32, device=device,
                                 pin_memory=pin)
+        self.device = self.data.device
         self.bytes_per_token = heads * codec_bytes("fp8", dims, 1)
+        self.bytes_per_block = self.bytes_per_token * block_size
 
     @staticmethod
     def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,9 +108,17 @@ class Fp8Store:
         data, scale = self._flat()
         return self._decode(data.index_select(0, slots), scale.index_select(0, slots))
 
+    def pick(self, slots, heads):
+        data, scale = self._flat()
+        return self._decode(data[slots, heads], scale[slots, heads])
+
     def move(self, src, dst):
         for flat in self._flat():
             flat.index_copy_(0, dst, flat.index_select(0, src))
+
+    def move_heads(self, src, dst):
+        move_heads(self.data, src, dst)
+        move_heads(self.scale, src, dst)
 
 
 STORES = {"dense": DenseStore, "fp8": Fp8Store}

@@ -170,6 +170,9 @@ def test_disruption_budgets_and_network_policies_select_the_pods(rendered, name)
     for c in ("worker", "gateway"):
         pdb = find(objs, "PodDisruptionBudget", f"swiftserve-{c}")
         assert _subset(pdb["spec"]["selector"]["matchLabels"], pods[c])
+    # Gateway high availability: two replicas, and a drain may never take both at once.
+    replicas = find(objs, "Deployment", "swiftserve-gateway")["spec"]["replicas"]
+    assert replicas >= 2 and 1 <= find(objs, "PodDisruptionBudget", "swiftserve-gateway")["spec"]["minAvailable"] < replicas
     pol = find(objs, "NetworkPolicy", "swiftserve-worker")
     assert _subset(pol["spec"]["podSelector"]["matchLabels"], pods["worker"])
     assert pol["spec"]["policyTypes"] == ["Ingress"]

@@ -93,3 +93,27 @@ def test_original_against_itself_and_fp8(smollm2_dir, tmp_path):
     assert same["kl_ci"] == pytest.approx([0.0, 0.0], abs=1e-6)
     fp8 = ev.compare(smollm2_dir, {"kv_cache_dtype": "fp8_e4m3"})
     assert 0 < fp8["kl"] < 0.1 and fp8["kv_bytes_per_token"] < same["kv_bytes_per_token"]
+
+
+@pytest.mark.model
+def test_needle_items_hide_one_answer_among_distractors(smollm2_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    from modelkit.needle import make_items
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    with open(corpus / "docs.jsonl", "w") as f:
+        for i in range(4):
+            f.write(json.dumps({"id": f"d{i}", "split": "heldout", "text": f"Filler paragraph {i} about rivers. " * 30})
+                    + "\n")
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    items = make_items(corpus, tok, 4, 512, seed=1)
+    assert [it.depth for it in items] == [0.125, 0.375, 0.625, 0.875]
+    for it in items:
+        text = tok.decode(it.prompt)
+        assert abs(len(it.prompt) - 512) <= 16
+        name = text.rsplit("The pass key of ", 1)[1].removesuffix(" is")
+        assert text.count(f"The pass key of {name} is {it.answer}.") == 1          # the needle, once
+        assert text.count("The pass key of ") == 5                                # + 3 distractors + the question
+        assert text.count(f" is {it.answer}.") == 1                                # no distractor shares the key

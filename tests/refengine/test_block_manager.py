@@ -42,3 +42,14 @@ def test_scheduler_modules_do_not_import_torch():
     for mod in (bm, sc):
         assert "import torch" not in inspect.getsource(mod)
     assert sys.modules.get("refengine.block_manager") is bm
+
+
+def test_truncate_frees_trailing_blocks_for_reuse():
+    bm = BlockManager(num_blocks=6, block_size=4)
+    assert bm.ensure("a", 18)                      # 5 blocks
+    kept, tail = bm.table("a")[:2], bm.table("a")[2:]
+    assert bm.truncate("a", 7) == tail             # 7 entries need 2 blocks
+    assert bm.table("a") == kept and bm.num_free == 4
+    assert bm.ensure("b", 16) and set(tail) <= set(bm.table("b"))   # freed blocks go to another request
+    assert bm.truncate("zzz", 3) == []
+    assert bm.num_free + len(bm.table("a")) + len(bm.table("b")) == bm.num_blocks

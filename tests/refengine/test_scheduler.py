@@ -90,3 +90,46 @@ def test_abort_running_and_waiting():
     assert s.abort("b").status is RequestStatus.FINISHED_ABORTED
     assert s.abort("b") is None and s.abort("zzz") is None
     assert bm.num_used == 0 and not s.has_unfinished()
+
+
+def test_eviction_keeps_positions_and_counts_blocks_by_cache_entries():
+    bm = BlockManager(num_blocks=20, block_size=4)
+    s = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=100)
+    s.add(make("a", 30, max_tokens=10))
+    out, _ = run_step(s)
+    assert out.chunks[0].ends_prefill and len(bm.table("a")) == 8
+    freed = s.truncate("a", 10)                          # an eviction method kept 10 entries
+    a = s.requests["a"]
+    assert len(freed) == 5 and len(bm.table("a")) == 3
+    assert (a.num_computed_tokens, a.num_evicted, a.num_cached_tokens) == (30, 20, 10)
+    out, _ = run_step(s)                                 # decode: position 30, cache entry 10
+    c = out.chunks[0]
+    assert (c.start, c.cache_start, c.num_tokens, c.ends_prefill) == (30, 10, 1, False)
+    for _ in range(2):
+        run_step(s)                                      # entry 12 opens a 4th block
+    assert a.num_cached_tokens == 13 and len(bm.table("a")) == 4
+    try:
+        s.truncate("a", 14)
+        raise AssertionError("keeping more entries than cached must fail")
+    except ValueError:
+        pass
+
+
+def test_preemption_resets_eviction_and_prefill_state():
+    bm = BlockManager(num_blocks=6, block_size=2)
+    s = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=100)
+    s.add(make("a", 7, max_tokens=10))
+    s.add(make("b", 3, max_tokens=10))
+    run_step(s)
+    s.truncate("a", 2)                                   # a: 1 block, b: 2 blocks
+    for _ in range(3):
+        out, _ = run_step(s)
+    s.add(make("c", 3, max_tokens=10))
+    while not s.requests["b"].num_preemptions and not s.requests["a"].num_preemptions:
+        out, _ = run_step(s)
+    victim = s.requests[out.preempted[-1]]
+    assert (victim.num_computed_tokens, victim.num_evicted, victim.prefilled) == (0, 0, False)
+    while victim.status is RequestStatus.WAITING or victim.num_computed_tokens < victim.num_tokens - 1:
+        out, _ = run_step(s)
+    ends = [c for c in out.chunks if c.request is victim]
+    assert ends and ends[0].ends_prefill               # the recomputed prefill ends a prefill again

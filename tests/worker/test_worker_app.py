@@ -53,6 +53,10 @@ def test_models_health_load_version(client_for):
     assert client.get("/health").status_code == 200
     load = client.get("/load").json()
     assert (load["running"], load["waiting"], load["in_flight"], load["kv_usage"]) == (1, 2, 0, 0.25)
+    assert load["server_load"] == 0                      # vLLM's /load field
+    (rank,) = client.get("/get_load").json()             # what SGLang-style routers poll
+    assert rank["dp_rank"] == 0 and (rank["num_reqs"], rank["num_waiting_reqs"]) == (3, 2)
+    assert rank["num_tokens"] == 25 * engine.stats().kv_block_size
     v = client.get("/version").json()
     assert v["version"] and v["engine"] == "reference"
 
@@ -95,6 +99,9 @@ def test_metric_values_after_requests(client):
     assert value(smp, "swiftserve_worker_kv_bytes_total") == 1 << 20
     assert value(smp, "swiftserve_worker_preemptions_total") == 3
     assert value(smp, "swiftserve_worker_swiftkv_layers") == 15
+    info = {k: v for k, v in smp.items() if k[0] == "vllm:cache_config_info"}
+    ((_, labels), v), = info.items()
+    assert v == 1 and dict(labels)["num_gpu_blocks"] == "100" and dict(labels)["block_size"].isdigit()
 
 
 def test_gauges_follow_the_engine_at_scrape_time(client_for):

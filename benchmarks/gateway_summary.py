@@ -1,0 +1,42 @@
+"""Combine the gateway runs into ``summary.json`` (results/gateway/run.sh has the commands).
+
+    python benchmarks/gateway_summary.py results/gateway
+
+Reads ``bench.json`` (benchmarks/gateway_bench.py) and ``prefix.json``
+(benchmarks/prefix_bench.py) and writes ``summary.json``:
+
+* ``overhead_p50_ms``, ``overhead_p99_ms``: latency the gateway adds (through the gateway
+  minus direct) under the benchmark's closed-loop load of 16 streaming clients;
+* ``prefix_aware_ttft_p50_ratio_vs_jsq``: TTFT p50 with the prefix policy / with JSQ on
+  the shared-prefix workload;
+* ``prefix_aware_max_load_imbalance``: max / mean requests per worker with the prefix policy.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def summarize(directory: Path) -> dict:
+    bench = json.loads((directory / "bench.json").read_text())["overhead"]
+    prefix = json.loads((directory / "prefix.json").read_text())
+    return {
+        "overhead_p50_ms": round(bench["added_p50_ms"], 2),
+        "overhead_p99_ms": round(bench["added_p99_ms"], 2),
+        "prefix_aware_ttft_p50_ratio_vs_jsq": round(prefix["prefix_ttft_p50_ratio_vs_jsq"], 3),
+        "prefix_aware_max_load_imbalance": round(prefix["prefix_max_mean_load"], 3),
+    }
+
+
+def main(argv: list[str]) -> int:
+    directory = Path(argv[0] if argv else "results/gateway")
+    summary = summarize(directory)
+    (directory / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
