@@ -7,6 +7,7 @@ medians and per-pair ratios are reported. Random token prompts (seeded).
 
     python benchmarks/swiftkv_prefill.py                       # SmolLM2, l=15 (50%), g=1 and g=2
     python benchmarks/swiftkv_prefill.py --lengths 512 2048 --repeats 5 --out results/swiftkv_prefill.json
+    python benchmarks/swiftkv_prefill.py -l 15 22 --groups 1 2   # several l: every (l, g) pair
 
 Writes JSON and a markdown table (``--out`` / ``.md``) that include the exact command.
 """
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 
 
-def build_engines(base: Path, l: int, groups: list[int], tmp: Path, args) -> dict:
+def build_engines(base: Path, variants: list[tuple[int, int]], tmp: Path, args) -> dict:
     from modelkit.swiftkv import write_swiftkv_checkpoint
     from refengine.config import EngineConfig
     from refengine.engine import LLMEngine
@@ -35,7 +36,7 @@ def build_engines(base: Path, l: int, groups: list[int], tmp: Path, args) -> dic
                   max_num_batched_tokens=args.max_num_batched_tokens, device=args.device, dtype=args.dtype,
                   torch_threads=args.threads)
     engines = {"baseline": LLMEngine(EngineConfig(model=str(base), **common))}
-    for g in groups:
+    for l, g in variants:
         d = write_swiftkv_checkpoint(base, tmp / f"swiftkv-l{l}-g{g}", l, g)
         engines[f"swiftkv l={l} g={g}"] = LLMEngine(EngineConfig(model=str(d), **common))
     return engines
@@ -57,7 +58,8 @@ def ttft(engine, prompt: list[int]) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="default", help="base model dir or 'default' (SmolLM2-135M-Instruct)")
-    ap.add_argument("--num-key-value-layers", "-l", type=int, default=None, help="SwiftKV l (default: L/2)")
+    ap.add_argument("--num-key-value-layers", "-l", type=int, nargs="+", default=None,
+                    help="SwiftKV l, one or more (default: L/2); each with every --groups size")
     ap.add_argument("--groups", type=int, nargs="+", default=[1, 2], help="AcrossKV group sizes to include")
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 4096])
     ap.add_argument("--repeats", type=int, default=5, help="timed A/B rounds per length (after 1 warm-up)")
@@ -75,10 +77,12 @@ def main(argv=None) -> int:
 
     base = resolve_model(args.model)
     L = json.loads((base / "config.json").read_text())["num_hidden_layers"]
-    l = args.num_key_value_layers or L // 2
+    ls = args.num_key_value_layers or [L // 2]
+    variants = [(l, g) for l in ls for g in args.groups]
+    l = ls[0] if len(ls) == 1 else ls
     gen = torch.Generator().manual_seed(args.seed)
     with tempfile.TemporaryDirectory(dir=base.parent) as tmp:
-        engines = build_engines(base, l, args.groups, Path(tmp), args)
+        engines = build_engines(base, variants, Path(tmp), args)
         names = list(engines)
         rows = []
         for n in args.lengths:

@@ -3,7 +3,8 @@
 Trains ``q/k/v_proj_swiftkv`` and ``norm_swiftkv`` of layers >= l (initialised from
 the originals) so that the SwiftKV model's next-token distributions match the
 original model's: loss = KL(teacher || student) at temperature T (default 2.0) times
-T^2, optionally + MSE of the hidden state before the last layer. AdamW, linear
+T^2, optionally + MSE of the hidden state before the last layer (``--hidden-mse W``, the
+recipe's layer -2 term). AdamW, linear
 warm-up then cosine (or linear) decay, gradient accumulation and clipping, optional
 gradient checkpointing, bf16 autocast (CPU with AVX-512 bf16, or CUDA), optional
 torch.compile. Resumable: ``state.pt`` in the output directory is rewritten
@@ -16,6 +17,11 @@ regression over ``--init-windows`` windows, modelkit.distill_init), which on
 SmolLM2-135M starts as close to the teacher as an hour of CPU distillation from
 ``original``; a directory warm-starts from the ``swiftkv-l{l}-g{g}.safetensors`` of an
 earlier run.
+
+``--cache DIR`` (modelkit.distill_cache) stores, per training window, the hidden state
+entering layer l and the teacher's top-k logits with their log-sum-exp; a window seen
+again (``--train-windows N`` gives epochs over N windows; a rerun or another run with
+the same corpus and l) then costs only the student's forward and backward.
 
 Several AcrossKV group sizes can be trained in one run (``--groups 1 2``): they share
 the frozen trunk and the teacher forward, which is most of the cost.
@@ -63,6 +69,10 @@ class DistillConfig:
     max_hours: float | None = None
     init: str = "original"           # "original" | "lstsq" | directory of an earlier run's tensors
     init_windows: int = 256
+    cache: str | None = None         # directory of per-window trunk/teacher outputs (modelkit.distill_cache)
+    topk: int = 64                   # teacher logits kept per position in the cache
+    cache_dtype: str = "float16"     # storage dtype of cached hidden states
+    train_windows: int = 0           # train on this many windows (seeded pick; 0 = all), i.e. epochs over them
     seed: int = 0
     threads: int | None = None
 
@@ -93,7 +103,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="start of the SwiftKV tensors: the papers' copy of the originals, least-squares K/V, "
                         "or an earlier run's directory (default: %(default)s)")
     for name in ("seq_len", "micro_batch", "grad_accum", "steps", "eval_every", "eval_windows", "save_every",
-                 "chat_repeats", "seed", "init_windows"):
+                 "chat_repeats", "seed", "init_windows", "topk", "train_windows"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
     for name in ("lr", "min_lr_ratio", "warmup", "weight_decay", "temperature", "hidden_mse", "clip"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
@@ -105,6 +115,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--grad-checkpointing", action="store_true")
     p.add_argument("--max-hours", type=float, default=None, help="save and stop after this long; rerun to resume")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--cache", default=None, metavar="DIR",
+                   help="cache the frozen trunk's hidden state and the teacher's top-k logits per window here; "
+                        "later visits run only the student (loss: KL over top-k + rest)")
+    p.add_argument("--cache-dtype", choices=["float16", "bfloat16", "float32"], default=d.cache_dtype)
     p.add_argument("--fresh", action="store_true", help="ignore an existing state.pt in --output")
     p.set_defaults(func=run)
 

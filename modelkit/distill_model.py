@@ -129,11 +129,13 @@ class SwiftKVDistillModel(nn.Module):
         return self._tail(lay, h, a)
 
     # ---- forward -------------------------------------------------------------------------
+    def positions(self, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE cos/sin of positions 0..T-1."""
+        return self.rope.cos[:T], self.rope.sin[:T]
+
     def trunk(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Layers 0..l-1 (shared, no grad) -> (h [B,T,H], cos, sin)."""
-        T = ids.shape[1]
-        pos = torch.arange(T, device=ids.device)
-        cos, sin = self.rope.cos[pos], self.rope.sin[pos]
+        cos, sin = self.positions(ids.shape[1])
         with torch.no_grad():
             h = F.embedding(ids, self.embed)
             for i in range(self.l):

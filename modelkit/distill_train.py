@@ -3,6 +3,9 @@
 ``Trainer(cfg, base_dir).run()`` trains every student of ``cfg.groups`` together,
 saves ``state.pt`` atomically every ``save_every`` steps (``load_state`` resumes),
 evaluates held-out KL every ``eval_every`` steps and exports bf16 tensors at the end.
+With ``cfg.cache`` each micro-batch takes the trunk's hidden state and the teacher's
+top-k targets from modelkit.distill_cache (computing and storing the missing windows)
+and runs only the students.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 import torch
 
 from modelkit.distill import DistillConfig, lr_at
+from modelkit.distill_cache import WindowCache, teacher_targets, topk_kl
 from modelkit.distill_data import load_windows
 from modelkit.distill_model import SwiftKVDistillModel, distill_loss
 
@@ -51,6 +55,20 @@ class Trainer:
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95))
         self.train = load_windows(Path(cfg.corpus), base_dir, "train", cfg.seq_len, cfg.chat_repeats, cfg.seed)
         self.heldout = load_windows(Path(cfg.corpus), base_dir, "heldout", cfg.seq_len, 1, cfg.seed)[:cfg.eval_windows]
+        # Row r of self.train is window self.train_ids[r] of the corpus (the cache's key).
+        self.train_ids = torch.arange(len(self.train))
+        self.corpus_train = self.train          # the least-squares start may draw from all of them
+        if 0 < cfg.train_windows < len(self.train):
+            self.train_ids = torch.randperm(len(self.train), generator=torch.Generator().manual_seed(cfg.seed + 2))
+            self.train_ids = self.train_ids[:cfg.train_windows]
+            self.train = self.train[self.train_ids]
+        self.cache = None
+        if cfg.cache:
+            self.cache = WindowCache(cfg.cache, {
+                "model": str(base_dir), "l": cfg.l, "seq_len": cfg.seq_len, "topk": cfg.topk,
+                "temperature": cfg.temperature, "corpus": str(Path(cfg.corpus).resolve()),
+                "chat_repeats": cfg.chat_repeats, "seed": cfg.seed, "dtype": cfg.cache_dtype,
+                "autocast": cfg.dtype})
         self.step = 0
         self.tokens_seen = 0
         self.elapsed = 0.0
@@ -65,9 +83,9 @@ class Trainer:
         if cfg.init == "lstsq":
             t0 = time.time()
             gen = torch.Generator().manual_seed(cfg.seed + 1)
-            pick = torch.randperm(len(self.train), generator=gen)[:cfg.init_windows]
+            pick = torch.randperm(len(self.corpus_train), generator=gen)[:cfg.init_windows]
             with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
-                tensors, tokens = fit_swiftkv_kv(self.model, self.train[pick], cfg.micro_batch)
+                tensors, tokens = fit_swiftkv_kv(self.model, self.corpus_train[pick], cfg.micro_batch)
             self.model.load_swiftkv(tensors)
             info.update(tokens=tokens, seconds=round(time.time() - t0, 1))
             if tokens < 10 * self.model.spec.hidden_size:   # each regression has hidden_size inputs
@@ -104,6 +122,40 @@ class Trainer:
                 loss = self.loss_fn(t_logits, s_logits, cfg.temperature)
                 if cfg.hidden_mse:
                     loss = loss + cfg.hidden_mse * (s_pen.float() - t_pen.float()).pow(2).mean()
+                losses.append(loss)
+        return torch.stack(losses)
+
+    def _targets(self, rows: torch.Tensor, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Cached (or now computed and stored) trunk output and teacher targets of train rows ``rows``."""
+        cfg, m = self.cfg, self.model
+        keys = [int(self.train_ids[r]) for r in rows]
+        recs = [self.cache.get(k, ids[j]) for j, k in enumerate(keys)]
+        miss = [j for j, r in enumerate(recs) if r is None]
+        if miss:
+            with torch.no_grad(), torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
+                h, cos, sin = m.trunk(ids[miss].to(self.device))
+                t_logits, t_pen = m.teacher(h, cos, sin)
+                tgt = teacher_targets(t_logits, cfg.topk, cfg.temperature)
+            store = getattr(torch, cfg.cache_dtype)
+            for n, j in enumerate(miss):
+                rec = {"ids": ids[j], "h": h[n].to(store), "penult": t_pen[n].to(store),
+                       **{k: v[n] for k, v in tgt.items()}}
+                self.cache.put(keys[j], rec)
+                recs[j] = rec
+        return {k: torch.stack([r[k] for r in recs]).to(self.device) for k in recs[0] if k != "ids"}
+
+    def _forward_cached(self, rows: torch.Tensor, ids: torch.Tensor):
+        cfg, m = self.cfg, self.model
+        t = self._targets(rows, ids)
+        h = t["h"].float()
+        cos, sin = m.positions(h.shape[1])
+        losses = []
+        with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
+            for g in cfg.groups:
+                s_logits, s_pen = m.student(h, cos, sin, g, cfg.grad_checkpointing)
+                loss = topk_kl(s_logits, t["idx"], t["val"], t["lse"], cfg.temperature)
+                if cfg.hidden_mse:
+                    loss = loss + cfg.hidden_mse * (s_pen.float() - t["penult"].float()).pow(2).mean()
                 losses.append(loss)
         return torch.stack(losses)
 
@@ -185,8 +237,8 @@ class Trainer:
             acc = torch.zeros(len(cfg.groups))
             for micro in range(cfg.grad_accum):
                 idx = order[(self.step * per_step + micro * cfg.micro_batch):][:cfg.micro_batch]
-                ids = self.train[idx].to(self.device)
-                losses = self._fwd(ids)
+                ids = self.train[idx]
+                losses = self._forward_cached(idx, ids) if self.cache else self._fwd(ids.to(self.device))
                 (losses.sum() / cfg.grad_accum).backward()
                 acc += losses.detach().float().cpu() / cfg.grad_accum
             norms = [float(torch.nn.utils.clip_grad_norm_(self.model.parameters_of(g), cfg.clip)) for g in cfg.groups]
@@ -198,6 +250,8 @@ class Trainer:
             rec = {"step": self.step, "lr": lr, "tokens": self.tokens_seen, "sec": round(dt, 3),
                    **{f"loss_g{g}": round(float(acc[j]), 5) for j, g in enumerate(cfg.groups)},
                    **{f"gradnorm_g{g}": round(n, 4) for g, n in zip(cfg.groups, norms)}}
+            if self.cache:
+                rec.update(cache_hits=self.cache.hits, cache_misses=self.cache.misses)
             if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
                 history = self.evaluate()
                 rec.update({f"heldout_kl_g{g}": round(v, 5) for g, v in history.items()})
@@ -223,7 +277,8 @@ class Trainer:
                "device": str(self.device), "torch": torch.__version__,
                "hardware": f"{platform.machine()}, {os.cpu_count()} cpus, {torch.get_num_threads()} threads"
                            + (f", {torch.cuda.get_device_name()}" if self.device.type == "cuda" else ""),
-               "train_windows": len(self.train), "heldout_windows": len(self.heldout), "init": self._init_record(),
+               "train_windows": len(self.train), "cache": self.cache and {
+                   "dir": str(self.cache.dir), "windows": self.cache.count(), "topk": cfg.topk}, "heldout_windows": len(self.heldout), "init": self._init_record(),
                "heldout_kl_T1": final, "outputs": {g: str(p) for g, p in paths.items()}}
         (self.out / "run.json").write_text(json.dumps(run, indent=2))
         try:

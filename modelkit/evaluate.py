@@ -8,10 +8,14 @@ act: in the cache.
   kl            mean KL(original || model) of next-token distributions (same positions)
   greedy        greedy generation from held-out chat prompts vs the original's:
                 position-wise token agreement, mean common-prefix fraction, exact match
-  tasks         task suite with exact answers (modelkit.tasks), on the items the
-                original answers correctly
+  tasks         task suite with exact answers (modelkit.tasks: arithmetic, copy, sequence,
+                capital, reading comprehension), on the items the original answers
+                correctly (``--task-items`` per kind; the default 25 keeps the earlier
+                suite's items and cost); accuracy = share of them kept
   needle        needle-in-a-haystack retrieval at ``--needle-context`` tokens
                 (modelkit.needle), on the items the original answers correctly
+95% intervals (modelkit.eval_stats): bootstrap over scored sequences for ppl increase,
+KL and top-1 agreement (``*_ci``); Wilson for task accuracy.
 KV methods (``--kv-methods``) apply to the evaluated models and are validated before
 anything loads; an option given as a JSON list is swept (one evaluation per combination),
 and a JSON list of method objects evaluates each in turn (``{}`` = no method).
@@ -92,18 +96,17 @@ def chat_prompts(corpus: Path, tok, n: int, max_prompt: int) -> list[list[int]]:
 def score_metrics(base_scores, model_scores) -> dict:
     import torch
 
-    lp_b = [s[0] for item in base_scores for s in item]
-    lp_m = [s[0] for item in model_scores for s in item]
-    agree = [sb[1] == sm[1] for ib, im in zip(base_scores, model_scores) for sb, sm in zip(ib, im)]
-    kls = []
-    for ib, im in zip(base_scores, model_scores):
-        for sb, sm in zip(ib, im):
-            if sb[2] is not None and sm[2] is not None:
-                kls.append(float((sb[2].exp() * (sb[2] - sm[2])).sum()))
-    ppl_b, ppl_m = math.exp(-sum(lp_b) / len(lp_b)), math.exp(-sum(lp_m) / len(lp_m))
-    return {"ppl_baseline": ppl_b, "ppl": ppl_m, "ppl_increase_pct": 100 * (ppl_m / ppl_b - 1),
-            "top1_agreement": sum(agree) / len(agree), "kl": sum(kls) / len(kls) if kls else None,
-            "positions": len(agree), "torch": torch.__version__}
+    from modelkit.eval_stats import bootstrap, per_sequence
+
+    s = per_sequence(base_scores, model_scores)
+    n = float(s["n"].sum())
+    ppl_b, ppl_m = math.exp(float(s["nll_b"].sum()) / n), math.exp(float(s["nll_m"].sum()) / n)
+    kl_n = float(s["kl_n"].sum())
+    out = {"ppl_baseline": ppl_b, "ppl": ppl_m, "ppl_increase_pct": 100 * (ppl_m / ppl_b - 1),
+           "top1_agreement": float(s["agree"].sum()) / n, "kl": float(s["kl"].sum()) / kl_n if kl_n else None,
+           "positions": int(n), "sequences": len(s["n"]), "torch": torch.__version__}
+    out.update({f"{k}_ci": v for k, v in bootstrap(s).items()})
+    return out
 
 
 def greedy_metrics(base_out, model_out) -> dict:
@@ -150,7 +153,8 @@ class Evaluation:
     def __init__(self, baseline: Path, corpus: Path, n_score: int = 64, prefix: int = 256, cont: int = 64,
                  n_gen: int = 32, gen_tokens: int = 64, seed: int = 0, baseline_overrides: dict | None = None,
                  join_docs: bool = False, metrics: tuple[str, ...] = ("ppl", "greedy", "tasks"),
-                 n_needle: int = 0, needle_context: int = 2048):
+                 n_needle: int = 0, needle_context: int = 2048,
+                 task_items: int = 25):
         from transformers import AutoTokenizer
 
         from modelkit.tasks import make_tasks
@@ -172,7 +176,8 @@ class Evaluation:
         self.gen = base.generate(self.prompts, self.greedy) if self.prompts else []
         self.tasks_total, self.tasks = 0, []
         if "tasks" in metrics:
-            tasks = make_tasks(seed=seed)
+            self.setup["task_items_per_kind"] = task_items
+            tasks = make_tasks(task_items, seed=seed)
             self.tasks_total = len(tasks)
             self.tasks = [t for t, ok in zip(tasks, run_tasks(base, self.tok, tasks)) if ok]
         self.needles, self.needles_total = [], 0
@@ -202,8 +207,12 @@ class Evaluation:
         by_kind: dict[str, list[bool]] = {}
         for t, ok in zip(self.tasks, oks):
             by_kind.setdefault(t.kind, []).append(ok)
+        from modelkit.eval_stats import wilson
+
         result.update({"tasks_kept": len(self.tasks), "tasks_total": self.tasks_total,
                        "task_accuracy": sum(oks) / len(oks) if oks else None,
+                       "task_accuracy_ci": wilson(sum(oks), len(oks)),
+                       "tasks_kept_by_kind": {k: len(v) for k, v in by_kind.items()},
                        "task_accuracy_by_kind": {k: sum(v) / len(v) for k, v in by_kind.items()}})
         if self.needles:
             from modelkit import needle
@@ -227,6 +236,7 @@ ROWS = [("ppl through cache", "ppl", "{:.3f}"), ("ppl increase vs original", "pp
         ("greedy common-prefix agreement", "greedy_prefix_agreement", "{:.1%}"),
         ("greedy exact match", "greedy_exact_match", "{:.1%}"),
         ("task accuracy (items the original solves)", "task_accuracy", "{:.1%}"),
+        ("task items the original solves", "tasks_kept", "{:d}"),
         ("needle retrieval (items the original solves)", "needle_accuracy", "{:.1%}"),
         ("KV bytes per token", "kv_bytes_per_token", "{:.0f}")]
 
@@ -237,8 +247,9 @@ def markdown_table(results: dict[str, dict]) -> str:
     for label, key, fmt in ROWS:
         cells = []
         for n in names:
-            v = results[n].get(key)
-            cells.append("n/a" if v is None else fmt.format(v))
+            v, ci = results[n].get(key), results[n].get(key + "_ci")
+            cells.append("n/a" if v is None else fmt.format(v) if not ci else
+                         f"{fmt.format(v)} [{fmt.format(ci[0])}, {fmt.format(ci[1])}]")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -302,6 +313,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--needle-context", type=int, default=2048, help="haystack tokens per needle item")
     p.add_argument("--no-tasks", dest="tasks", action="store_false",
                    help="skip the task suite (same as leaving 'tasks' out of --metrics)")
+    p.add_argument("--task-items", type=int, default=25,
+                   help="generated task items per kind, before keeping those the original solves (default: "
+                        "%(default)s: the earlier suite plus 25 reading items; raise it for tighter intervals)")
     p.add_argument("--join-docs", action="store_true",
                    help="score sequences made of held-out passages joined RAG-style (allows long --prefix)")
     p.add_argument("--samples", type=int, default=64, help="scored held-out sequences (default: %(default)s)")
@@ -353,7 +367,8 @@ def run(args: argparse.Namespace) -> int:
     sizes = {k: v for k, v in overrides.items() if k in ("kv_cache_memory_gb", "max_num_seqs", "torch_threads")}
     ev = Evaluation(baseline, Path(args.corpus), args.samples, args.prefix, args.continuation, args.gen_prompts,
                     args.gen_tokens, args.seed, baseline_overrides=sizes, join_docs=args.join_docs, metrics=metrics,
-                    n_needle=args.needle, needle_context=args.needle_context)
+                    n_needle=args.needle, needle_context=args.needle_context,
+                    task_items=args.task_items)
     cmd = "modelkit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
     def write(done: bool) -> str:

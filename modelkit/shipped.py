@@ -17,6 +17,8 @@ CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 VARIANTS: dict[str, tuple[str, int, int]] = {
     "SmolLM2-135M-Instruct-SwiftKV": ("smollm2-swiftkv/swiftkv-l15-g1.safetensors", 15, 1),
     "SmolLM2-135M-Instruct-SwiftKV-AcrossKV2": ("smollm2-swiftkv/swiftkv-l15-g2.safetensors", 15, 2),
+    # quality first: prefill skips 8 of 30 layers (l=22) instead of 15
+    "SmolLM2-135M-Instruct-SwiftKV-25pct": ("smollm2-swiftkv/swiftkv-l22-g1.safetensors", 22, 1),
 }
 
 

@@ -62,18 +62,6 @@ def test_lr_schedule():
     assert lr_at(cfg, 99) < 0.01 and lr_at(cfg, 55) == pytest.approx(0.5, abs=0.02)
 
 
-@pytest.fixture
-def tiny_corpus(tmp_path):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    text = "The quick brown fox jumps over the lazy dog. " * 60
-    with open(corpus / "docs.jsonl", "w") as f:
-        for i, split in enumerate(["train"] * 6 + ["heldout"] * 2):
-            f.write(json.dumps({"id": f"d{i}", "source": "t", "license": "x", "kind": "text", "split": split,
-                                "text": f"Document {i}. " + text}) + "\n")
-    return corpus
-
-
 def test_run_stops_and_resumes(smollm2_dir, tmp_path, tiny_corpus):
     from modelkit.distill_train import Trainer
 

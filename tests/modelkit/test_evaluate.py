@@ -8,7 +8,9 @@ import math
 import pytest
 import torch
 
+from modelkit.eval_stats import wilson
 from modelkit.evaluate import Evaluation, greedy_metrics, markdown_table, score_metrics
+from modelkit.tasks import CAPITALS, MORE_CAPITALS, make_tasks
 
 
 def test_greedy_metrics():
@@ -37,6 +39,35 @@ def test_score_metrics():
     assert other["ppl_increase_pct"] == pytest.approx(0.0)
 
 
+def test_intervals():
+    assert wilson(0, 0) is None
+    lo, hi = wilson(30, 100)
+    assert lo < 0.3 < hi and wilson(0, 20)[0] == 0.0 and wilson(20, 20)[1] == 1.0
+    assert hi - lo > wilson(300, 1000)[1] - wilson(300, 1000)[0]        # more items, narrower
+    # Five sequences, the model worse on two of them: the interval holds the point estimate and
+    # is not degenerate; identical scores give a zero-width interval at 0.
+    p, q = torch.tensor([0.5, 0.25, 0.25]).log(), torch.tensor([0.25, 0.5, 0.25]).log()
+    base = [[(float(p[0]), 0, p)] * 4 for _ in range(5)]
+    model = [[(float(q[0]), 1, q)] * 4] * 2 + base[2:]
+    m = score_metrics(base, model)
+    for k in ("ppl_increase_pct", "kl", "top1_agreement"):
+        assert m[k + "_ci"][0] <= m[k] <= m[k + "_ci"][1] and m[k + "_ci"][0] < m[k + "_ci"][1], k
+    assert score_metrics(base, base)["ppl_increase_pct_ci"] == pytest.approx([0.0, 0.0], abs=1e-9)
+    cell = markdown_table({"a": m}).splitlines()[4]
+    assert cell.startswith("| top-1 agreement (teacher-forced) | 60.0% [") and "%, " in cell
+
+
+def test_task_suite_reading_items():
+    suite = make_tasks(40)
+    kinds = {t.kind for t in suite}
+    assert kinds == {"arithmetic", "copy", "sequence", "capital", "reading"} and len(suite) == 200
+    assert [t.prompt for t in make_tasks(40)] == [t.prompt for t in suite]          # deterministic
+    for t in (t for t in suite if t.kind == "reading"):
+        assert t.answer in t.prompt and t.distractor in t.prompt and t.answer != t.distractor
+        assert t.correct(f"It is {t.answer}.") and not t.correct(f"{t.answer} or {t.distractor}")
+    assert len([t for t in make_tasks(200) if t.kind == "capital"]) == len(CAPITALS) + len(MORE_CAPITALS)
+
+
 def test_markdown_table_marks_missing_values():
     table = markdown_table({"a": {"ppl": 12.0, "kl": None}})
     assert "| ppl through cache | 12.000 |" in table and "| KL(original || model) | n/a |" in table
@@ -53,11 +84,13 @@ def test_original_against_itself_and_fp8(smollm2_dir, tmp_path):
         for i, text in enumerate(docs):
             f.write(json.dumps({"id": f"d{i}", "source": "t", "license": "x", "kind": "text", "split": "heldout",
                                 "text": text}) + "\n")
-    ev = Evaluation(smollm2_dir, corpus, n_score=3, prefix=48, cont=16, n_gen=0)
+    ev = Evaluation(smollm2_dir, corpus, n_score=3, prefix=48, cont=16, n_gen=0, task_items=8)
     assert ev.tasks, "the task suite keeps the items the original solves"
     same = ev.compare(smollm2_dir, {})
     assert same["ppl_increase_pct"] == pytest.approx(0.0, abs=1e-6) and same["top1_agreement"] == 1.0
     assert same["kl"] == pytest.approx(0.0, abs=1e-6) and same["task_accuracy"] == 1.0
+    assert same["task_accuracy_ci"][1] == 1.0 and same["task_accuracy_ci"][0] < 1.0
+    assert same["kl_ci"] == pytest.approx([0.0, 0.0], abs=1e-6)
     fp8 = ev.compare(smollm2_dir, {"kv_cache_dtype": "fp8_e4m3"})
     assert 0 < fp8["kl"] < 0.1 and fp8["kv_bytes_per_token"] < same["kv_bytes_per_token"]
 

@@ -29,6 +29,18 @@ def test_shipped_swiftkv_answers_like_the_original():
     assert "Paris" in tok.decode(out, skip_special_tokens=True)
 
 
+def test_shipped_25pct_swiftkv_answers_like_the_original():
+    from transformers import AutoTokenizer
+
+    assert "SmolLM2-135M-Instruct-SwiftKV-25pct" in names()
+    ckpt = materialize("SmolLM2-135M-Instruct-SwiftKV-25pct")
+    assert '"num_key_value_layers": 22' in (ckpt / "config.json").read_text()
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    ids = chat_ids(tok, [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True)
+    (out,) = _engine(ckpt).generate([ids], SamplingParams(max_tokens=16, temperature=0))
+    assert "Paris" in tok.decode(out, skip_special_tokens=True)
+
+
 def test_shipped_acrosskv_uses_less_kv(smollm2_dir):
     assert "SmolLM2-135M-Instruct-SwiftKV-AcrossKV2" in names()
     across = _engine(materialize("SmolLM2-135M-Instruct-SwiftKV-AcrossKV2")).stats().kv_bytes_per_token
