@@ -143,8 +143,10 @@ def main(argv: list[str] | None = None) -> int:
             res["prefill_ms_swiftkv" if swift else "prefill_ms_baseline"] = prefill_ms(eng, args)
             if not swift:
                 m = eng.runner.model               # a decode step reads every weight but the embedding table
-                weight_bytes = sum(p.numel() * p.element_size() for p in m.parameters())
-                if m.lm_head is not m.embed:
+                tensors = {p.data_ptr(): p.numel() * p.element_size() for p in m.parameters()}  # tied: once
+                weight_bytes = sum(tensors.values())
+                head = getattr(m.lm_head, "weight", None)
+                if head is None or head.data_ptr() != m.embed.data_ptr():
                     weight_bytes -= m.embed.numel() * m.embed.element_size()
                 kv_per_token = eng.runner.kv.bytes_per_token
                 res["weight_bytes"], res["kv_bytes_per_token"] = weight_bytes, kv_per_token

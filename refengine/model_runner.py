@@ -25,6 +25,7 @@ from refengine.kv import registry
 from refengine.kv.base import Truncate
 from refengine.kv.cache import KVCache
 from refengine.kv.spec import CacheSpec, EngineLimits
+from refengine.linear import Linear, PackedLinear
 from refengine.model_config import ModelSpec
 from refengine.models.llama import LlamaModel
 from refengine.outputs import TokenLogprob
@@ -56,6 +57,32 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
+# "auto" on CPU float32: which GEMMs take oneDNN-prepacked weights (refengine/linear.py), chosen
+# from the side-by-side GEMM timings in results/perf/profiles/linear.json.
+AUTO_PACKED_LINEAR = "all"
+
+
+def resolve_packed_linear(name: str, device: torch.device, dtype: torch.dtype) -> str:
+    if name not in ("auto", "off", "lm_head", "all"):
+        raise ValueError(f"packed_linear {name!r} not in ('auto', 'off', 'lm_head', 'all')")
+    cpu_fp32 = device.type == "cpu" and dtype == torch.float32
+    if name == "auto":
+        return AUTO_PACKED_LINEAR if cpu_fp32 else "off"
+    if name != "off" and not cpu_fp32:
+        raise ValueError(f"packed_linear={name!r} needs CPU float32 weights (here {device.type}/{dtype}); "
+                         "use 'auto' or 'off'")
+    return name
+
+
+def check_packed(model: torch.nn.Module, requested: str) -> str:
+    """One line for the start-up log; refuses an explicit request that could not be applied."""
+    plain = [m.note for m in model.modules() if isinstance(m, Linear) and m.note]
+    packed = sum(isinstance(m, PackedLinear) for m in model.modules())
+    if plain and requested in ("lm_head", "all"):
+        raise RuntimeError(f"packed_linear={requested!r} could not be applied: {plain[0]}")
+    return f"{packed} prepacked GEMM weights" + (f" (not packed: {plain[0]})" if plain else "")
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, spec: ModelSpec, max_model_len: int) -> None:
         self.config = config
@@ -79,8 +106,10 @@ class ModelRunner:
         for m in self.kv_methods:
             overrides.update(m.weight_overrides(facts, self.cache_spec, weights))
         self.model = LlamaModel(spec, config.model, self.dtype, self.device, use_swiftkv=config.swiftkv,
-                                max_positions=max_model_len, weights=OverlayWeights(weights, overrides))
+                                max_positions=max_model_len, weights=OverlayWeights(weights, overrides),
+                                packed_linear=resolve_packed_linear(config.packed_linear, self.device, self.dtype))
         self.model.eval()
+        self.packing = check_packed(self.model, config.packed_linear)
         self.bytes_per_token = self.cache_spec.device_bytes_per_token
         self.host_bytes_per_token = self.cache_spec.host_bytes_per_token
         # The same model with no SwiftKV and no KV method: the denominator of compression ratios.
@@ -104,8 +133,8 @@ class ModelRunner:
         self.default_gen = torch.Generator(device=self.device).manual_seed(config.seed)
         self._gens: dict[str, torch.Generator] = {}
         self.want_dist = False                   # scoring: keep full logprob rows (evaluation only)
-        log.info("model %s on %s/%s: swiftkv=%s (l=%d, g=%d), KV methods %s, %d KV blocks, %.1f bytes/token "
-                 "(%.2fx smaller than %d)", config.model, self.device, self.dtype, self.model.use_swiftkv,
+        log.info("model %s on %s/%s (%s): swiftkv=%s (l=%d, g=%d), KV methods %s, %d KV blocks, %.1f bytes/token "
+                 "(%.2fx smaller than %d)", config.model, self.device, self.dtype, self.packing, self.model.use_swiftkv,
                  self.model.num_kv_layers, self.model.group_size, self.kv_methods or "none", num_blocks,
                  self.bytes_per_token, self.bytes_per_token_baseline / self.bytes_per_token,
                  self.bytes_per_token_baseline)

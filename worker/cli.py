@@ -94,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="most tokens one request computes per step (default: half the step budget; 0: no cap)")
     e.add_argument("--kv-cache-dtype", choices=sorted(KV_CACHE_DTYPES), default="auto",
                    help="KV-cache storage: 'auto' (model dtype) or fp8 e4m3 with per-token scales ('fp8' = 'fp8_e4m3')")
+    e.add_argument("--packed-linear", choices=("auto", "off", "lm_head", "all"), default="auto",
+                   help="CPU float32 only: hold GEMM weights in oneDNN's prepacked layout ('lm_head', 'all' "
+                        "projections, or 'off' for torch's default GEMM); 'auto' = 'all' on CPU float32, 'off' "
+                        "elsewhere (refused with --engine vllm)")
     e.add_argument("--no-swiftkv", dest="swiftkv", action="store_false",
                    help="run a SwiftKV checkpoint as its baseline model (SwiftKV off)")
     e.add_argument("--torch-threads", type=int, default=envs.torch_threads(),
@@ -123,7 +127,8 @@ def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> 
         kv_cache_memory_gb=args.kv_cache_memory_gb, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_dtype=KV_CACHE_DTYPES[args.kv_cache_dtype],
         swiftkv=args.swiftkv, torch_threads=args.torch_threads, kv_methods=dict(args.kv_methods),
-        enable_prefix_caching=args.enable_prefix_caching, long_prefill_token_threshold=args.long_prefill_token_threshold)
+        enable_prefix_caching=args.enable_prefix_caching, long_prefill_token_threshold=args.long_prefill_token_threshold,
+        packed_linear=args.packed_linear)
     return WorkerConfig(
         engine_config=engine_config, host=args.host, port=args.port,
         served_model_name=tuple(args.served_model_name or ()), engine=args.engine, tokenizer=args.tokenizer,
@@ -154,6 +159,8 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         kv_registry.parse(args.kv_methods, None, KV_CACHE_DTYPES[args.kv_cache_dtype])
     except MethodError as exc:
         parser.error(f"--kv-methods: {exc}")
+    if args.packed_linear != "auto" and args.engine != "reference":
+        parser.error("--packed-linear is a reference-engine option")
     if args.kv_methods and args.engine != "reference":
         parser.error("--kv-methods is a reference-engine option; with --engine vllm serve a ZACK model "
                      "directory (uniform ranks, from `modelkit zack-calibrate --mode uniform`) instead")

@@ -27,6 +27,7 @@ from torch import nn
 
 from refengine.attention import AttnBatch
 from refengine.kv.cache import KVCache
+from refengine.linear import make_linear
 from refengine.model_config import ModelSpec
 from refengine.rope import Rope
 from refengine.weights import OverlayWeights, WeightSource
@@ -40,22 +41,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.to(dtype)
 
 
-class _Linear(nn.Module):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
-        self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
-
-    def forward(self, x):
-        return F.linear(x, self.weight, self.bias)
-
-
 class LlamaLayer(nn.Module):
     """One decoder layer. ``swiftkv_later``: its K/V come from the fused SwiftKV projection."""
 
     def __init__(self, spec: ModelSpec, idx: int, w: WeightSource | OverlayWeights, dtype, device,
-                 swiftkv_later: bool):
+                 swiftkv_later: bool, pack: bool = False):
         super().__init__()
+        lin = lambda wt, b=None: make_linear(wt, b, pack)  # noqa: E731
         p = f"model.layers.{idx}."
         get = lambda n: w.get(p + n, dtype, device)  # noqa: E731
         getb = lambda n: w.get(p + n, dtype, device) if (p + n) in w else None  # noqa: E731
@@ -64,17 +56,17 @@ class LlamaLayer(nn.Module):
         self.ln1 = nn.Parameter(get("input_layernorm.weight"), requires_grad=False)
         self.ln2 = nn.Parameter(get("post_attention_layernorm.weight"), requires_grad=False)
         if swiftkv_later:
-            self.q_proj = _Linear(get("self_attn.q_proj_swiftkv.weight"), getb("self_attn.q_proj_swiftkv.bias"))
+            self.q_proj = lin(get("self_attn.q_proj_swiftkv.weight"), getb("self_attn.q_proj_swiftkv.bias"))
         else:
             names = ("q_proj", "k_proj", "v_proj")
             ws = [get(f"self_attn.{n}.weight") for n in names]
             self.qkv_split = [x.shape[0] for x in ws]          # V may be narrower (KV methods' folds)
             bqkv = torch.cat([get(f"self_attn.{n}.bias") for n in names]) if spec.qkv_bias else None
-            self.qkv_proj = _Linear(torch.cat(ws), bqkv)
-        self.o_proj = _Linear(get("self_attn.o_proj.weight"), getb("self_attn.o_proj.bias"))
-        self.gate_up = _Linear(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]),
+            self.qkv_proj = lin(torch.cat(ws), bqkv)
+        self.o_proj = lin(get("self_attn.o_proj.weight"), getb("self_attn.o_proj.bias"))
+        self.gate_up = lin(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]),
                                torch.cat([get("mlp.gate_proj.bias"), get("mlp.up_proj.bias")]) if spec.mlp_bias else None)
-        self.down = _Linear(get("mlp.down_proj.weight"), getb("mlp.down_proj.bias"))
+        self.down = lin(get("mlp.down_proj.weight"), getb("mlp.down_proj.bias"))
         self.scale = spec.head_dim ** -0.5
 
     def _mlp(self, h: torch.Tensor) -> torch.Tensor:
@@ -106,8 +98,13 @@ class LlamaLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(self, spec: ModelSpec, model_dir: str, dtype: torch.dtype, device: torch.device,
-                 use_swiftkv: bool, max_positions: int, weights: WeightSource | OverlayWeights | None = None):
+                 use_swiftkv: bool, max_positions: int, weights: WeightSource | OverlayWeights | None = None,
+                 packed_linear: str = "off"):
+        """``packed_linear``: "off", "lm_head" or "all" (see refengine/linear.py; CPU float32 only)."""
         super().__init__()
+        if packed_linear not in ("off", "lm_head", "all"):
+            raise ValueError(f"packed_linear {packed_linear!r} not in ('off', 'lm_head', 'all')")
+        pack_layers = packed_linear == "all"
         w = weights if weights is not None else WeightSource(model_dir)
         self.spec = spec
         self.use_swiftkv = bool(use_swiftkv and spec.swiftkv)
@@ -116,18 +113,20 @@ class LlamaModel(nn.Module):
         self.group_size = spec.key_value_group_size if self.use_swiftkv else 1
         self.embed = nn.Parameter(w.get("model.embed_tokens.weight", dtype, device), requires_grad=False)
         self.layers = nn.ModuleList(
-            LlamaLayer(spec, i, w, dtype, device, swiftkv_later=i >= self.num_kv_layers) for i in range(L))
+            LlamaLayer(spec, i, w, dtype, device, swiftkv_later=i >= self.num_kv_layers, pack=pack_layers)
+            for i in range(L))
         self.norm = nn.Parameter(w.get("model.norm.weight", dtype, device), requires_grad=False)
         if spec.tie_word_embeddings or "lm_head.weight" not in w:
-            self.lm_head = self.embed
+            head = self.embed.data              # tied: a packed head is a second copy of these rows
         else:
-            self.lm_head = nn.Parameter(w.get("lm_head.weight", dtype, device), requires_grad=False)
+            head = w.get("lm_head.weight", dtype, device)
+        self.lm_head = make_linear(head, None, packed_linear != "off")
         self.rope = Rope(spec.head_dim, spec.rope_theta, spec.rope_scaling, max_positions, dtype, device)
         if self.use_swiftkv:
-            self._load_swiftkv(w, dtype, device)
+            self._load_swiftkv(w, dtype, device, pack_layers)
         w.close()
 
-    def _load_swiftkv(self, w: WeightSource, dtype, device) -> None:
+    def _load_swiftkv(self, w: WeightSource, dtype, device, pack: bool) -> None:
         l, L, g = self.num_kv_layers, self.spec.num_layers, self.group_size
         self.norm_swiftkv = nn.Parameter(w.get("model.norm_swiftkv.weight", dtype, device), requires_grad=False)
         # Fused projection rows: for each group, [K (kv_heads*head_dim) ; V (its slot's V width)].
@@ -140,7 +139,7 @@ class LlamaModel(nn.Module):
                 if self.spec.qkv_bias:
                     bs.append(w.get(p + n + ".bias", dtype, device))
         self.kv_split = [x.shape[0] for x in ws]              # [K_0, V_0, K_1, V_1, ...]
-        self.kv_proj_swiftkv = _Linear(torch.cat(ws), torch.cat(bs) if bs else None)
+        self.kv_proj_swiftkv = make_linear(torch.cat(ws), torch.cat(bs) if bs else None, pack)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: KVCache,
                 attn_all: AttnBatch, slots: torch.Tensor, logits_idx: torch.Tensor,
@@ -153,7 +152,7 @@ class LlamaModel(nn.Module):
             h = self._swiftkv_tail(h, positions, cos, sin, kv, slots, logits_idx, attn_logits)
         else:
             h = h[logits_idx]
-        return F.linear(rms_norm(h, self.norm, self.spec.rms_norm_eps), self.lm_head)
+        return self.lm_head(rms_norm(h, self.norm, self.spec.rms_norm_eps))
 
     def _swiftkv_tail(self, h, positions, cos, sin, kv: KVCache, slots, logits_idx, attn_logits):
         T, d = h.shape[0], self.spec.head_dim

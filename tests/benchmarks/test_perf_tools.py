@@ -50,3 +50,23 @@ def test_gpu_benchmark_script_runs_on_cpu_with_a_tiny_shape(tmp_path):
                 "decode_ms_b4", "decode_vs_limit_b4", "copy_bandwidth_gbs", "weight_bytes"):
         assert res[key] > 0, key
     assert res["shape"] == "tiny" and res["device"] == "cpu"
+
+
+@pytest.mark.model
+def test_linear_bench_checks_and_records_every_projection(smollm2_dir, tmp_path):
+    out = tmp_path / "linear.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "linear_bench.py"), "--rows", "3", "--repeats", "1",
+                        "--threads", "1", "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    if "prepacking unavailable" in r.stdout + r.stderr:
+        pytest.skip("oneDNN prepacking unavailable in this torch build")
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert {x["gemm"] for x in doc["rows"]} == {"qkv", "o", "gate_up", "down", "lm_head"}
+    assert all(x["rows"] == 3 and x["plain_ms"] > 0 and x["packed_ms"] > 0 for x in doc["rows"])
+    assert doc["command"].startswith("python ")
+
+
+def test_engine_ab_parses_config_overrides():
+    ab = load("engine_ab")
+    assert ab.parse_set("packed_linear=off,max_num_seqs=8,swiftkv=false") == {
+        "packed_linear": "off", "max_num_seqs": 8, "swiftkv": False}

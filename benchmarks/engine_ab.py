@@ -1,0 +1,91 @@
+"""A/B of two engine configurations in one process, on the serving workloads (no HTTP).
+
+    python benchmarks/engine_ab.py --set packed_linear=off packed_linear=all --threads 2 \
+        --workloads decode_128_128 prefill_1024_32 --rounds 3 --out results/perf/profiles/ab_packed_linear.json
+
+Builds engine A and engine B (EngineConfig overrides ``--set A B``, each ``KEY=VALUE[,KEY=VALUE]``),
+then for every round and workload runs A and B in turn on the same prompts (all submitted
+at once, ``ignore_eos``, greedy), and reports per configuration the median wall time,
+decode-step and prefill-step medians, and the ratio B / A. Both engines must produce the
+same greedy tokens when the option is meant to be exact (``--check-tokens``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.profile_engine import WORKLOADS, run_once  # noqa: E402
+
+
+def parse_set(text: str) -> dict:
+    out = {}
+    for item in filter(None, text.split(",")):
+        k, _, v = item.partition("=")
+        out[k] = int(v) if v.lstrip("-").isdigit() else {"true": True, "false": False}.get(v, v)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--set", nargs=2, required=True, metavar=("A", "B"))
+    ap.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=["decode_128_128"])
+    ap.add_argument("--prompts", type=int, default=None, help="override every workload's prompt count")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--check-tokens", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    from modelkit.prepare import resolve_model
+    from refengine.config import EngineConfig
+    from refengine.engine import LLMEngine
+
+    model = str(resolve_model(args.model))
+    sets = [parse_set(s) for s in args.set]
+    engines = [LLMEngine(EngineConfig(model=model, max_model_len=2048, torch_threads=args.threads, **s)) for s in sets]
+    prompts = {"decode_128_128": 32, "prefill_1024_32": 16, "chat_256_16": 16}
+    res: dict = {"command": "python " + " ".join([sys.argv[0]] + (argv if argv is not None else sys.argv[1:])),
+                 "A": sets[0], "B": sets[1], "workloads": {}}
+    for eng in engines:                                                   # warm-up
+        run_once(eng, 64, 4, 2, seed=99)
+    for wl in args.workloads:
+        n_in, n_out = WORKLOADS[wl]
+        n = args.prompts or prompts.get(wl, 16)
+        runs: list[list[dict]] = [[], []]
+        for r in range(args.rounds):
+            for i, eng in enumerate(engines if r % 2 == 0 else engines[::-1]):
+                j = i if r % 2 == 0 else 1 - i
+                runs[j].append(run_once(eng, n_in, n_out, n, seed=r))
+        summ = {}
+        for label, rr in zip("AB", runs):
+            summ[label] = {k: statistics.median(x[k] for x in rr) for k in
+                           ("wall_s", "decode_step_median_ms", "prefill_step_median_ms") if rr[0][k] is not None}
+        summ["ratio_B_over_A"] = {k: summ["B"][k] / summ["A"][k] for k in summ["A"]}
+        res["workloads"][wl] = {"prompts": n, **summ}
+        print(wl, json.dumps(summ), flush=True)
+    if args.check_tokens:
+        from refengine.sampling_params import SamplingParams
+
+        outs = []
+        for eng in engines:
+            eng.add_request("check", list(range(100, 400)), SamplingParams(max_tokens=32, temperature=0))
+            toks: list[int] = []
+            while eng.has_unfinished():
+                for o in eng.step():
+                    toks += o.new_token_ids
+            outs.append(toks)
+        res["same_greedy_tokens"] = outs[0] == outs[1]
+        print("same greedy tokens:", res["same_greedy_tokens"])
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""GEMM timings of the engine's projections: torch's default fp32 GEMM vs oneDNN-prepacked weights.
+
+    python benchmarks/linear_bench.py --threads 2 --out results/perf/profiles/linear.json
+
+For every projection shape of the model (fused QKV, o_proj, fused gate-up, down, LM head)
+and each row count (decode batches and prefill chunks), times ``F.linear`` and the
+prepacked module of refengine/linear.py in interleaved rounds (median of ``--repeats``),
+checks that both give the same output, and prints the ratio packed / plain. This is what
+``--packed-linear auto`` was chosen from; rerun it on another CPU before trusting the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def shapes(spec) -> dict[str, tuple[int, int]]:
+    """name -> (in_features, out_features) of each GEMM of one decoder layer, and the LM head."""
+    H, d = spec.hidden_size, spec.head_dim
+    q, kv = spec.num_heads * d, spec.num_kv_heads * d
+    return {"qkv": (H, q + 2 * kv), "o": (q, H), "gate_up": (H, 2 * spec.intermediate_size),
+            "down": (spec.intermediate_size, H), "lm_head": (H, spec.vocab_size)}
+
+
+def time_pair(f, g, repeats: int) -> tuple[float, float]:
+    for _ in range(2):
+        f(), g()
+    a, b = [], []
+    for _ in range(repeats):                       # interleaved: drift hits both alike
+        s = time.perf_counter(); f(); a.append(time.perf_counter() - s)
+        s = time.perf_counter(); g(); b.append(time.perf_counter() - s)
+    return 1e3 * statistics.median(a), 1e3 * statistics.median(b)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 32, 64, 256, 1024, 2048])
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    import torch
+    import torch.nn.functional as F
+
+    from modelkit.prepare import resolve_model
+    from refengine.linear import PackedLinear, make_linear
+    from refengine.model_config import load_model_spec
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    spec = load_model_spec(resolve_model(args.model))
+    rows_out = []
+    for name, (k, n) in shapes(spec).items():
+        w = torch.randn(n, k) / k ** 0.5
+        mod = make_linear(w, None, True)
+        if not isinstance(mod, PackedLinear):
+            raise SystemExit(f"prepacking unavailable here: {mod.note}")
+        for m in args.rows:
+            if name == "lm_head" and m > 256:          # the head only sees rows that need logits
+                continue
+            x = torch.randn(m, k)
+            if not torch.allclose(mod(x), F.linear(x, w), rtol=1e-4, atol=1e-4):
+                raise SystemExit(f"{name} M={m}: prepacked output differs")
+            plain, packed = time_pair(lambda: F.linear(x, w), lambda: mod(x), args.repeats)
+            rows_out.append({"gemm": name, "in": k, "out": n, "rows": m, "plain_ms": round(plain, 4),
+                             "packed_ms": round(packed, 4), "ratio": round(packed / plain, 3)})
+            print(f"{name:8s} {k:5d}x{n:<6d} rows={m:5d}  plain {plain:9.3f} ms  packed {packed:9.3f} ms  "
+                  f"ratio {packed / plain:.2f}", flush=True)
+    res = {"command": "python " + " ".join([sys.argv[0]] + (argv if argv is not None else sys.argv[1:])),
+           "model": args.model, "threads": torch.get_num_threads(), "torch": torch.__version__,
+           "cpu": platform.processor() or platform.machine(), "capability": torch.backends.cpu.get_cpu_capability(),
+           "repeats": args.repeats, "rows": rows_out}
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

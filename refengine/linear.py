@@ -1,0 +1,92 @@
+"""Linear layers of the reference engine: plain ``F.linear`` or oneDNN-prepacked weights on CPU.
+
+Contract: ``make_linear(weight [out, in], bias [out] | None, packed)`` returns a module whose
+``forward(x [..., in]) -> [..., out]`` equals ``F.linear(x, weight, bias)`` up to float
+rounding. ``packed=True`` is honoured only where it is valid (CPU, float32, the oneDNN
+ops present in this torch build, and a self-check against ``F.linear`` passing);
+otherwise the plain module is returned with the reason in its ``note``.
+
+Why: on this project's CPUs (profiles in results/perf/profiles/) torch's default fp32
+GEMM (MKL) is slow for the engine's skinny shapes: the LM head (in=576, out=49152 for
+SmolLM2) at 8-64 rows takes 0.34-0.64x the time with the weight reordered once into
+oneDNN's blocked layout, and so do the layers' projections at decode batch sizes. The
+reordered weight replaces the plain one (no second copy), except when the LM head is
+tied to the embedding, whose plain rows the embedding lookup still needs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+def _ops_available() -> str | None:
+    """None when prepacking can be used in this process, else the reason it cannot."""
+    if not torch.backends.mkldnn.is_available():
+        return "torch was built without oneDNN"
+    ops = torch.ops.mkldnn
+    for name in ("_reorder_linear_weight", "_linear_pointwise"):
+        if not hasattr(ops, name):
+            return f"torch.ops.mkldnn.{name} missing in torch {torch.__version__}"
+    return None
+
+
+class Linear(nn.Module):
+    """``F.linear`` with a frozen weight (the default everywhere but CPU float32)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, note: str = ""):
+        super().__init__()
+        self.note = note                        # why a requested prepacking was not applied
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class PackedLinear(nn.Module):
+    """The weight reordered once into oneDNN's blocked layout; inputs flattened to 2-D."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        # batch_size=None: a layout that does not assume a row count (decode and prefill share it).
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
+        self.packed = nn.Parameter(packed, requires_grad=False)
+        self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if x2.shape[0] == 0:
+            return x.new_empty(*lead, self.out_features)
+        y = torch.ops.mkldnn._linear_pointwise(x2.contiguous(), self.packed, self.bias, "none", [], "")
+        return y.view(*lead, self.out_features)
+
+
+def _self_check(mod: PackedLinear, weight: torch.Tensor, bias: torch.Tensor | None) -> str | None:
+    x = torch.randn(5, weight.shape[1], generator=torch.Generator().manual_seed(0), dtype=weight.dtype)
+    ref = F.linear(x, weight, bias)
+    got = mod(x)
+    tol = 1e-4 * max(1.0, float(ref.abs().max()))
+    if got.shape != ref.shape or not torch.allclose(got, ref, rtol=1e-4, atol=tol):
+        return "prepacked output differs from F.linear"
+    return None
+
+
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -> nn.Module:
+    if not packed:
+        return Linear(weight, bias)
+    why = None
+    if weight.device.type != "cpu":
+        why = f"device {weight.device.type}"
+    elif weight.dtype != torch.float32:
+        why = f"dtype {weight.dtype}"
+    else:
+        why = _ops_available()
+    if why is None:
+        mod = PackedLinear(weight, bias)
+        why = _self_check(mod, weight, bias)
+        if why is None:
+            return mod
+    return Linear(weight, bias, note=why)
