@@ -19,6 +19,8 @@ VARIANTS: dict[str, tuple[str, int, int]] = {
     "SmolLM2-135M-Instruct-SwiftKV-AcrossKV2": ("smollm2-swiftkv/swiftkv-l15-g2.safetensors", 15, 2),
     # quality first: prefill skips 8 of 30 layers (l=22) instead of 15
     "SmolLM2-135M-Instruct-SwiftKV-25pct": ("smollm2-swiftkv/swiftkv-l22-g1.safetensors", 22, 1),
+    # closest to the original: prefill skips 4 of 30 layers (l=26)
+    "SmolLM2-135M-Instruct-SwiftKV-13pct": ("smollm2-swiftkv/swiftkv-l26-g1.safetensors", 26, 1),
 }
 
 

@@ -29,12 +29,13 @@ def test_shipped_swiftkv_answers_like_the_original():
     assert "Paris" in tok.decode(out, skip_special_tokens=True)
 
 
-def test_shipped_25pct_swiftkv_answers_like_the_original():
+@pytest.mark.parametrize("name,l", [("SmolLM2-135M-Instruct-SwiftKV-25pct", 22), ("SmolLM2-135M-Instruct-SwiftKV-13pct", 26)])
+def test_shipped_quality_first_swiftkv_answers_like_the_original(name, l):
     from transformers import AutoTokenizer
 
-    assert "SmolLM2-135M-Instruct-SwiftKV-25pct" in names()
-    ckpt = materialize("SmolLM2-135M-Instruct-SwiftKV-25pct")
-    assert '"num_key_value_layers": 22' in (ckpt / "config.json").read_text()
+    assert name in names()
+    ckpt = materialize(name)
+    assert f'"num_key_value_layers": {l}' in (ckpt / "config.json").read_text()
     tok = AutoTokenizer.from_pretrained(ckpt)
     ids = chat_ids(tok, [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True)
     (out,) = _engine(ckpt).generate([ids], SamplingParams(max_tokens=16, temperature=0))
