@@ -99,8 +99,10 @@ def test_engine_positions_and_freed_blocks_reused(smollm2_dir):
     assert positions[0] == 40 and lengths[0] == 17                      # RoPE: true position; attention: entries
     assert slots[0] == eng.block_manager.table("a")[1] * 16               # entry 16 opens a new block
     assert positions[1:] == list(range(60)) and len(eng.scheduler.running) == 2
-    freed = {x // 16 for x in seen[0][1]} - set(eng.block_manager.table("a"))
-    assert len(freed) == 2 and freed <= {x // 16 for x in slots[1:]}        # b's prompt went into a's freed blocks
+    freed = {x // 16 for x in seen[0][1]} - set(table_before)
+    # Only 3 blocks were free before eviction and this step needed 5 (a's entry 16, b's 4): both freed
+    # blocks were reused (which request takes which follows the block manager's free-list order).
+    assert len(freed) == 2 and freed <= {x // 16 for x in slots}
     assert len(eng.block_manager.table("b")) == 1                           # and b was compressed in turn
     while eng.has_unfinished():
         eng.step()
