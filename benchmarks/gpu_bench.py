@@ -112,6 +112,14 @@ def bandwidth_gbs(device: str) -> float:
     return 2 * n / statistics.median(times[1:]) / 1e9       # read + write
 
 
+
+def _ptr(t) -> int:
+    """Storage address (tied tensors share it); prepacked oneDNN weights have no storage: their id."""
+    try:
+        return t.data_ptr()
+    except RuntimeError:
+        return id(t)
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -143,10 +151,10 @@ def main(argv: list[str] | None = None) -> int:
             res["prefill_ms_swiftkv" if swift else "prefill_ms_baseline"] = prefill_ms(eng, args)
             if not swift:
                 m = eng.runner.model               # a decode step reads every weight but the embedding table
-                tensors = {p.data_ptr(): p.numel() * p.element_size() for p in m.parameters()}  # tied: once
+                tensors = {_ptr(p): p.numel() * p.element_size() for p in m.parameters()}  # tied: once
                 weight_bytes = sum(tensors.values())
                 head = getattr(m.lm_head, "weight", None)
-                if head is None or head.data_ptr() != m.embed.data_ptr():
+                if head is None or _ptr(head) != _ptr(m.embed):
                     weight_bytes -= m.embed.numel() * m.embed.element_size()
                 kv_per_token = eng.runner.kv.bytes_per_token
                 res["weight_bytes"], res["kv_bytes_per_token"] = weight_bytes, kv_per_token
