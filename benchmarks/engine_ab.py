@@ -58,9 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         n = args.prompts or prompts.get(wl, 16)
         runs: list[list[dict]] = [[], []]
         for r in range(args.rounds):
-            for i, eng in enumerate(engines if r % 2 == 0 else engines[::-1]):
-                j = i if r % 2 == 0 else 1 - i
-                runs[j].append(run_once(eng, n_in, n_out, n, seed=r))
+            for j in ((0, 1) if r % 2 == 0 else (1, 0)):          # alternate which engine goes first
+                runs[j].append(run_once(engines[j], n_in, n_out, n, seed=r))
         summ = {}
         for label, rr in zip("AB", runs):
             summ[label] = {k: statistics.median(x[k] for x in rr) for k in
