@@ -62,6 +62,7 @@ run: install $(if $(filter vllm,$(ENGINE)),vllm-env)
 # pytest exit code 5 (no tests collected, e.g. a -k filter) is not a failure.
 test: install $(if $(filter 1,$(WITH_VLLM)),vllm-env)
 	$(BIN)/modelkit prepare --quiet
+	$(BIN)/python -m refengine.paged_kernel
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 
 # pip-audit of the locked dependencies (pip freeze of $(VENV)) -> results/reliability/

@@ -32,7 +32,9 @@ def run_once(eng, n_in: int, n_out: int, prompts: int, seed: int = 0) -> dict:
     """Submit ``prompts`` requests at once and step to the end; per-step wall times by kind."""
     from refengine.sampling_params import SamplingParams
 
-    rng = random.Random(seed)
+    # Prompts depend on the workload too: otherwise two workloads with one seed share leading
+    # tokens, and an engine with prefix caching would reuse the blocks of the earlier run.
+    rng = random.Random(f"{seed}-{n_in}-{n_out}-{prompts}")
     vocab = eng.spec.vocab_size
     params = SamplingParams(max_tokens=n_out, temperature=0, ignore_eos=True)
     for i in range(prompts):

@@ -9,7 +9,8 @@ Queries are the step's flattened tokens ``q [T, heads, head_dim]``.
 - ``decode``: sequences with exactly one query token (decodes, and every
   sequence in SwiftKV's later layers). They are batched: their blocks are gathered
   into ``[B, max_blocks * block_size]`` rows, positions past a sequence's length
-  masked out.
+  masked out. With a decode kernel (``refengine.paged_kernel``, CPU) and dense pools
+  (``cache.dense_pools()``), the kernel reads the blocks in place instead: no gather.
 
 GQA: prefills use SDPA's ``enable_gqa``; decodes fold each KV head's query heads
 into query rows (no repeat of K/V in memory either way).
@@ -47,6 +48,7 @@ class DecodeGroup:
     lengths: list[int] = field(default_factory=list)
     seq_ids: list = field(default_factory=list)     # request id per row
     rows: list[int] = field(default_factory=list)   # q_rows as a list
+    lens: torch.Tensor | None = None                 # [B] int64 lengths (the decode kernel's input)
 
 
 @dataclass
@@ -54,6 +56,7 @@ class AttnBatch:
     prefills: list[PrefillSeq]
     decode: DecodeGroup | None
     num_tokens: int
+    decode_kernel: object | None = None  # refengine.paged_kernel.PagedDecodeKernel, or None: gather + SDPA
 
 
 def _sdpa(q, k, v, mask, causal, scale):
@@ -75,6 +78,15 @@ def paged_attention(q: torch.Tensor, cache, batch: AttnBatch, scale: float) -> t
     d = batch.decode
     if d is not None:
         B = d.blocks.shape[0]
+        pools = cache.dense_pools() if batch.decode_kernel is not None else None
+        if pools is not None:                                   # in place: [N, bs, kvh, d] pools
+            kvh = pools[0].shape[2]
+            qd = q[d.q_rows].view(B, kvh, q.shape[1] // kvh, q.shape[2])
+            o = batch.decode_kernel(qd, pools[0], pools[1], d.blocks, d.lens, scale)   # [B, kvh, g, dv]
+            if out is None:
+                out = q.new_empty(q.shape[0], q.shape[1], pools[1].shape[-1])
+            out[d.q_rows] = o.reshape(B, q.shape[1], -1)
+            return out
         k, v = cache.gather(d.blocks.reshape(-1))               # [B*maxblk, bs, kvh, d]
         k = k.view(B, -1, *k.shape[2:])                         # [B, L, kvh, d]
         v = v.view(B, -1, *v.shape[2:])
@@ -104,12 +116,14 @@ def seq_rows(batch: AttnBatch) -> list[tuple[str | None, int, int, int]]:
 
 
 def build_attn_batch(chunks: list[tuple[int, int, list[int]]], block_size: int, device: torch.device,
-                     q_offsets: list[int] | None = None, seq_ids: list[str] | None = None) -> AttnBatch:
+                     q_offsets: list[int] | None = None, seq_ids: list[str] | None = None,
+                     decode_kernel=None) -> AttnBatch:
     """Describe a step's attention from ``(cache_start, num_tokens, block_table)`` per sequence.
 
     ``q_offsets[i]`` is the first row of sequence i in the flattened queries
     (default: cumulative ``num_tokens``). Sequences with one query join the decode group.
     ``seq_ids`` (request ids) label the sequences for methods that observe queries.
+    ``decode_kernel`` (``refengine.paged_kernel``) is used by the decode group over dense pools.
     """
     prefills: list[PrefillSeq] = []
     dec_rows: list[int] = []
@@ -144,8 +158,9 @@ def build_attn_batch(chunks: list[tuple[int, int, list[int]]], block_size: int, 
             span = torch.arange(max_blocks * block_size, device=device)
             mask = (span.unsqueeze(0) < lens.unsqueeze(1))[:, None, None, :]
         decode = DecodeGroup(torch.tensor(dec_rows, dtype=torch.long, device=device), blocks, mask, lengths,
-                             dec_ids if seq_ids is not None else [], dec_rows)
-    return AttnBatch(prefills, decode, row)
+                             dec_ids if seq_ids is not None else [], dec_rows,
+                             torch.tensor(lengths, dtype=torch.long, device=device))
+    return AttnBatch(prefills, decode, row, decode_kernel)
 
 
 def slot_mapping(chunks: list[tuple[int, int, list[int]]], block_size: int, device: torch.device) -> torch.Tensor:

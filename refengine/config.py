@@ -30,3 +30,4 @@ class EngineConfig:
     enable_prefix_caching: bool = True          # share cached full prompt blocks (off when a KV method opts out)
     long_prefill_token_threshold: int | None = None  # most tokens of one request per step; None: budget // 2, 0: no cap
     packed_linear: str = "auto"                 # CPU fp32 GEMM weights in oneDNN's layout: "auto" | "off" | "lm_head" | "all"
+    decode_kernel: str = "auto"                 # CPU decode attention: "auto" (C++ kernel when it builds) | "cpp" | "torch"

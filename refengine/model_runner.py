@@ -29,6 +29,7 @@ from refengine.linear import Linear, PackedLinear
 from refengine.model_config import ModelSpec
 from refengine.models.llama import LlamaModel
 from refengine.outputs import TokenLogprob
+from refengine.paged_kernel import resolve_decode_kernel
 from refengine.dummy_weights import DummyWeights
 from refengine.weights import OverlayWeights, WeightSource
 from refengine.sampler import SampleRow, sample
@@ -110,6 +111,7 @@ class ModelRunner:
                                 packed_linear=resolve_packed_linear(config.packed_linear, self.device, self.dtype))
         self.model.eval()
         self.packing = check_packed(self.model, config.packed_linear)
+        self.decode_kernel = resolve_decode_kernel(config.decode_kernel, self.device)
         self.bytes_per_token = self.cache_spec.device_bytes_per_token
         self.host_bytes_per_token = self.cache_spec.host_bytes_per_token
         # The same model with no SwiftKV and no KV method: the denominator of compression ratios.
@@ -133,8 +135,9 @@ class ModelRunner:
         self.default_gen = torch.Generator(device=self.device).manual_seed(config.seed)
         self._gens: dict[str, torch.Generator] = {}
         self.want_dist = False                   # scoring: keep full logprob rows (evaluation only)
-        log.info("model %s on %s/%s (%s): swiftkv=%s (l=%d, g=%d), KV methods %s, %d KV blocks, %.1f bytes/token "
-                 "(%.2fx smaller than %d)", config.model, self.device, self.dtype, self.packing, self.model.use_swiftkv,
+        log.info("model %s on %s/%s (%s, decode attention: %s): swiftkv=%s (l=%d, g=%d), KV methods %s, "
+                 "%d KV blocks, %.1f bytes/token (%.2fx smaller than %d)", config.model, self.device, self.dtype, self.packing,
+                 "C++ kernel" if self.decode_kernel else "gather + SDPA", self.model.use_swiftkv,
                  self.model.num_kv_layers, self.model.group_size, self.kv_methods or "none", num_blocks,
                  self.bytes_per_token, self.bytes_per_token_baseline / self.bytes_per_token,
                  self.bytes_per_token_baseline)
@@ -194,13 +197,14 @@ class ModelRunner:
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         positions = torch.tensor(pos, dtype=torch.long, device=dev)
         slots = slot_mapping(chunks, bs, dev)
-        attn_all = build_attn_batch(chunks, bs, dev, seq_ids=seq_ids)
+        attn_all = build_attn_batch(chunks, bs, dev, seq_ids=seq_ids, decode_kernel=self.decode_kernel)
         logits_idx = torch.tensor(logit_rows, dtype=torch.long, device=dev)
         attn_logits = None
         if self.model.use_swiftkv:
             # Later layers: one query per sampling sequence, at its last position.
             attn_logits = build_attn_batch([(c.cache_start + c.num_tokens - 1, 1, c.block_table) for c in sampling],
-                                           bs, dev, seq_ids=[c.request.request_id for c in sampling])
+                                           bs, dev, seq_ids=[c.request.request_id for c in sampling],
+                                           decode_kernel=self.decode_kernel)
         for m in self.kv_methods:
             m.begin_step(sched, self.kv)
         logits = self.model(input_ids, positions, self.kv, attn_all, slots, logits_idx, attn_logits)

@@ -105,6 +105,13 @@ def up(args: argparse.Namespace) -> int:
             print(f"swiftserve: --kv-methods: {reason}", file=sys.stderr)
             return 2
         kv_args = ["--kv-methods", args.kv_methods]
+    if "vllm" not in " ".join(args.worker_arg):       # reference workers: compile their CPU kernel once here
+        import torch
+
+        if not torch.cuda.is_available():
+            from refengine.paged_kernel import prebuild
+
+            prebuild(lambda m: print(f"swiftserve: {m}", file=sys.stderr))
     threads = max(1, (os.cpu_count() or 2) // max(1, args.workers))
     py = sys.executable
     worker_urls = []

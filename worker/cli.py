@@ -98,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPU float32 only: hold GEMM weights in oneDNN's prepacked layout ('lm_head', 'all' "
                         "projections, or 'off' for torch's default GEMM); 'auto' = 'all' on CPU float32, 'off' "
                         "elsewhere (refused with --engine vllm)")
+    e.add_argument("--decode-kernel", choices=("auto", "cpp", "torch"), default="auto",
+                   help="CPU decode attention: 'cpp' reads K/V in place from the block pool with a C++ kernel "
+                        "compiled at first start (needs a C++ compiler and ninja; cached by torch), 'torch' "
+                        "gathers each sequence's blocks and calls SDPA; 'auto' = the kernel on CPU when it "
+                        "builds, else 'torch' with a warning (refused with --engine vllm)")
     e.add_argument("--no-swiftkv", dest="swiftkv", action="store_false",
                    help="run a SwiftKV checkpoint as its baseline model (SwiftKV off)")
     e.add_argument("--torch-threads", type=int, default=envs.torch_threads(),
@@ -128,7 +133,7 @@ def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> 
         max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_dtype=KV_CACHE_DTYPES[args.kv_cache_dtype],
         swiftkv=args.swiftkv, torch_threads=args.torch_threads, kv_methods=dict(args.kv_methods),
         enable_prefix_caching=args.enable_prefix_caching, long_prefill_token_threshold=args.long_prefill_token_threshold,
-        packed_linear=args.packed_linear)
+        packed_linear=args.packed_linear, decode_kernel=args.decode_kernel)
     return WorkerConfig(
         engine_config=engine_config, host=args.host, port=args.port,
         served_model_name=tuple(args.served_model_name or ()), engine=args.engine, tokenizer=args.tokenizer,
@@ -159,8 +164,9 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         kv_registry.parse(args.kv_methods, None, KV_CACHE_DTYPES[args.kv_cache_dtype])
     except MethodError as exc:
         parser.error(f"--kv-methods: {exc}")
-    if args.packed_linear != "auto" and args.engine != "reference":
-        parser.error("--packed-linear is a reference-engine option")
+    for flag, value in (("--packed-linear", args.packed_linear), ("--decode-kernel", args.decode_kernel)):
+        if value != "auto" and args.engine != "reference":
+            parser.error(f"{flag} is a reference-engine option")
     if args.kv_methods and args.engine != "reference":
         parser.error("--kv-methods is a reference-engine option; with --engine vllm serve a ZACK model "
                      "directory (uniform ranks, from `modelkit zack-calibrate --mode uniform`) instead")

@@ -26,7 +26,7 @@ import torch
 
 from refengine import attention
 from refengine.kv.spec import BlockBytes, CacheSpec, GroupSpec, HeadPart
-from refengine.kv.storage import make_store
+from refengine.kv.storage import DenseStore, make_store
 
 
 class PartKV:
@@ -43,6 +43,13 @@ class PartKV:
 
     def gather(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k.gather(blocks), self.v.gather(blocks.to(self.v.device)).to(blocks.device, non_blocking=True)
+
+    def dense_pools(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The K and V pools ``[N, bs, heads, dims]`` when both are plain dense stores on one device
+        (what the decode kernel reads in place), else None."""
+        if type(self.k) is DenseStore and type(self.v) is DenseStore and self.k.device == self.v.device:
+            return self.k.data, self.v.data
+        return None
 
 
 def paged_op(q: torch.Tensor, part: PartKV, batch: attention.AttnBatch, scale: float) -> torch.Tensor:

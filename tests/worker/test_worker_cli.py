@@ -29,7 +29,7 @@ def test_every_engine_flag_reaches_the_engine_config():
             "--max-num-batched-tokens", "512", "--kv-cache-dtype", "fp8", "--device", "cpu", "--dtype", "bfloat16",
             "--seed", "5", "--no-swiftkv", "--torch-threads", "3", "--kv-methods", '{"zack": {"rate": 0.5}}',
             "--max-concurrent-requests", "10", "--overload-status", "503", "--tokenizer", "/t",
-            "--log-level", "warning", "--packed-linear", "lm_head")
+            "--log-level", "warning", "--packed-linear", "lm_head", "--decode-kernel", "torch")
     e = c.engine_config
     assert c.model_names == ("a", "b") and c.model_name == "a"
     assert (c.host, c.port, c.max_concurrent_requests, c.overload_status) == ("0.0.0.0", 9000, 10, 503)
@@ -39,11 +39,13 @@ def test_every_engine_flag_reaches_the_engine_config():
     assert (e.device, e.dtype, e.seed, e.swiftkv, e.torch_threads) == ("cpu", "bfloat16", 5, False, 3)
     assert e.kv_methods == {"zack": {"rate": 0.5}}
     assert (e.packed_linear, cfg().engine_config.packed_linear) == ("lm_head", "auto")
+    assert (e.decode_kernel, cfg().engine_config.decode_kernel) == ("torch", "auto")
 
 
 @pytest.mark.parametrize("argv", [["--kv-methods", "[1]"], ["--kv-methods", "{bad"], ["--engine", "magic"],
                                   ["--overload-status", "500"], ["--port", "0"], ["--max-model-len", "1"],
-                                  ["--packed-linear", "fast"], ["--engine", "vllm", "--packed-linear", "all"]])
+                                  ["--packed-linear", "fast"], ["--engine", "vllm", "--packed-linear", "all"],
+                                  ["--decode-kernel", "triton"], ["--engine", "vllm", "--decode-kernel", "cpp"]])
 def test_bad_flags_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv + ["--model", "/nonexistent"])

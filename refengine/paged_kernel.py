@@ -1,0 +1,124 @@
+"""The CPU paged decode attention kernel (``csrc/paged_decode.cpp``), compiled at first use.
+
+``resolve_decode_kernel(name, device)`` turns ``EngineConfig.decode_kernel`` into the kernel
+or None (the plain-PyTorch gather + SDPA path of ``refengine.attention``):
+
+- ``"auto"``: the kernel on CPU when it builds (a C++ compiler and ninja, the engine extra's
+  pip package, are needed; the build is cached by torch under ``TORCH_EXTENSIONS_DIR``,
+  ~/.cache/torch_extensions by default, and reused while the source is unchanged);
+  otherwise None, with a warning;
+- ``"cpp"``: the kernel, or an error saying why it cannot be had;
+- ``"torch"``: None.
+
+The kernel reads K and V in place from dense block pools: ``kernel(q [B, kvh, g, d],
+k_pool [N, bs, kvh, d], v_pool [N, bs, kvh, dv], table [B, max_blocks], lens [B], scale)
+-> [B, kvh, g, dv]`` in q's dtype (computed in float32).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+CHOICES = ("auto", "cpp", "torch")
+SOURCE = Path(__file__).resolve().parent / "csrc" / "paged_decode.cpp"
+
+
+def _cpu_tag() -> str:
+    """The build uses -march=native: key it by the CPU's feature flags, so a cache directory
+    shared by different machines never loads code built for other instructions."""
+    try:
+        flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    return hashlib.sha1(flags.encode()).hexdigest()[:8]
+
+
+NAME = f"swiftserve_paged_decode_{_cpu_tag()}"
+
+
+class PagedDecodeKernel:
+    def __init__(self, module) -> None:
+        self._op = module.paged_decode
+
+    def __call__(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, table: torch.Tensor,
+                 lens: torch.Tensor, scale: float) -> torch.Tensor:
+        out = self._op(q.float(), k_pool, v_pool, table, lens, float(scale))
+        return out if q.dtype == torch.float32 else out.to(q.dtype)
+
+
+def _ninja_on_path() -> None:
+    """torch runs ``ninja`` from PATH; the pip package's binary sits next to this interpreter,
+    which may not be on PATH when the venv is not activated."""
+    if shutil.which("ninja") is None:
+        try:
+            import ninja
+        except ImportError:
+            return
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+def build() -> PagedDecodeKernel:
+    """Compile (or load the cached build of) the kernel; raises when it cannot be built."""
+    from torch.utils import cpp_extension
+
+    _ninja_on_path()
+    build_dir = Path(cpp_extension._get_build_directory(NAME, False))
+    build_dir.mkdir(parents=True, exist_ok=True)
+    # torch guards a build with a lock *file* that a killed builder leaves behind, and every
+    # later build would wait on it forever. Builders here also hold an flock (released by the
+    # OS when a process dies), so while we hold it a leftover lock file is stale.
+    with open(build_dir / "swiftserve.flock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        (build_dir / "lock").unlink(missing_ok=True)
+        module = cpp_extension.load(
+            name=NAME, sources=[str(SOURCE)], build_directory=str(build_dir), verbose=False,
+            extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
+    return PagedDecodeKernel(module)
+
+
+def resolve_decode_kernel(name: str, device: torch.device) -> PagedDecodeKernel | None:
+    if name not in CHOICES:
+        raise ValueError(f"decode_kernel {name!r} not in {CHOICES}")
+    if name == "torch":
+        return None
+    if device.type != "cpu":
+        if name == "cpp":
+            raise ValueError(f"decode_kernel='cpp' is a CPU kernel (here {device.type}); use 'auto' or 'torch'")
+        return None
+    try:
+        return build()
+    except Exception as exc:                  # no compiler, no ninja, a failed build: say why
+        if name == "cpp":
+            raise RuntimeError(f"decode_kernel='cpp' could not be built: {exc}") from exc
+        log.warning("paged decode kernel not built (%s); decode attention uses gather + SDPA",
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return None
+
+
+def prebuild(say=print) -> bool:
+    """Build (or find cached) the kernel before workers start, so they do not each wait on the
+    compiler at start-up; says what happened. Never raises: workers fall back on their own."""
+    import time
+
+    t0 = time.monotonic()
+    try:
+        build()
+    except Exception as exc:
+        say(f"CPU decode kernel not built ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+            "decode attention will use gather + SDPA")
+        return False
+    say(f"CPU decode kernel ready in {time.monotonic() - t0:.1f}s")
+    return True
+
+
+if __name__ == "__main__":           # python -m refengine.paged_kernel (make test, image builds)
+    prebuild(lambda m: print(f"refengine.paged_kernel: {m}"))

@@ -1,0 +1,112 @@
+"""The C++ paged decode kernel (refengine/paged_kernel.py) against the gather + SDPA path: same
+outputs over scattered blocks, ragged lengths, GQA groups, K/V widths that differ (ZACK) and bf16
+pools; option resolution; identical greedy tokens in the engine on the real model."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from refengine.attention import build_attn_batch, slot_mapping
+from refengine.config import EngineConfig
+from refengine.engine import LLMEngine
+from refengine.kv.cache import PartKV, paged_op
+from refengine.kv.spec import HeadPart
+from refengine.kv.storage import DenseStore, Fp8Store
+from refengine.paged_kernel import build, resolve_decode_kernel
+from refengine.sampling_params import SamplingParams
+
+CPU = torch.device("cpu")
+needs_compiler = pytest.mark.skipif(not shutil.which("c++"), reason="no C++ compiler to build the kernel")
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    return build()
+
+
+def filled_part(store, kvh, d, dv, dtype, lengths, bs=4, blocks=40):
+    """A part whose pool holds random K/V for each sequence in scattered blocks."""
+    p = PartKV(HeadPart(tuple(range(kvh)), d, dv), store(blocks, bs, kvh, d, dtype, CPU),
+               store(blocks, bs, kvh, dv, dtype, CPU))
+    perm = torch.randperm(blocks).tolist()
+    tables = []
+    for n in lengths:
+        need = -(-n // bs)
+        table, perm = perm[:need], perm[need:]
+        slots = slot_mapping([(0, n, table)], bs, CPU)
+        p.k.write(slots, torch.randn(n, kvh, d))
+        p.v.write(slots, torch.randn(n, kvh, dv))
+        tables.append(table)
+    return p, tables
+
+
+@needs_compiler
+@pytest.mark.parametrize("kvh,g,d,dv", [(3, 3, 64, 64), (2, 1, 8, 8), (1, 4, 16, 8), (4, 2, 32, 48)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_matches_gather_sdpa(kernel, kvh, g, d, dv, dtype):
+    torch.manual_seed(0)
+    lengths = [1, 4, 5, 17, 30]                  # one entry, a full block, ragged tails
+    p, tables = filled_part(DenseStore, kvh, d, dv, dtype, lengths)
+    chunks = [(n - 1, 1, t) for n, t in zip(lengths, tables)]    # one decode query per sequence
+    q = torch.randn(len(lengths), kvh * g, d, dtype=dtype)
+    ref = paged_op(q, p, build_attn_batch(chunks, 4, CPU), 0.3)
+    out = paged_op(q, p, build_attn_batch(chunks, 4, CPU, decode_kernel=kernel), 0.3)
+    assert out.dtype == ref.dtype and out.shape == ref.shape == (len(lengths), kvh * g, dv)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(out.float(), ref.float(), atol=tol, rtol=tol)
+
+
+@needs_compiler
+def test_kernel_leaves_prefills_and_other_codecs_to_torch(kernel):
+    """Prefill rows in the same step and non-dense pools (FP8) take the gather path unchanged."""
+    torch.manual_seed(1)
+    p, tables = filled_part(Fp8Store, 2, 8, 8, torch.float32, [9, 6])
+    assert p.dense_pools() is None
+    chunks = [(0, 9, tables[0]), (5, 1, tables[1])]
+    q = torch.randn(10, 4, 8)
+    ref = paged_op(q, p, build_attn_batch(chunks, 4, CPU), 0.5)
+    assert torch.equal(paged_op(q, p, build_attn_batch(chunks, 4, CPU, decode_kernel=kernel), 0.5), ref)
+    d, _ = filled_part(DenseStore, 2, 8, 8, torch.float32, [9, 6])
+    assert d.dense_pools() is not None
+
+
+@needs_compiler
+def test_a_killed_builder_does_not_block_later_builds(kernel):
+    """torch's lock file left by a builder that died is removed instead of waited on forever."""
+    from torch.utils import cpp_extension
+
+    from refengine.paged_kernel import NAME
+
+    lock = Path(cpp_extension._get_build_directory(NAME, False)) / "lock"
+    lock.write_text("")
+    assert build() is not None and not lock.exists()
+
+
+def test_decode_kernel_option_resolution():
+    assert resolve_decode_kernel("torch", CPU) is None
+    assert resolve_decode_kernel("auto", torch.device("cuda")) is None      # a CPU kernel: not on CUDA
+    with pytest.raises(ValueError, match="CPU kernel"):
+        resolve_decode_kernel("cpp", torch.device("cuda"))
+    with pytest.raises(ValueError, match="not in"):
+        resolve_decode_kernel("triton", CPU)
+
+
+@needs_compiler
+@pytest.mark.model
+def test_engine_greedy_tokens_identical_kernel_or_not(smollm2_dir):
+    prompts = [[1, 504, 3458, 282, 4649, 314], [1, 9690, 28, 2683, 314, 253, 1345, 30, 732]]
+    outs = {}
+    for mode in ("torch", "cpp"):
+        eng = LLMEngine(EngineConfig(model=str(smollm2_dir), decode_kernel=mode, max_model_len=256,
+                                     kv_cache_memory_gb=0.05))
+        assert (eng.runner.decode_kernel is not None) == (mode == "cpp")
+        for i, p in enumerate(prompts):
+            eng.add_request(f"r{i}", p, SamplingParams(max_tokens=16, temperature=0))
+        toks: dict[str, list[int]] = {}
+        while eng.has_unfinished():
+            for o in eng.step():
+                toks.setdefault(o.request_id, []).extend(o.new_token_ids)
+        outs[mode] = toks
+    assert [len(t) for t in outs["torch"].values()] == [16, 16] and outs["torch"] == outs["cpp"]
