@@ -32,9 +32,12 @@ def build_engines(base: Path, variants: list[tuple[int, int]], tmp: Path, args) 
     from refengine.config import EngineConfig
     from refengine.engine import LLMEngine
 
+    # The same prompt runs every round: with prefix caching on, rounds after the first would
+    # reuse its blocks instead of computing the prefill being measured. No per-request cap
+    # either, so a prompt within --max-num-batched-tokens is one prefill step.
     common = dict(max_model_len=max(args.lengths) + 16, kv_cache_memory_gb=args.kv_gb,
                   max_num_batched_tokens=args.max_num_batched_tokens, device=args.device, dtype=args.dtype,
-                  torch_threads=args.threads)
+                  torch_threads=args.threads, enable_prefix_caching=False, long_prefill_token_threshold=0)
     engines = {"baseline": LLMEngine(EngineConfig(model=str(base), **common))}
     for l, g in variants:
         d = write_swiftkv_checkpoint(base, tmp / f"swiftkv-l{l}-g{g}", l, g)

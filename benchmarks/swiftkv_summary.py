@@ -1,8 +1,11 @@
 """results/swiftkv/summary.json and the trade-off plot, from two measured files only.
 
 * quality: JSON files of ``modelkit eval`` (labels ``l{l}_g{g}``, e.g. ``l15_g1``) with the
-  perplexity increase, KL, top-1 agreement and task accuracy kept (plus their 95%
-  intervals); several files must share one setup and baseline (checked);
+  perplexity increase, KL, top-1 agreement and task accuracies (plus their 95%
+  intervals); several files must share one setup and baseline (checked).
+  ``task_accuracy_kept`` is the model's task accuracy relative to the original's over all
+  items (the eval's ``task_accuracy_relative``); ``task_retention`` is the stricter share
+  of the items the original solves that the model still solves (``task_accuracy``);
 * speed: JSON files of ``benchmarks/swiftkv_prefill.py`` with engines
   ``swiftkv l={l} g={g}``; ``prefill_time_ratio`` is the median per-round TTFT ratio
   against the baseline of the same run, averaged over the prompt lengths at which every
@@ -53,13 +56,16 @@ def summarise(quality: dict, prefill: dict) -> dict:
         if not ratios:
             raise SystemExit(f"{label}: no 'swiftkv l={m[1]} g={m[2]}' rows in the prefill benchmark at a prompt "
                              "length every variant was measured at")
-        if r.get("task_accuracy") is None:
-            raise SystemExit(f"{label}: the quality file has no task accuracy (run modelkit eval with tasks)")
+        if r.get("task_accuracy_relative") is None or r.get("task_accuracy") is None:
+            raise SystemExit(f"{label}: the quality file has no relative task accuracy (run a current "
+                             "modelkit eval with tasks)")
         shipped[label] = {
-            "ppl_increase_pct": r["ppl_increase_pct"], "task_accuracy_kept": r["task_accuracy"], "kl": r["kl"],
-            "top1_agreement": r["top1_agreement"], "prefill_time_ratio": statistics.mean(ratios),
+            "ppl_increase_pct": r["ppl_increase_pct"], "task_accuracy_kept": r["task_accuracy_relative"],
+            "kl": r["kl"], "top1_agreement": r["top1_agreement"], "prefill_time_ratio": statistics.mean(ratios),
+            "task_retention": r["task_accuracy"],
             "ci95": {k: r.get(src + "_ci") for k, src in (("ppl_increase_pct", "ppl_increase_pct"),
-                                                         ("task_accuracy_kept", "task_accuracy"),
+                                                         ("task_accuracy_kept", "task_accuracy_relative"),
+                                                         ("task_retention", "task_accuracy"),
                                                          ("kl", "kl"), ("top1_agreement", "top1_agreement"))},
             "tasks_kept": r["tasks_kept"], "model": r["model"]}
     if not shipped:
@@ -78,17 +84,20 @@ def plot(summary: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for ax, key, label in ((axes[0], "ppl_increase_pct", "perplexity increase through the cache (%)"),
-                           (axes[1], "task_accuracy_kept", "task accuracy kept (share of the original's)")):
+                           (axes[1], "task_accuracy_kept", "task accuracy relative to the original's"),
+                           (axes[2], "task_retention", "share of the original's solved items kept")):
         ax.scatter([1.0], [0.0 if key == "ppl_increase_pct" else 1.0], color="black")
         ax.annotate("original", (1.0, 0.0 if key == "ppl_increase_pct" else 1.0), textcoords="offset points",
-                    xytext=(-40, 6))
-        for name, v in summary["shipped"].items():
+                    xytext=(-20, 10))
+        for i, (name, v) in enumerate(summary["shipped"].items()):
             ci = v["ci95"].get(key)
             err = [[v[key] - ci[0]], [ci[1] - v[key]]] if ci else None
             ax.errorbar([v["prefill_time_ratio"]], [v[key]], yerr=err, fmt="o", capsize=4)
-            ax.annotate(name, (v["prefill_time_ratio"], v[key]), textcoords="offset points", xytext=(6, 4))
+            # alternate label sides: neighbouring variants sit close together
+            ax.annotate(name, (v["prefill_time_ratio"], v[key]), textcoords="offset points",
+                        xytext=(6, 4) if i % 2 == 0 else (-40, -14))
         ax.set_xlabel("prefill time / original's (engine benchmark, CPU)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

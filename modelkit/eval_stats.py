@@ -5,7 +5,10 @@
   sequence. ``bootstrap`` draws sequences with replacement (seeded, ``n_boot`` times),
   recomputes each ratio-of-sums figure from per-sequence sums, and returns the
   percentile interval.
-* Task accuracy (a proportion of independent items): ``wilson`` interval.
+* Task accuracy kept on the items the original solves (a proportion of independent
+  items): ``wilson`` interval.
+* Task accuracy relative to the original's over all items (a ratio of two accuracies on
+  the same items): ``paired_ratio`` resamples items, keeping each item's pair of outcomes.
 
 Contract: ``per_sequence(base_scores, model_scores)`` takes the engine's score rows
 (``(logprob, argmax, logprob_row)`` per continuation token) and returns per-sequence
@@ -28,6 +31,23 @@ def wilson(k: int, n: int, z: float = 1.96) -> list[float] | None:
     mid = (p + z * z / (2 * n)) / den
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
     return [max(0.0, mid - half), min(1.0, mid + half)]
+
+
+def paired_ratio(base: list[bool], model: list[bool], n_boot: int = 2000, seed: int = 0,
+                 level: float = 0.95) -> tuple[float | None, list[float] | None]:
+    """``sum(model) / sum(base)`` over the same items, and its percentile interval from items
+    drawn with replacement (pairs kept together). None when the original solves none."""
+    if len(base) != len(model):
+        raise ValueError("paired_ratio: outcome lists of different lengths")
+    if not any(base):
+        return None, None
+    b = torch.tensor(base, dtype=torch.float64)
+    m = torch.tensor(model, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(seed)
+    pick = torch.randint(0, len(b), (n_boot, len(b)), generator=gen)
+    ratios = m[pick].sum(-1) / b[pick].sum(-1).clamp_min(1)
+    q = torch.quantile(ratios, torch.tensor([(1 - level) / 2, 1 - (1 - level) / 2], dtype=torch.float64))
+    return float(m.sum() / b.sum()), [float(q[0]), float(q[1])]
 
 
 def per_sequence(base_scores, model_scores) -> dict[str, torch.Tensor]:

@@ -9,13 +9,17 @@ act: in the cache.
   greedy        greedy generation from held-out chat prompts vs the original's:
                 position-wise token agreement, mean common-prefix fraction, exact match
   tasks         task suite with exact answers (modelkit.tasks: arithmetic, copy, sequence,
-                capital, reading comprehension), on the items the original answers
-                correctly (``--task-items`` per kind; the default 25 keeps the earlier
-                suite's items and cost); accuracy = share of them kept
+                capital, reading comprehension; ``--task-items`` per kind, the default 25
+                keeps the earlier suite's items and cost), two figures:
+                ``task_accuracy``: share of the items the original solves that the model
+                still solves (strict: a model's own extra solves do not count);
+                ``task_accuracy_relative``: the model's accuracy over all items divided
+                by the original's (accuracy relative to the original's, as papers report)
   needle        needle-in-a-haystack retrieval at ``--needle-context`` tokens
                 (modelkit.needle), on the items the original answers correctly
 95% intervals (modelkit.eval_stats): bootstrap over scored sequences for ppl increase,
-KL and top-1 agreement (``*_ci``); Wilson for task accuracy.
+KL and top-1 agreement (``*_ci``); Wilson for task accuracy; a paired bootstrap over
+items for the relative task accuracy.
 KV methods (``--kv-methods``) apply to the evaluated models and are validated before
 anything loads; an option given as a JSON list is swept (one evaluation per combination),
 and a JSON list of method objects evaluates each in turn (``{}`` = no method).
@@ -174,12 +178,13 @@ class Evaluation:
         base = _engine(baseline, baseline_overrides or {}, self.max_len)
         self.scores = self._score(base) if self.items else []
         self.gen = base.generate(self.prompts, self.greedy) if self.prompts else []
-        self.tasks_total, self.tasks = 0, []
+        self.tasks_total, self.tasks, self.all_tasks, self.base_oks = 0, [], [], []
         if "tasks" in metrics:
             self.setup["task_items_per_kind"] = task_items
-            tasks = make_tasks(task_items, seed=seed)
-            self.tasks_total = len(tasks)
-            self.tasks = [t for t, ok in zip(tasks, run_tasks(base, self.tok, tasks)) if ok]
+            self.all_tasks = make_tasks(task_items, seed=seed)
+            self.tasks_total = len(self.all_tasks)
+            self.base_oks = run_tasks(base, self.tok, self.all_tasks)
+            self.tasks = [t for t, ok in zip(self.all_tasks, self.base_oks) if ok]
         self.needles, self.needles_total = [], 0
         if "needle" in metrics and n_needle:
             from modelkit import needle
@@ -203,15 +208,22 @@ class Evaluation:
         if self.items:
             result.update(score_metrics(self.scores, self._score(eng)))
         result.update(greedy_metrics(self.gen, eng.generate(self.prompts, self.greedy) if self.gen else []))
-        oks = run_tasks(eng, self.tok, self.tasks) if self.tasks else []
+        # Every item runs, so the model's solves of items the original misses count in the
+        # relative figure; the strict figure reads the original's solved items only.
+        oks_all = run_tasks(eng, self.tok, self.all_tasks) if self.tasks else []
+        oks = [ok for ok, b in zip(oks_all, self.base_oks) if b]
         by_kind: dict[str, list[bool]] = {}
         for t, ok in zip(self.tasks, oks):
             by_kind.setdefault(t.kind, []).append(ok)
-        from modelkit.eval_stats import wilson
+        from modelkit.eval_stats import paired_ratio, wilson
 
+        rel, rel_ci = paired_ratio(self.base_oks, oks_all) if oks_all else (None, None)
         result.update({"tasks_kept": len(self.tasks), "tasks_total": self.tasks_total,
                        "task_accuracy": sum(oks) / len(oks) if oks else None,
                        "task_accuracy_ci": wilson(sum(oks), len(oks)),
+                       "task_accuracy_relative": rel, "task_accuracy_relative_ci": rel_ci,
+                       "tasks_solved_model": sum(oks_all) if oks_all else None,
+                       "tasks_solved_only_by_model": sum(o and not b for o, b in zip(oks_all, self.base_oks)),
                        "tasks_kept_by_kind": {k: len(v) for k, v in by_kind.items()},
                        "task_accuracy_by_kind": {k: sum(v) / len(v) for k, v in by_kind.items()}})
         if self.needles:
@@ -236,7 +248,10 @@ ROWS = [("ppl through cache", "ppl", "{:.3f}"), ("ppl increase vs original", "pp
         ("greedy common-prefix agreement", "greedy_prefix_agreement", "{:.1%}"),
         ("greedy exact match", "greedy_exact_match", "{:.1%}"),
         ("task accuracy (items the original solves)", "task_accuracy", "{:.1%}"),
+        ("task accuracy relative to the original's (all items)", "task_accuracy_relative", "{:.1%}"),
         ("task items the original solves", "tasks_kept", "{:d}"),
+        ("task items the model solves (all items)", "tasks_solved_model", "{:d}"),
+        ("  of them items the original fails", "tasks_solved_only_by_model", "{:d}"),
         ("needle retrieval (items the original solves)", "needle_accuracy", "{:.1%}"),
         ("KV bytes per token", "kv_bytes_per_token", "{:.0f}")]
 

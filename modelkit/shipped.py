@@ -21,6 +21,8 @@ VARIANTS: dict[str, tuple[str, int, int]] = {
     "SmolLM2-135M-Instruct-SwiftKV-25pct": ("smollm2-swiftkv/swiftkv-l22-g1.safetensors", 22, 1),
     # closest to the original: prefill skips 4 of 30 layers (l=26)
     "SmolLM2-135M-Instruct-SwiftKV-13pct": ("smollm2-swiftkv/swiftkv-l26-g1.safetensors", 26, 1),
+    # prefill skips 3 of 30 layers (l=27)
+    "SmolLM2-135M-Instruct-SwiftKV-10pct": ("smollm2-swiftkv/swiftkv-l27-g1.safetensors", 27, 1),
 }
 
 

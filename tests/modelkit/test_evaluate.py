@@ -68,6 +68,18 @@ def test_task_suite_reading_items():
     assert len([t for t in make_tasks(200) if t.kind == "capital"]) == len(CAPITALS) + len(MORE_CAPITALS)
 
 
+def test_paired_ratio_counts_the_models_own_solves():
+    from modelkit.eval_stats import paired_ratio
+
+    base = [True] * 8 + [False] * 12
+    model = [True] * 6 + [False] * 2 + [True] * 4 + [False] * 8      # 2 lost, 4 gained
+    ratio, ci = paired_ratio(base, model)
+    assert ratio == pytest.approx(10 / 8) and ci[0] < ratio < ci[1]
+    assert paired_ratio(base, base)[0] == 1.0 and paired_ratio([False] * 3, [True] * 3) == (None, None)
+    with pytest.raises(ValueError):
+        paired_ratio(base, model[:-1])
+
+
 def test_markdown_table_marks_missing_values():
     table = markdown_table({"a": {"ppl": 12.0, "kl": None}})
     assert "| ppl through cache | 12.000 |" in table and "| KL(original || model) | n/a |" in table
@@ -90,6 +102,8 @@ def test_original_against_itself_and_fp8(smollm2_dir, tmp_path):
     assert same["ppl_increase_pct"] == pytest.approx(0.0, abs=1e-6) and same["top1_agreement"] == 1.0
     assert same["kl"] == pytest.approx(0.0, abs=1e-6) and same["task_accuracy"] == 1.0
     assert same["task_accuracy_ci"][1] == 1.0 and same["task_accuracy_ci"][0] < 1.0
+    assert same["task_accuracy_relative"] == 1.0 and same["tasks_solved_only_by_model"] == 0
+    assert same["tasks_solved_model"] == same["tasks_kept"] < same["tasks_total"]
     assert same["kl_ci"] == pytest.approx([0.0, 0.0], abs=1e-6)
     fp8 = ev.compare(smollm2_dir, {"kv_cache_dtype": "fp8_e4m3"})
     assert 0 < fp8["kl"] < 0.1 and fp8["kv_bytes_per_token"] < same["kv_bytes_per_token"]

@@ -29,7 +29,8 @@ def test_shipped_swiftkv_answers_like_the_original():
     assert "Paris" in tok.decode(out, skip_special_tokens=True)
 
 
-@pytest.mark.parametrize("name,l", [("SmolLM2-135M-Instruct-SwiftKV-25pct", 22), ("SmolLM2-135M-Instruct-SwiftKV-13pct", 26)])
+@pytest.mark.parametrize("name,l", [("SmolLM2-135M-Instruct-SwiftKV-25pct", 22), ("SmolLM2-135M-Instruct-SwiftKV-13pct", 26),
+                                    ("SmolLM2-135M-Instruct-SwiftKV-10pct", 27)])
 def test_shipped_quality_first_swiftkv_answers_like_the_original(name, l):
     from transformers import AutoTokenizer
 

@@ -16,7 +16,8 @@ _spec.loader.exec_module(summary_mod)
 
 def _quality(label, ppl_inc, acc, setup=None):
     r = {"model": "m", "ppl_baseline": 10.0, "ppl_increase_pct": ppl_inc, "kl": 0.1, "top1_agreement": 0.9,
-         "task_accuracy": acc, "tasks_kept": 210, "tasks_total": 487, "setup": setup or {"samples": 48},
+         "task_accuracy": acc, "task_accuracy_relative": acc + 0.01, "task_accuracy_relative_ci": [acc - 0.04, acc + 0.05],
+         "tasks_kept": 210, "tasks_total": 487, "setup": setup or {"samples": 48},
          "ppl_increase_pct_ci": [ppl_inc - 1, ppl_inc + 1], "task_accuracy_ci": [acc - 0.05, acc + 0.04],
          "kl_ci": [0.09, 0.11], "top1_agreement_ci": [0.88, 0.92]}
     return {"command": "modelkit eval ...", "results": {label: r}}
@@ -35,7 +36,8 @@ def test_summary_from_measured_files(tmp_path):
     s = summary_mod.summarise(*q)
     assert set(s["shipped"]) == {"l15_g1", "l22_g1"}
     v = s["shipped"]["l22_g1"]
-    assert v["ppl_increase_pct"] == 4.0 and v["task_accuracy_kept"] == 0.92
+    assert v["ppl_increase_pct"] == 4.0 and v["task_accuracy_kept"] == pytest.approx(0.93)
+    assert v["task_retention"] == 0.92 and v["ci95"]["task_retention"] == pytest.approx([0.87, 0.96])
     assert v["prefill_time_ratio"] == pytest.approx(0.78) and v["ci95"]["kl"] == [0.09, 0.11]
     assert all(isinstance(v[k], float) for k in summary_mod.FIELDS)
     json.dumps(s)
