@@ -70,3 +70,15 @@ def test_engine_ab_parses_config_overrides():
     ab = load("engine_ab")
     assert ab.parse_set("packed_linear=off,max_num_seqs=8,swiftkv=false") == {
         "packed_linear": "off", "max_num_seqs": 8, "swiftkv": False}
+
+
+def test_served_profile_shares_per_thread(tmp_path):
+    prof = load("served_profile")
+    raw = tmp_path / "spy.txt"
+    raw.write_text("thread (11): refengine;run (a.py:1);step (b.py:2) 60\n"
+                   "thread (11): refengine;run (a.py:1);kernel (c.py:3) 10\n"
+                   "thread (12): MainThread;loop (d.py:4) 5\n\n")
+    s = prof.summarise(raw, samples=100)
+    assert list(s) == ["refengine", "MainThread"]
+    assert s["refengine"]["active_share"] == 0.7 and s["MainThread"]["active_share"] == 0.05
+    assert s["refengine"]["top_frames"] == {"step (b.py:2)": 60, "kernel (c.py:3)": 10}
