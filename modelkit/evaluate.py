@@ -329,7 +329,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-tasks", dest="tasks", action="store_false",
                    help="skip the task suite (same as leaving 'tasks' out of --metrics)")
     p.add_argument("--task-items", type=int, default=25,
-                   help="generated task items per kind, before keeping those the original solves (default: "
+                   help="generated task items per kind; every model runs all of them (the strict figure reads "
+                        "those the original solves) (default: "
                         "%(default)s: the earlier suite plus 25 reading items; raise it for tighter intervals)")
     p.add_argument("--join-docs", action="store_true",
                    help="score sequences made of held-out passages joined RAG-style (allows long --prefix)")
