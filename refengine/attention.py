@@ -152,14 +152,13 @@ def build_attn_batch(chunks: list[tuple[int, int, list[int]]], block_size: int, 
         max_blocks = -(-max(lengths) // block_size)
         rows = [table[:-(-ctx // block_size)] for ctx, table in dec_tables]
         blocks = torch.tensor([r + [0] * (max_blocks - len(r)) for r in rows], dtype=torch.long, device=device)
+        lens = torch.tensor(lengths, dtype=torch.long, device=device)
         mask = None
         if any(c != max_blocks * block_size for c in lengths):
-            lens = torch.tensor(lengths, device=device)
             span = torch.arange(max_blocks * block_size, device=device)
             mask = (span.unsqueeze(0) < lens.unsqueeze(1))[:, None, None, :]
         decode = DecodeGroup(torch.tensor(dec_rows, dtype=torch.long, device=device), blocks, mask, lengths,
-                             dec_ids if seq_ids is not None else [], dec_rows,
-                             torch.tensor(lengths, dtype=torch.long, device=device))
+                             dec_ids if seq_ids is not None else [], dec_rows, lens)
     return AttnBatch(prefills, decode, row, decode_kernel)
 
 
