@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import command_line, write_json  # noqa: E402
 from benchmarks.profile_engine import WORKLOADS, run_once  # noqa: E402
 
 
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     sets = [parse_set(s) for s in args.set]
     engines = [LLMEngine(EngineConfig(model=model, max_model_len=2048, torch_threads=args.threads, **s)) for s in sets]
     prompts = {"decode_128_128": 32, "prefill_1024_32": 16, "chat_256_16": 16}
-    res: dict = {"command": "python " + " ".join([sys.argv[0]] + (argv if argv is not None else sys.argv[1:])),
+    res: dict = {"command": command_line(argv),
                  "A": sets[0], "B": sets[1], "workloads": {}}
     for eng in engines:                                                   # warm-up
         run_once(eng, 64, 4, 2, seed=99)
@@ -81,8 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         res["same_greedy_tokens"] = outs[0] == outs[1]
         print("same greedy tokens:", res["same_greedy_tokens"])
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+        write_json(args.out, res)
     return 0
 
 

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import command_line, write_json  # noqa: E402
 
 
 def shapes(spec) -> dict[str, tuple[int, int]]:
@@ -75,13 +76,12 @@ def main(argv: list[str] | None = None) -> int:
                              "packed_ms": round(packed, 4), "ratio": round(packed / plain, 3)})
             print(f"{name:8s} {k:5d}x{n:<6d} rows={m:5d}  plain {plain:9.3f} ms  packed {packed:9.3f} ms  "
                   f"ratio {packed / plain:.2f}", flush=True)
-    res = {"command": "python " + " ".join([sys.argv[0]] + (argv if argv is not None else sys.argv[1:])),
+    res = {"command": command_line(argv),
            "model": args.model, "threads": torch.get_num_threads(), "torch": torch.__version__,
            "cpu": platform.processor() or platform.machine(), "capability": torch.backends.cpu.get_cpu_capability(),
            "repeats": args.repeats, "rows": rows_out}
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+        write_json(args.out, res)
     return 0
 
 

@@ -15,12 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import write_json  # noqa: E402
 
 
 def median_ms(fn, n: int) -> float:
@@ -68,8 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     res["masked_default_vs_math"] = res["default_gqa_masked_chunk_ms"] / res["math_gqa_masked_chunk_ms"]
     print(json.dumps(res, indent=1))
     if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+        write_json(a.out, res)
     return 0
 
 

@@ -16,7 +16,6 @@ import argparse
 import collections
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks.common import command_line, write_json  # noqa: E402
 from benchmarks.perf_suite import SERVED, WORKLOADS, run_workload, start, stop  # noqa: E402
 
 
@@ -73,11 +73,10 @@ def main(argv=None) -> int:
         finally:
             stop(proc)
     metric = WORKLOADS[args.workload][4]
-    out = {"command": "python " + shlex.join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+    out = {"command": command_line(argv),
            "workload": args.workload, metric: res[metric], "duration_s": res.get("duration"),
            "samples_per_thread_max": args.seconds * args.rate, "threads": threads}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    write_json(args.out, out)
     print(json.dumps({k: v for k, v in out.items() if k != "threads"}))
     for name, t in threads.items():
         print(f"{t['active_share']:6.1%}  {name}")
