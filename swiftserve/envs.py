@@ -57,3 +57,9 @@ def vllm_cpu_threads_bind() -> str | None:
 def vllm_cpu_kvcache_space() -> str | None:
     """vLLM-CPU's KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE) when the user set it; None = ours."""
     return _get("VLLM_CPU_KVCACHE_SPACE")
+
+
+
+def engine_core() -> str | None:
+    """Default of the worker's --engine-core (SWIFTSERVE_ENGINE_CORE: process | thread); None = process."""
+    return _get("SWIFTSERVE_ENGINE_CORE")

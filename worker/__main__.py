@@ -4,4 +4,5 @@ import sys
 
 from worker.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":      # the engine process (spawn) must not run the worker again
+    sys.exit(main())

@@ -19,7 +19,7 @@ from refengine.config import EngineConfig
 from refengine.kv import registry as kv_registry
 from refengine.kv.base import MethodError
 from swiftserve import envs
-from worker.config import ENGINE_KINDS, OVERLOAD_STATUSES, WorkerConfig
+from worker.config import ENGINE_CORES, ENGINE_KINDS, OVERLOAD_STATUSES, WorkerConfig
 
 log = logging.getLogger("worker")
 
@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=["critical", "error", "warning", "info", "debug", "trace"],
                    help="log level of the worker and uvicorn (default from SWIFTSERVE_LOG_LEVEL)")
     e = p.add_argument_group("engine")
+    e.add_argument("--engine-core", choices=ENGINE_CORES, default=None,
+                   help="where the reference engine runs (default from SWIFTSERVE_ENGINE_CORE, else 'process'): "
+                        "'process' (its own process, like vLLM v1's "
+                        "engine core, so HTTP, detokenisation and SSE do not take the GIL from it) or 'thread' "
+                        "(a background thread of the worker process; refused with --engine vllm, which runs "
+                        "its own engine-core process)")
     e.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda' or 'cuda:N'")
     e.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weight/activation dtype ('auto': float32 on CPU, bfloat16 on CUDA)")
@@ -136,7 +142,8 @@ def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> 
         packed_linear=args.packed_linear, decode_kernel=args.decode_kernel)
     return WorkerConfig(
         engine_config=engine_config, host=args.host, port=args.port,
-        served_model_name=tuple(args.served_model_name or ()), engine=args.engine, tokenizer=args.tokenizer,
+        served_model_name=tuple(args.served_model_name or ()), engine=args.engine,
+        engine_core=args.engine_core or envs.engine_core() or "process", tokenizer=args.tokenizer,
         max_concurrent_requests=args.max_concurrent_requests, overload_status=args.overload_status,
         max_logprobs=args.max_logprobs, log_level=args.log_level, max_body_bytes=args.max_body_bytes,
         max_choices_per_request=args.max_choices_per_request,
@@ -167,6 +174,8 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     for flag, value in (("--packed-linear", args.packed_linear), ("--decode-kernel", args.decode_kernel)):
         if value != "auto" and args.engine != "reference":
             parser.error(f"{flag} is a reference-engine option")
+    if args.engine_core is not None and args.engine != "reference":
+        parser.error("--engine-core is a reference-engine option (vLLM runs its own engine-core process)")
     if args.kv_methods and args.engine != "reference":
         parser.error("--kv-methods is a reference-engine option; with --engine vllm serve a ZACK model "
                      "directory (uniform ranks, from `modelkit zack-calibrate --mode uniform`) instead")

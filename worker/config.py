@@ -16,6 +16,7 @@ from pathlib import Path
 from refengine.config import EngineConfig
 
 ENGINE_KINDS = ("reference", "vllm")
+ENGINE_CORES = ("process", "thread")
 OVERLOAD_STATUSES = (429, 503)
 
 
@@ -28,6 +29,7 @@ class WorkerConfig:
     # Empty: the model directory's name.
     served_model_name: tuple[str, ...] = ()
     engine: str = "reference"
+    engine_core: str = "process"                # reference engine: own process, or a thread of this one
     tokenizer: str | None = None                # None: engine_config.model
     # Generation requests (HTTP requests, not choices) in flight at most; 0 = unlimited.
     # Beyond it a request is refused at once with ``overload_status`` (429 or 503).
@@ -49,6 +51,8 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_KINDS:
             raise ValueError(f"engine must be one of {ENGINE_KINDS}, got {self.engine!r}")
+        if self.engine_core not in ENGINE_CORES:
+            raise ValueError(f"engine_core must be one of {ENGINE_CORES}, got {self.engine_core!r}")
         if self.overload_status not in OVERLOAD_STATUSES:
             raise ValueError(f"overload_status must be one of {OVERLOAD_STATUSES}")
         if self.max_concurrent_requests < 0:

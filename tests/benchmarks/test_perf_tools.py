@@ -82,3 +82,31 @@ def test_served_profile_shares_per_thread(tmp_path):
     assert list(s) == ["refengine", "MainThread"]
     assert s["refengine"]["active_share"] == 0.7 and s["MainThread"]["active_share"] == 0.05
     assert s["refengine"]["top_frames"] == {"step (b.py:2)": 60, "kernel (c.py:3)": 10}
+
+
+def test_served_ab_variants_and_report():
+    ab = load("served_ab")
+    assert ab.parse_variant("a=ours") == ("a", "ours", {})
+    assert ab.parse_variant("b=vllm_cpu:GOMP_SPINCOUNT=,X=1") == ("b", "vllm_cpu", {"GOMP_SPINCOUNT": "", "X": "1"})
+    for bad in ("ours", "=ours", "a=", "a=ours:NOEQUALS"):
+        with pytest.raises(Exception):
+            ab.parse_variant(bad)
+    run = {"output_throughput": 100.0, "cpu_s": {"1 python": 0.5, "2 python": 50.0, "client": 0.7}}
+    doc = {"workload": "decode_128_128", "command": "python benchmarks/served_ab.py",
+           "paired_ratio_to_first": {"a": 1.0, "b": 1.25},
+           "variants": {"a": {"env": {}, "metric": "output_throughput", "median": 100.0, "runs": [run]},
+                        "b": {"env": {"K": "v"}, "metric": "output_throughput", "median": 125.0,
+                              "runs": [{**run, "output_throughput": 125.0}]}}}
+    md = ab.markdown(doc)
+    assert "| b | K=v | 125.0 output_throughput | 125.0 | 1.250 | 0.5 + 50.0 / 0.7 |" in md
+
+
+def test_perf_suite_start_unsets_empty_env(tmp_path, monkeypatch):
+    suite = load("perf_suite")
+    monkeypatch.setenv("SWIFTSERVE_TEST_UNSET", "1")
+    log = tmp_path / "env.log"
+    with pytest.raises(RuntimeError, match="exited"):
+        suite.start([sys.executable, "-c", "import os,sys; print(sorted(k for k in os.environ if k.startswith("
+                     "'SWIFTSERVE_TEST'))); sys.exit(3)"],
+                    {"SWIFTSERVE_TEST_UNSET": "", "SWIFTSERVE_TEST_SET": "x"}, 1, log, timeout=30)
+    assert log.read_text().strip() == "['SWIFTSERVE_TEST_SET']"

@@ -29,7 +29,8 @@ def test_every_engine_flag_reaches_the_engine_config():
             "--max-num-batched-tokens", "512", "--kv-cache-dtype", "fp8", "--device", "cpu", "--dtype", "bfloat16",
             "--seed", "5", "--no-swiftkv", "--torch-threads", "3", "--kv-methods", '{"zack": {"rate": 0.5}}',
             "--max-concurrent-requests", "10", "--overload-status", "503", "--tokenizer", "/t",
-            "--log-level", "warning", "--packed-linear", "lm_head", "--decode-kernel", "torch")
+            "--log-level", "warning", "--packed-linear", "lm_head", "--decode-kernel", "torch",
+            "--engine-core", "thread")
     e = c.engine_config
     assert c.model_names == ("a", "b") and c.model_name == "a"
     assert (c.host, c.port, c.max_concurrent_requests, c.overload_status) == ("0.0.0.0", 9000, 10, 503)
@@ -40,12 +41,22 @@ def test_every_engine_flag_reaches_the_engine_config():
     assert e.kv_methods == {"zack": {"rate": 0.5}}
     assert (e.packed_linear, cfg().engine_config.packed_linear) == ("lm_head", "auto")
     assert (e.decode_kernel, cfg().engine_config.decode_kernel) == ("torch", "auto")
+    assert (c.engine_core, cfg().engine_core) == ("thread", "process")
+
+
+def test_engine_core_default_from_the_environment(monkeypatch):
+    monkeypatch.setenv("SWIFTSERVE_ENGINE_CORE", "thread")
+    assert cfg().engine_core == "thread" and cfg("--engine-core", "process").engine_core == "process"
+    monkeypatch.setenv("SWIFTSERVE_ENGINE_CORE", "fork")
+    with pytest.raises(ValueError, match="engine_core"):
+        cfg()
 
 
 @pytest.mark.parametrize("argv", [["--kv-methods", "[1]"], ["--kv-methods", "{bad"], ["--engine", "magic"],
                                   ["--overload-status", "500"], ["--port", "0"], ["--max-model-len", "1"],
                                   ["--packed-linear", "fast"], ["--engine", "vllm", "--packed-linear", "all"],
-                                  ["--decode-kernel", "triton"], ["--engine", "vllm", "--decode-kernel", "cpp"]])
+                                  ["--decode-kernel", "triton"], ["--engine", "vllm", "--decode-kernel", "cpp"],
+                                  ["--engine-core", "fork"], ["--engine", "vllm", "--engine-core", "process"]])
 def test_bad_flags_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv + ["--model", "/nonexistent"])
@@ -89,6 +100,7 @@ def test_python_m_worker_serves_and_stops_cleanly(smollm2_dir):
     import time
 
     import httpx
+    import psutil
     from proc_support import free_port
 
     port = free_port()
@@ -109,11 +121,16 @@ def test_python_m_worker_serves_and_stops_cleanly(smollm2_dir):
             time.sleep(0.5)
         r = httpx.post(url + "/v1/completions", json={"model": "smol", "prompt": "Hi", "max_tokens": 3}, timeout=120)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        # the engine core runs in a child process (--engine-core process, the default)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert any("multiprocessing" in " ".join(c.cmdline()) for c in children)
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
     # uvicorn shuts down gracefully, then re-raises SIGTERM so the exit status reports the signal.
     assert code in (0, -signal.SIGTERM)
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not [c for c in alive if c.status() != psutil.STATUS_ZOMBIE], "engine process outlived the worker"
 
 
 @pytest.mark.parametrize("methods, words", [

@@ -12,9 +12,9 @@ from __future__ import annotations
 def create_engine_client(worker_config):
     kind = getattr(worker_config, "engine", "reference")
     if kind == "reference":
-        from worker.backends.reference import ReferenceEngineClient
+        from worker.backends.reference import reference_engine_client
 
-        return ReferenceEngineClient(worker_config.engine_config)
+        return reference_engine_client(worker_config)
     if kind == "vllm":
         from worker.backends.vllm import VllmEngineClient
 

