@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -96,10 +97,18 @@ def test_openai_sdk_and_both_workers_used(stack):
     base, workers = stack
     client = OpenAI(base_url=base + "/v1", api_key="unused")
     assert [m.id for m in client.models.list().data] == ["smol"]
-    for _ in range(4):
-        reply = client.chat.completions.create(model="smol", max_tokens=4, temperature=0,
-                                               messages=[{"role": "user", "content": "Say hi"}])
-        assert reply.choices[0].message.content
+    # Concurrent, so the spread is the policy's (load), not a coin: these prompts are shorter
+    # than one prefix block, and one request at a time would tie every time (random pick).
+    start = threading.Barrier(4)
+
+    def chat(_):
+        start.wait()
+        return client.chat.completions.create(model="smol", max_tokens=16, temperature=0,
+                                              messages=[{"role": "user", "content": "Say hi"}])
+
+    with ThreadPoolExecutor(4) as pool:
+        for reply in pool.map(chat, range(4)):
+            assert reply.choices[0].message.content
     text = "".join(c.choices[0].text for c in client.completions.create(
         model="smol", prompt="Once upon a time", max_tokens=6, stream=True) if c.choices)
     assert text
