@@ -1,11 +1,15 @@
-"""What the benchmark scripts' outputs share: the command line that reproduces a result,
-and writing the result as a JSON file (parent directories created)."""
+"""What the benchmark scripts share: the command line that reproduces a result, writing the
+result as a JSON file (parent directories created), the median time of a call, and running
+one engine's half of a comparison in another interpreter (a child that prints ``RESULT <json>``)."""
 
 from __future__ import annotations
 
 import json
 import shlex
+import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -18,3 +22,26 @@ def write_json(path: str | Path, doc: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def median_ms(fn, repeats: int, warmup: int = 1) -> float:
+    """Median wall time of ``fn()`` in ms over ``repeats`` calls after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times)
+
+
+def run_child(name: str, argv: list[str], env: dict, cwd: Path) -> dict:
+    """Run ``argv`` (a script in child mode) and return the JSON of its last ``RESULT `` line;
+    exits with the child's stderr tail when it fails."""
+    print(f"== {name}", flush=True)
+    p = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
+    line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    if p.returncode or not line:
+        raise SystemExit(f"{name} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    return json.loads(line[-1][len("RESULT "):])

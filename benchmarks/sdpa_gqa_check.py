@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -24,17 +22,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import write_json  # noqa: E402
-
-
-def median_ms(fn, n: int) -> float:
-    fn()
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
+from benchmarks.common import median_ms, write_json  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

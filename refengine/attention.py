@@ -5,7 +5,9 @@ Queries are the step's flattened tokens ``q [T, heads, head_dim]``.
 
 - ``prefills``: sequences with several query tokens (chunked prefill). Each one
   gathers the blocks holding keys ``0 .. start+n-1`` and runs SDPA with a causal
-  mask offset by ``start`` (plain ``is_causal`` when the chunk starts at 0).
+  mask offset by ``start`` (plain ``is_causal`` when the chunk starts at 0). With a
+  prefill kernel (``refengine.paged_kernel``, CPU), dense pools and float32/bf16 queries, the
+  kernel reads the blocks in place instead (flash-style tiles: no gather, no score matrix).
 - ``decode``: sequences with exactly one query token (decodes, and every
   sequence in SwiftKV's later layers). They are batched: their blocks are gathered
   into ``[B, max_blocks * block_size]`` rows, positions past a sequence's length
@@ -57,15 +59,34 @@ class AttnBatch:
     decode: DecodeGroup | None
     num_tokens: int
     decode_kernel: object | None = None  # refengine.paged_kernel.PagedDecodeKernel, or None: gather + SDPA
+    prefill_kernel: object | None = None  # the same kernels' module for prefills, or None: gather + SDPA
 
 
 def _sdpa(q, k, v, mask, causal, scale):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
 
 
+def _prefill_pools(q: torch.Tensor, cache, batch: AttnBatch):
+    """The dense pools when the prefill kernel can serve this step's prefills, else None."""
+    if batch.prefill_kernel is None or not batch.prefills or q.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    pools = cache.dense_pools()
+    if pools is None or pools[1].shape[-1] % 16 or pools[0].dtype not in (torch.float32, torch.bfloat16):
+        return None
+    return pools
+
+
 def paged_attention(q: torch.Tensor, cache, batch: AttnBatch, scale: float) -> torch.Tensor:
     out = None
-    for p in batch.prefills:
+    pools = _prefill_pools(q, cache, batch)
+    if pools is not None:                                       # the kernel computes in float32
+        out = torch.empty(q.shape[0], q.shape[1], pools[1].shape[-1])
+        qc = q.float().contiguous()
+        for p in batch.prefills:                                # in place: [N, bs, kvh, d] pools
+            batch.prefill_kernel.prefill(qc[p.q_start:p.q_end], pools[0], pools[1], p.blocks,
+                                         p.ctx - (p.q_end - p.q_start), scale, out[p.q_start:p.q_end])
+        out = out.to(q.dtype)
+    for p in batch.prefills if pools is None else ():
         k, v = cache.gather(p.blocks)                           # [nblk, bs, kvh, d]
         k = k.flatten(0, 1)[:p.ctx]                             # [ctx, kvh, d]
         v = v.flatten(0, 1)[:p.ctx]
@@ -117,13 +138,14 @@ def seq_rows(batch: AttnBatch) -> list[tuple[str | None, int, int, int]]:
 
 def build_attn_batch(chunks: list[tuple[int, int, list[int]]], block_size: int, device: torch.device,
                      q_offsets: list[int] | None = None, seq_ids: list[str] | None = None,
-                     decode_kernel=None) -> AttnBatch:
+                     decode_kernel=None, prefill_kernel=None) -> AttnBatch:
     """Describe a step's attention from ``(cache_start, num_tokens, block_table)`` per sequence.
 
     ``q_offsets[i]`` is the first row of sequence i in the flattened queries
     (default: cumulative ``num_tokens``). Sequences with one query join the decode group.
     ``seq_ids`` (request ids) label the sequences for methods that observe queries.
-    ``decode_kernel`` (``refengine.paged_kernel``) is used by the decode group over dense pools.
+    ``decode_kernel`` (``refengine.paged_kernel``) is used by the decode group over dense pools,
+    ``prefill_kernel`` by the prefills.
     """
     prefills: list[PrefillSeq] = []
     dec_rows: list[int] = []
@@ -159,7 +181,7 @@ def build_attn_batch(chunks: list[tuple[int, int, list[int]]], block_size: int, 
             mask = (span.unsqueeze(0) < lens.unsqueeze(1))[:, None, None, :]
         decode = DecodeGroup(torch.tensor(dec_rows, dtype=torch.long, device=device), blocks, mask, lengths,
                              dec_ids if seq_ids is not None else [], dec_rows, lens)
-    return AttnBatch(prefills, decode, row, decode_kernel)
+    return AttnBatch(prefills, decode, row, decode_kernel, prefill_kernel)
 
 
 def slot_mapping(chunks: list[tuple[int, int, list[int]]], block_size: int, device: torch.device) -> torch.Tensor:

@@ -31,3 +31,5 @@ class EngineConfig:
     long_prefill_token_threshold: int | None = None  # most tokens of one request per step; None: budget // 2, 0: no cap
     packed_linear: str = "auto"                 # CPU fp32 GEMM weights in oneDNN's layout: "auto" | "off" | "lm_head" | "all"
     decode_kernel: str = "auto"                 # CPU decode attention: "auto" (C++ kernel when it builds) | "cpp" | "torch"
+    prefill_kernel: str = "auto"                # CPU prefill attention (fp32/bf16): same choices as decode_kernel
+    malloc_tuning: bool = True                  # CPU: keep freed activations in glibc's heap (refengine.host_malloc)

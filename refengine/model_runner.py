@@ -29,7 +29,8 @@ from refengine.linear import Linear, PackedLinear
 from refengine.model_config import ModelSpec
 from refengine.models.llama import LlamaModel
 from refengine.outputs import TokenLogprob
-from refengine.paged_kernel import resolve_decode_kernel
+from refengine.host_malloc import tune_malloc
+from refengine.paged_kernel import resolve_decode_kernel, resolve_prefill_kernel
 from refengine.dummy_weights import DummyWeights
 from refengine.weights import OverlayWeights, WeightSource
 from refengine.sampler import SampleRow, sample
@@ -92,6 +93,7 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.dtype, self.device)
         if config.torch_threads and self.device.type == "cpu":
             torch.set_num_threads(config.torch_threads)
+        self.malloc_tuned = config.malloc_tuning and self.device.type == "cpu" and tune_malloc()
         torch.manual_seed(config.seed)
         elem = torch.empty((), dtype=self.dtype).element_size()
         facts = registry.facts_from_spec(spec, config.model, config.swiftkv, elem, config.block_size)
@@ -112,6 +114,7 @@ class ModelRunner:
         self.model.eval()
         self.packing = check_packed(self.model, config.packed_linear)
         self.decode_kernel = resolve_decode_kernel(config.decode_kernel, self.device)
+        self.prefill_kernel = resolve_prefill_kernel(config.prefill_kernel, self.device)
         self.bytes_per_token = self.cache_spec.device_bytes_per_token
         self.host_bytes_per_token = self.cache_spec.host_bytes_per_token
         # The same model with no SwiftKV and no KV method: the denominator of compression ratios.
@@ -135,9 +138,10 @@ class ModelRunner:
         self.default_gen = torch.Generator(device=self.device).manual_seed(config.seed)
         self._gens: dict[str, torch.Generator] = {}
         self.want_dist = False                   # scoring: keep full logprob rows (evaluation only)
-        log.info("model %s on %s/%s (%s, decode attention: %s): swiftkv=%s (l=%d, g=%d), KV methods %s, "
+        log.info("model %s on %s/%s (%s, decode attention: %s, prefill attention: %s): swiftkv=%s (l=%d, g=%d), KV methods %s, "
                  "%d KV blocks, %.1f bytes/token (%.2fx smaller than %d)", config.model, self.device, self.dtype, self.packing,
-                 "C++ kernel" if self.decode_kernel else "gather + SDPA", self.model.use_swiftkv,
+                 "C++ kernel" if self.decode_kernel else "gather + SDPA",
+                 "C++ kernel" if self.prefill_kernel else "gather + SDPA", self.model.use_swiftkv,
                  self.model.num_kv_layers, self.model.group_size, self.kv_methods or "none", num_blocks,
                  self.bytes_per_token, self.bytes_per_token_baseline / self.bytes_per_token,
                  self.bytes_per_token_baseline)
@@ -197,7 +201,8 @@ class ModelRunner:
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         positions = torch.tensor(pos, dtype=torch.long, device=dev)
         slots = slot_mapping(chunks, bs, dev)
-        attn_all = build_attn_batch(chunks, bs, dev, seq_ids=seq_ids, decode_kernel=self.decode_kernel)
+        attn_all = build_attn_batch(chunks, bs, dev, seq_ids=seq_ids, decode_kernel=self.decode_kernel,
+                                    prefill_kernel=self.prefill_kernel)
         logits_idx = torch.tensor(logit_rows, dtype=torch.long, device=dev)
         attn_logits = None
         if self.model.use_swiftkv:

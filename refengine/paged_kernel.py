@@ -1,7 +1,8 @@
-"""The CPU paged decode attention kernel (``csrc/paged_decode.cpp``), compiled at first use.
+"""The CPU paged attention kernels (``csrc/``: decode and causal prefill), compiled at first use.
 
-``resolve_decode_kernel(name, device)`` turns ``EngineConfig.decode_kernel`` into the kernel
-or None (the plain-PyTorch gather + SDPA path of ``refengine.attention``):
+``resolve_decode_kernel(name, device)`` and ``resolve_prefill_kernel(name, device)`` turn
+``EngineConfig.decode_kernel`` / ``EngineConfig.prefill_kernel`` into the kernels' module or
+None (the plain-PyTorch gather + SDPA paths of ``refengine.attention``):
 
 - ``"auto"``: the kernel on CPU when it builds (a C++ compiler and ninja, the engine extra's
   pip package, are needed; the build is cached by torch under ``TORCH_EXTENSIONS_DIR``,
@@ -12,7 +13,10 @@ or None (the plain-PyTorch gather + SDPA path of ``refengine.attention``):
 
 The kernel reads K and V in place from dense block pools: ``kernel(q [B, kvh, g, d],
 k_pool [N, bs, kvh, d], v_pool [N, bs, kvh, dv], table [B, max_blocks], lens [B], scale)
--> [B, kvh, g, dv]`` in q's dtype (computed in float32).
+-> [B, kvh, g, dv]`` in q's dtype (computed in float32). The prefill kernel
+(``prefill(q [n, H, d] float32, k_pool, v_pool, blocks [nblk], start, scale, out [n, H, dv])``)
+reads them in place too and writes the chunk's causal attention into ``out`` (query row i sits
+at cache index ``start + i``); both take float32 or bfloat16 pools.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import torch
 log = logging.getLogger(__name__)
 
 CHOICES = ("auto", "cpp", "torch")
-SOURCE = Path(__file__).resolve().parent / "csrc" / "paged_decode.cpp"
+SOURCES = [Path(__file__).resolve().parent / "csrc" / f for f in ("paged_decode.cpp", "paged_prefill.cpp", "bindings.cpp")]
 
 
 def _cpu_tag() -> str:
@@ -48,11 +52,19 @@ NAME = f"swiftserve_paged_decode_{_cpu_tag()}"
 class PagedDecodeKernel:
     def __init__(self, module) -> None:
         self._op = module.paged_decode
+        self._prefill = module.paged_prefill
 
     def __call__(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, table: torch.Tensor,
                  lens: torch.Tensor, scale: float) -> torch.Tensor:
-        out = self._op(q.float(), k_pool, v_pool, table, lens, float(scale))
+        with torch.profiler.record_function("swiftserve::paged_decode"):      # named in profiles
+            out = self._op(q.float(), k_pool, v_pool, table, lens, float(scale))
         return out if q.dtype == torch.float32 else out.to(q.dtype)
+
+    def prefill(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, blocks: torch.Tensor,
+                start: int, scale: float, out: torch.Tensor) -> None:
+        """Causal attention of a chunk's queries ``q [n, H, d]`` into ``out [n, H, dv]`` (float32 views)."""
+        with torch.profiler.record_function("swiftserve::paged_prefill"):
+            self._prefill(q, k_pool, v_pool, blocks, int(start), float(scale), out)
 
 
 def _ninja_on_path() -> None:
@@ -80,28 +92,36 @@ def build() -> PagedDecodeKernel:
         fcntl.flock(guard, fcntl.LOCK_EX)
         (build_dir / "lock").unlink(missing_ok=True)
         module = cpp_extension.load(
-            name=NAME, sources=[str(SOURCE)], build_directory=str(build_dir), verbose=False,
+            name=NAME, sources=[str(x) for x in SOURCES], build_directory=str(build_dir), verbose=False,
             extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
     return PagedDecodeKernel(module)
 
 
-def resolve_decode_kernel(name: str, device: torch.device) -> PagedDecodeKernel | None:
+def _resolve(option: str, name: str, device: torch.device) -> PagedDecodeKernel | None:
     if name not in CHOICES:
-        raise ValueError(f"decode_kernel {name!r} not in {CHOICES}")
+        raise ValueError(f"{option} {name!r} not in {CHOICES}")
     if name == "torch":
         return None
     if device.type != "cpu":
         if name == "cpp":
-            raise ValueError(f"decode_kernel='cpp' is a CPU kernel (here {device.type}); use 'auto' or 'torch'")
+            raise ValueError(f"{option}='cpp' is a CPU kernel (here {device.type}); use 'auto' or 'torch'")
         return None
     try:
         return build()
     except Exception as exc:                  # no compiler, no ninja, a failed build: say why
         if name == "cpp":
-            raise RuntimeError(f"decode_kernel='cpp' could not be built: {exc}") from exc
-        log.warning("paged decode kernel not built (%s); decode attention uses gather + SDPA",
-                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            raise RuntimeError(f"{option}='cpp' could not be built: {exc}") from exc
+        log.warning("CPU attention kernels not built (%s); %s uses gather + SDPA",
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__, option)
         return None
+
+
+def resolve_decode_kernel(name: str, device: torch.device) -> PagedDecodeKernel | None:
+    return _resolve("decode_kernel", name, device)
+
+
+def resolve_prefill_kernel(name: str, device: torch.device) -> PagedDecodeKernel | None:
+    return _resolve("prefill_kernel", name, device)
 
 
 def prebuild(say=print) -> bool:
@@ -113,10 +133,10 @@ def prebuild(say=print) -> bool:
     try:
         build()
     except Exception as exc:
-        say(f"CPU decode kernel not built ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
-            "decode attention will use gather + SDPA")
+        say(f"CPU attention kernels not built ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+            "attention will use gather + SDPA")
         return False
-    say(f"CPU decode kernel ready in {time.monotonic() - t0:.1f}s")
+    say(f"CPU attention kernels ready in {time.monotonic() - t0:.1f}s")
     return True
 
 

@@ -109,6 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "compiled at first start (needs a C++ compiler and ninja; cached by torch), 'torch' "
                         "gathers each sequence's blocks and calls SDPA; 'auto' = the kernel on CPU when it "
                         "builds, else 'torch' with a warning (refused with --engine vllm)")
+    e.add_argument("--prefill-kernel", choices=("auto", "cpp", "torch"), default="auto",
+                   help="CPU prefill attention (float32 or bfloat16 models): 'cpp' runs a causal flash-style C++ kernel "
+                        "over the block pool (the same build as --decode-kernel), 'torch' gathers the prefix "
+                        "and calls SDPA; 'auto' = the kernel on CPU when it builds (refused with --engine vllm)")
+    e.add_argument("--no-malloc-tuning", dest="malloc_tuning", action="store_false",
+                   help="CPU: leave glibc's malloc at its defaults (by default the engine process keeps freed "
+                        "activation memory for reuse instead of returning it to the OS each step: faster "
+                        "steps, RSS stays at its peak; refused with --engine vllm)")
     e.add_argument("--no-swiftkv", dest="swiftkv", action="store_false",
                    help="run a SwiftKV checkpoint as its baseline model (SwiftKV off)")
     e.add_argument("--torch-threads", type=int, default=envs.torch_threads(),
@@ -139,7 +147,8 @@ def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> 
         max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_dtype=KV_CACHE_DTYPES[args.kv_cache_dtype],
         swiftkv=args.swiftkv, torch_threads=args.torch_threads, kv_methods=dict(args.kv_methods),
         enable_prefix_caching=args.enable_prefix_caching, long_prefill_token_threshold=args.long_prefill_token_threshold,
-        packed_linear=args.packed_linear, decode_kernel=args.decode_kernel)
+        packed_linear=args.packed_linear, decode_kernel=args.decode_kernel, prefill_kernel=args.prefill_kernel,
+        malloc_tuning=args.malloc_tuning)
     return WorkerConfig(
         engine_config=engine_config, host=args.host, port=args.port,
         served_model_name=tuple(args.served_model_name or ()), engine=args.engine,
@@ -171,9 +180,12 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         kv_registry.parse(args.kv_methods, None, KV_CACHE_DTYPES[args.kv_cache_dtype])
     except MethodError as exc:
         parser.error(f"--kv-methods: {exc}")
-    for flag, value in (("--packed-linear", args.packed_linear), ("--decode-kernel", args.decode_kernel)):
+    for flag, value in (("--packed-linear", args.packed_linear), ("--decode-kernel", args.decode_kernel),
+                        ("--prefill-kernel", args.prefill_kernel)):
         if value != "auto" and args.engine != "reference":
             parser.error(f"{flag} is a reference-engine option")
+    if not args.malloc_tuning and args.engine != "reference":
+        parser.error("--no-malloc-tuning is a reference-engine option")
     if args.engine_core is not None and args.engine != "reference":
         parser.error("--engine-core is a reference-engine option (vLLM runs its own engine-core process)")
     if args.kv_methods and args.engine != "reference":

@@ -8,7 +8,9 @@
 //   lens   [B]               int64 cache entries of sequence b (>= 1)
 //   -> out [B, kvh, g, dv]   float32
 //
-// Work is split over (sequence, KV head) pairs with ATen's parallel_for (OpenMP). Per pair:
+// Work is split over (sequence, KV head) pairs with ATen's parallel_for (OpenMP). When dv is
+// a multiple of 16 (every common head size) the pair runs through paged_prefill.cpp's tiles
+// (the g query heads as rows, vectorised over 64-key tiles, online softmax). Otherwise, per pair:
 // scores s[j, t] = scale * q_j . k_t for every cached entry t, an exact softmax per query
 // row (max-subtracted, float accumulation), then out_j = sum_t p[j, t] v_t. Each K and V row
 // is read once per pair, and all g query rows use it while it is in cache.
@@ -19,6 +21,12 @@
 #include <cmath>
 #include <limits>
 #include <vector>
+
+// The tiled kernel of paged_prefill.cpp (vectorised, online softmax), used when dv % 16 == 0.
+template <typename T>
+void decode_tiles(const float* q, const T* k, const T* v, const int64_t* table, const int64_t* lens, float* out,
+                  int64_t B, int64_t kvh, int64_t g, int64_t d, int64_t dv, int64_t bs, int64_t max_blocks,
+                  float scale);
 
 namespace {
 
@@ -96,6 +104,20 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
   TORCH_CHECK(table.dim() == 2 && table.size(0) == B && lens.numel() == B, "paged_decode: table/lens shape");
   auto out = torch::empty({B, kvh, g, dv}, q.options());
   const int64_t max_blocks = table.size(1);
+  if (dv % 16 == 0) {
+    if (k.scalar_type() == at::kFloat) {
+      decode_tiles<float>(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), table.data_ptr<int64_t>(),
+                          lens.data_ptr<int64_t>(), out.data_ptr<float>(), B, kvh, g, d, dv, bs, max_blocks,
+                          static_cast<float>(scale));
+      return out;
+    }
+    if (k.scalar_type() == at::kBFloat16) {
+      decode_tiles<at::BFloat16>(q.data_ptr<float>(), k.data_ptr<at::BFloat16>(), v.data_ptr<at::BFloat16>(),
+                                 table.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), out.data_ptr<float>(), B, kvh,
+                                 g, d, dv, bs, max_blocks, static_cast<float>(scale));
+      return out;
+    }
+  }
   if (k.scalar_type() == at::kFloat) {
     decode<float>(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), table.data_ptr<int64_t>(),
                   lens.data_ptr<int64_t>(), out.data_ptr<float>(), B, kvh, g, d, dv, bs, max_blocks,
@@ -108,9 +130,4 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
     TORCH_CHECK(false, "paged_decode: pools must be float32 or bfloat16");
   }
   return out;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "paged decode attention over a block pool (CPU)",
-        py::call_guard<py::gil_scoped_release>());   // the engine thread must not hold the GIL
 }

@@ -110,3 +110,22 @@ def test_perf_suite_start_unsets_empty_env(tmp_path, monkeypatch):
                      "'SWIFTSERVE_TEST'))); sys.exit(3)"],
                     {"SWIFTSERVE_TEST_UNSET": "", "SWIFTSERVE_TEST_SET": "x"}, 1, log, timeout=30)
     assert log.read_text().strip() == "['SWIFTSERVE_TEST_SET']"
+
+
+def test_attention_kernels_bench_compares_both_paths(tmp_path):
+    out = tmp_path / "att.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "attention_kernels.py"), "--prefill-len", "70",
+                        "--batch", "3", "--context", "37", "--repeats", "1", "--threads", "1", "--out", str(out)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["prefill"]["tokens"] == 70 and doc["decode"]["batch"] == 3
+    for part in ("prefill", "decode"):
+        assert doc[part]["kernel_ms"] > 0 and doc[part]["max_abs_diff"] < 1e-4, part
+
+
+def test_profile_vs_vllm_groups_operators():
+    prof = load("profile_vs_vllm")
+    assert prof.family("_C::onednn_mm") == prof.family("mkldnn::_linear_pointwise") == "gemm"
+    assert prof.family("swiftserve::paged_prefill") == prof.family("_C::cpu_attention_with_kv_cache") == "attention"
+    assert prof.family("aten::silu") == "elementwise" and prof.family("aten::index_select") == "other"

@@ -1,6 +1,7 @@
-"""The C++ paged decode kernel (refengine/paged_kernel.py) against the gather + SDPA path: same
-outputs over scattered blocks, ragged lengths, GQA groups, K/V widths that differ (ZACK) and bf16
-pools; option resolution; identical greedy tokens in the engine on the real model."""
+"""The C++ paged decode and prefill kernels (refengine/paged_kernel.py) against the gather + SDPA
+path: same outputs over scattered blocks, ragged lengths, chunked prefills (a cached prefix), GQA
+groups, K/V widths that differ (ZACK) and bf16 pools; option resolution; identical greedy tokens
+in the engine on the real model."""
 
 import shutil
 from pathlib import Path
@@ -14,7 +15,7 @@ from refengine.engine import LLMEngine
 from refengine.kv.cache import PartKV, paged_op
 from refengine.kv.spec import HeadPart
 from refengine.kv.storage import DenseStore, Fp8Store
-from refengine.paged_kernel import build, resolve_decode_kernel
+from refengine.paged_kernel import build, resolve_decode_kernel, resolve_prefill_kernel
 from refengine.sampling_params import SamplingParams
 
 CPU = torch.device("cpu")
@@ -45,10 +46,12 @@ def filled_part(store, kvh, d, dv, dtype, lengths, bs=4, blocks=40):
 @needs_compiler
 @pytest.mark.parametrize("kvh,g,d,dv", [(3, 3, 64, 64), (2, 1, 8, 8), (1, 4, 16, 8), (4, 2, 32, 48)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kernel_matches_gather_sdpa(kernel, kvh, g, d, dv, dtype):
+@pytest.mark.parametrize("lengths", [[23], [1, 4, 5, 17, 30, 2, 8, 9, 3, 12, 70]])
+def test_kernel_matches_gather_sdpa(kernel, kvh, g, d, dv, dtype, lengths):
+    """One sequence (work split by KV head) and many (whole sequences per task, on up to 2 threads):
+    one entry, a full block, ragged tails, more than one 64-key tile."""
     torch.manual_seed(0)
-    lengths = [1, 4, 5, 17, 30]                  # one entry, a full block, ragged tails
-    p, tables = filled_part(DenseStore, kvh, d, dv, dtype, lengths)
+    p, tables = filled_part(DenseStore, kvh, d, dv, dtype, lengths, blocks=60)
     chunks = [(n - 1, 1, t) for n, t in zip(lengths, tables)]    # one decode query per sequence
     q = torch.randn(len(lengths), kvh * g, d, dtype=dtype)
     ref = paged_op(q, p, build_attn_batch(chunks, 4, CPU), 0.3)
@@ -56,6 +59,40 @@ def test_kernel_matches_gather_sdpa(kernel, kvh, g, d, dv, dtype):
     assert out.dtype == ref.dtype and out.shape == ref.shape == (len(lengths), kvh * g, dv)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     assert torch.allclose(out.float(), ref.float(), atol=tol, rtol=tol)
+
+
+@needs_compiler
+@pytest.mark.parametrize("kvh,g,d,dv", [(3, 3, 64, 64), (1, 4, 16, 32), (2, 2, 32, 16), (8, 1, 128, 128)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_kernel_matches_gather_sdpa(kernel, kvh, g, d, dv, dtype):
+    """Whole prompts and chunks after a cached prefix (causal offset), rows past one 96-row tile
+    and one 64-key tile, several prefills plus a decode row in one step."""
+    torch.manual_seed(2)
+    lengths = [150, 230, 7, 40]
+    p, tables = filled_part(DenseStore, kvh, d, dv, dtype, lengths, blocks=160)
+    chunks = [(0, 150, tables[0]), (101, 129, tables[1]), (0, 7, tables[2]), (39, 1, tables[3])]
+    q = torch.randn(sum(n for _, n, _ in chunks), kvh * g, d, dtype=dtype)
+    ref = paged_op(q, p, build_attn_batch(chunks, 4, CPU), 0.2)
+    batch = build_attn_batch(chunks, 4, CPU, prefill_kernel=kernel)
+    assert batch.prefill_kernel is kernel
+    out = paged_op(q, p, batch, 0.2)
+    assert out.dtype == dtype and out.shape == ref.shape == (q.shape[0], kvh * g, dv)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(out.float(), ref.float(), atol=tol, rtol=tol)
+
+
+@needs_compiler
+def test_prefill_kernel_declines_what_it_cannot_read(kernel):
+    """Value widths not a multiple of 16, float16 and non-dense pools take the SDPA path."""
+    torch.manual_seed(3)
+    chunks = [(0, 9, None), (5, 4, None)]
+    for dv, qdtype, store in ((8, torch.float32, DenseStore), (16, torch.float16, DenseStore),
+                              (16, torch.float32, Fp8Store)):
+        p, tables = filled_part(store, 2, 16, dv, qdtype if store is DenseStore else torch.float32, [9, 9])
+        ch = [(s, n, t) for (s, n, _), t in zip(chunks, tables)]
+        q = torch.randn(13, 4, 16, dtype=qdtype)
+        ref = paged_op(q, p, build_attn_batch(ch, 4, CPU), 0.5)
+        assert torch.equal(paged_op(q, p, build_attn_batch(ch, 4, CPU, prefill_kernel=kernel), 0.5), ref)
 
 
 @needs_compiler
@@ -84,24 +121,29 @@ def test_a_killed_builder_does_not_block_later_builds(kernel):
     assert build() is not None and not lock.exists()
 
 
-def test_decode_kernel_option_resolution():
-    assert resolve_decode_kernel("torch", CPU) is None
-    assert resolve_decode_kernel("auto", torch.device("cuda")) is None      # a CPU kernel: not on CUDA
+@pytest.mark.parametrize("resolve", [resolve_decode_kernel, resolve_prefill_kernel])
+def test_kernel_option_resolution(resolve):
+    assert resolve("torch", CPU) is None
+    assert resolve("auto", torch.device("cuda")) is None      # a CPU kernel: not on CUDA
     with pytest.raises(ValueError, match="CPU kernel"):
-        resolve_decode_kernel("cpp", torch.device("cuda"))
+        resolve("cpp", torch.device("cuda"))
     with pytest.raises(ValueError, match="not in"):
-        resolve_decode_kernel("triton", CPU)
+        resolve("triton", CPU)
 
 
 @needs_compiler
 @pytest.mark.model
 def test_engine_greedy_tokens_identical_kernel_or_not(smollm2_dir):
-    prompts = [[1, 504, 3458, 282, 4649, 314], [1, 9690, 28, 2683, 314, 253, 1345, 30, 732]]
+    """Both kernels or neither; the 120-token prompt is prefilled in chunks (64-token budget), so
+    the prefill kernel also runs with a cached prefix."""
+    long = [1] + [(7 * i) % 4000 + 30 for i in range(119)]
+    prompts = [[1, 504, 3458, 282, 4649, 314], [1, 9690, 28, 2683, 314, 253, 1345, 30, 732], long]
     outs = {}
     for mode in ("torch", "cpp"):
-        eng = LLMEngine(EngineConfig(model=str(smollm2_dir), decode_kernel=mode, max_model_len=256,
-                                     kv_cache_memory_gb=0.05))
-        assert (eng.runner.decode_kernel is not None) == (mode == "cpp")
+        eng = LLMEngine(EngineConfig(model=str(smollm2_dir), decode_kernel=mode, prefill_kernel=mode,
+                                     max_model_len=256, kv_cache_memory_gb=0.05, max_num_batched_tokens=64,
+                                     enable_prefix_caching=False))
+        assert (eng.runner.decode_kernel is not None) == (eng.runner.prefill_kernel is not None) == (mode == "cpp")
         for i, p in enumerate(prompts):
             eng.add_request(f"r{i}", p, SamplingParams(max_tokens=16, temperature=0))
         toks: dict[str, list[int]] = {}
@@ -109,4 +151,4 @@ def test_engine_greedy_tokens_identical_kernel_or_not(smollm2_dir):
             for o in eng.step():
                 toks.setdefault(o.request_id, []).extend(o.new_token_ids)
         outs[mode] = toks
-    assert [len(t) for t in outs["torch"].values()] == [16, 16] and outs["torch"] == outs["cpp"]
+    assert [len(t) for t in outs["torch"].values()] == [16, 16, 16] and outs["torch"] == outs["cpp"]

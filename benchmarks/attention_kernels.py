@@ -1,0 +1,100 @@
+"""The CPU attention kernels against PyTorch on one layer's shapes (SmolLM2 by default).
+
+    python benchmarks/attention_kernels.py --out results/perf/profiles/attention_kernels.json
+
+Prefill: a ``--prefill-len``-token prompt, causal, the kernel reading a block pool in place
+against ``scaled_dot_product_attention(is_causal=True, enable_gqa=True)`` on contiguous K/V
+(no gather counted: the torch path's best case). Decode: ``--batch`` sequences of
+``--context`` cached tokens in scattered blocks, one query each, through
+``refengine.attention.paged_attention`` with and without the kernel (the engine's two
+paths, gather included). Medians over ``--repeats`` calls after warm-up, and the ratios
+kernel / torch; both paths' outputs are compared (max abs difference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.common import command_line, median_ms, write_json  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+    import torch.nn.functional as F
+
+    from refengine.attention import build_attn_batch, paged_attention
+    from refengine.kv.cache import PartKV
+    from refengine.kv.spec import HeadPart
+    from refengine.kv.storage import DenseStore
+    from refengine.paged_kernel import build
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--heads", type=int, default=9)
+    ap.add_argument("--kv-heads", type=int, default=3)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--prefill-len", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--context", type=int, default=200)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--out", default="results/perf/profiles/attention_kernels.json")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    kernel = build()
+    H, kvh, d, bs = args.heads, args.kv_heads, args.head_dim, args.block_size
+    cpu = torch.device("cpu")
+    gen = torch.Generator().manual_seed(0)
+    scale = d ** -0.5
+
+    n = args.prefill_len
+    nblk = -(-n // bs)
+    k_pool, v_pool = torch.randn(nblk + 8, bs, kvh, d, generator=gen), torch.randn(nblk + 8, bs, kvh, d, generator=gen)
+    blocks = torch.randperm(nblk + 8, generator=gen)[:nblk]
+    q = torch.randn(n, H, d, generator=gen)
+    out = torch.empty(n, H, d)
+    k = k_pool[blocks].flatten(0, 1)[:n].transpose(0, 1).unsqueeze(0).contiguous()      # [1, kvh, n, d]
+    v = v_pool[blocks].flatten(0, 1)[:n].transpose(0, 1).unsqueeze(0).contiguous()
+    qt = q.transpose(0, 1).unsqueeze(0)
+
+    def sdpa():
+        return F.scaled_dot_product_attention(qt, k, v, is_causal=True, scale=scale, enable_gqa=True)
+
+    kernel.prefill(q, k_pool, v_pool, blocks, 0, scale, out)
+    prefill = {"kernel_ms": median_ms(lambda: kernel.prefill(q, k_pool, v_pool, blocks, 0, scale, out), args.repeats, 3),
+               "sdpa_ms": median_ms(sdpa, args.repeats, 3),
+               "max_abs_diff": float((out - sdpa()[0].transpose(0, 1)).abs().max())}
+
+    B, ctx = args.batch, args.context
+    per = -(-ctx // bs)
+    part = PartKV(HeadPart(tuple(range(kvh)), d, d), DenseStore(B * per + 8, bs, kvh, d, torch.float32, cpu),
+                  DenseStore(B * per + 8, bs, kvh, d, torch.float32, cpu))
+    part.k.data.normal_(generator=gen)
+    part.v.data.normal_(generator=gen)
+    perm = torch.randperm(B * per + 8, generator=gen).tolist()
+    chunks = [(ctx - 1, 1, perm[i * per:(i + 1) * per]) for i in range(B)]
+    qd = torch.randn(B, H, d, generator=gen)
+    with_k = build_attn_batch(chunks, bs, cpu, decode_kernel=kernel)
+    without = build_attn_batch(chunks, bs, cpu)
+    decode = {"kernel_ms": median_ms(lambda: paged_attention(qd, part, with_k, scale), args.repeats, 3),
+              "torch_ms": median_ms(lambda: paged_attention(qd, part, without, scale), args.repeats, 3),
+              "max_abs_diff": float((paged_attention(qd, part, with_k, scale)
+                                     - paged_attention(qd, part, without, scale)).abs().max())}
+    prefill["kernel_over_sdpa"] = prefill["kernel_ms"] / prefill["sdpa_ms"]
+    decode["kernel_over_torch"] = decode["kernel_ms"] / decode["torch_ms"]
+    doc = {"command": command_line(argv), "threads": args.threads, "torch": torch.__version__,
+           "shape": {"heads": H, "kv_heads": kvh, "head_dim": d, "block_size": bs},
+           "prefill": {"tokens": n, **prefill}, "decode": {"batch": B, "context": ctx, **decode}}
+    write_json(args.out, doc)
+    print(f"prefill {n} tokens: kernel {prefill['kernel_ms']:.2f} ms, SDPA {prefill['sdpa_ms']:.2f} ms "
+          f"({prefill['kernel_over_sdpa']:.2f}x); decode {B} x {ctx}: kernel {decode['kernel_ms']:.3f} ms, "
+          f"gather + SDPA {decode['torch_ms']:.3f} ms ({decode['kernel_over_torch']:.2f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
