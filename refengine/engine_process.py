@@ -184,7 +184,12 @@ class ProcessEngine(AsyncEngine):
             pass
         if self._stop.is_set() and reason == "engine process exited":
             return                            # an orderly shutdown
-        code = self._proc.exitcode if self._proc is not None else None
+        code = None
+        if self._proc is not None:
+            # The pipe reaches EOF as the child's descriptors close, which can be before the
+            # kernel has made it reapable; exitcode would still read None then.
+            self._proc.join(timeout=5)
+            code = self._proc.exitcode
         log.error("%s (exit code %s)", reason, code)
         self._error = EngineDeadError(f"{reason} (exit code {code})")
         self._loop.call_soon_threadsafe(self._fail_all, self._error)
