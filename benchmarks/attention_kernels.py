@@ -85,12 +85,15 @@ def main(argv: list[str] | None = None) -> int:
               "max_abs_diff": float((paged_attention(qd, part, with_k, scale)
                                      - paged_attention(qd, part, without, scale)).abs().max())}
     prefill["kernel_over_sdpa"] = prefill["kernel_ms"] / prefill["sdpa_ms"]
+    # causal: n(n+1)/2 (query, key) pairs per head, each a d-long dot product and a d-long axpy
+    prefill["kernel_gflops"] = 4 * H * d * n * (n + 1) / 2 / (prefill["kernel_ms"] * 1e6)
     decode["kernel_over_torch"] = decode["kernel_ms"] / decode["torch_ms"]
     doc = {"command": command_line(argv), "threads": args.threads, "torch": torch.__version__,
            "shape": {"heads": H, "kv_heads": kvh, "head_dim": d, "block_size": bs},
            "prefill": {"tokens": n, **prefill}, "decode": {"batch": B, "context": ctx, **decode}}
     write_json(args.out, doc)
-    print(f"prefill {n} tokens: kernel {prefill['kernel_ms']:.2f} ms, SDPA {prefill['sdpa_ms']:.2f} ms "
+    print(f"prefill {n} tokens: kernel {prefill['kernel_ms']:.2f} ms ({prefill['kernel_gflops']:.0f} GFLOP/s), "
+          f"SDPA {prefill['sdpa_ms']:.2f} ms "
           f"({prefill['kernel_over_sdpa']:.2f}x); decode {B} x {ctx}: kernel {decode['kernel_ms']:.3f} ms, "
           f"gather + SDPA {decode['torch_ms']:.3f} ms ({decode['kernel_over_torch']:.2f}x)")
     return 0

@@ -5,7 +5,8 @@
 For every projection shape of the model (fused QKV, o_proj, fused gate-up, down, LM head)
 and each row count (decode batches and prefill chunks), times ``F.linear`` and the
 prepacked module of refengine/linear.py in interleaved rounds (median of ``--repeats``),
-checks that both give the same output, and prints the ratio packed / plain. This is what
+checks that both give the same output, and prints the ratio packed / plain and the faster
+path's rate in GFLOP/s (2 x rows x in x out per call). This is what
 ``--packed-linear auto`` was chosen from; rerun it on another CPU before trusting the default.
 """
 
@@ -72,10 +73,12 @@ def main(argv: list[str] | None = None) -> int:
             if not torch.allclose(mod(x), F.linear(x, w), rtol=1e-4, atol=1e-4):
                 raise SystemExit(f"{name} M={m}: prepacked output differs")
             plain, packed = time_pair(lambda: F.linear(x, w), lambda: mod(x), args.repeats)
+            gflops = 2 * m * k * n / (min(plain, packed) * 1e6)       # the faster path's rate
             rows_out.append({"gemm": name, "in": k, "out": n, "rows": m, "plain_ms": round(plain, 4),
-                             "packed_ms": round(packed, 4), "ratio": round(packed / plain, 3)})
+                             "packed_ms": round(packed, 4), "ratio": round(packed / plain, 3),
+                             "gflops": round(gflops, 1)})
             print(f"{name:8s} {k:5d}x{n:<6d} rows={m:5d}  plain {plain:9.3f} ms  packed {packed:9.3f} ms  "
-                  f"ratio {packed / plain:.2f}", flush=True)
+                  f"ratio {packed / plain:.2f}  {gflops:6.1f} GFLOP/s", flush=True)
     res = {"command": command_line(argv),
            "model": args.model, "threads": torch.get_num_threads(), "torch": torch.__version__,
            "cpu": platform.processor() or platform.machine(), "capability": torch.backends.cpu.get_cpu_capability(),

@@ -35,7 +35,8 @@ FAMILIES = {
                   "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math"),
     "elementwise": ("aten::mul", "aten::silu", "aten::add", "aten::pow", "aten::neg", "aten::cat", "aten::rsqrt",
                     "aten::mean", "aten::sum", "aten::div_", "aten::add_", "_C::rotary_embedding",
-                    "_C::silu_and_mul", "_C::rms_norm", "_C::fused_add_rms_norm"),
+                    "_C::silu_and_mul", "_C::rms_norm", "_C::fused_add_rms_norm", "swiftserve::rms_norm",
+                    "swiftserve::add_rms_norm", "swiftserve::rope", "swiftserve::silu_mul"),
 }
 
 

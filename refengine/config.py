@@ -32,4 +32,5 @@ class EngineConfig:
     packed_linear: str = "auto"                 # CPU fp32 GEMM weights in oneDNN's layout: "auto" | "off" | "lm_head" | "all"
     decode_kernel: str = "auto"                 # CPU decode attention: "auto" (C++ kernel when it builds) | "cpp" | "torch"
     prefill_kernel: str = "auto"                # CPU prefill attention (fp32/bf16): same choices as decode_kernel
+    fused_ops: str = "auto"                     # CPU fp32 RMSNorm/RoPE/SiLU-mul/residual: same choices (refengine.fused_ops)
     malloc_tuning: bool = True                  # CPU: keep freed activations in glibc's heap (refengine.host_malloc)

@@ -30,6 +30,7 @@ from refengine.model_config import ModelSpec
 from refengine.models.llama import LlamaModel
 from refengine.outputs import TokenLogprob
 from refengine.host_malloc import tune_malloc
+from refengine.fused_ops import resolve_fused_ops
 from refengine.paged_kernel import resolve_decode_kernel, resolve_prefill_kernel
 from refengine.dummy_weights import DummyWeights
 from refengine.weights import OverlayWeights, WeightSource
@@ -110,7 +111,8 @@ class ModelRunner:
             overrides.update(m.weight_overrides(facts, self.cache_spec, weights))
         self.model = LlamaModel(spec, config.model, self.dtype, self.device, use_swiftkv=config.swiftkv,
                                 max_positions=max_model_len, weights=OverlayWeights(weights, overrides),
-                                packed_linear=resolve_packed_linear(config.packed_linear, self.device, self.dtype))
+                                packed_linear=resolve_packed_linear(config.packed_linear, self.device, self.dtype),
+                                ops=resolve_fused_ops(config.fused_ops, self.device))
         self.model.eval()
         self.packing = check_packed(self.model, config.packed_linear)
         self.decode_kernel = resolve_decode_kernel(config.decode_kernel, self.device)
@@ -138,10 +140,11 @@ class ModelRunner:
         self.default_gen = torch.Generator(device=self.device).manual_seed(config.seed)
         self._gens: dict[str, torch.Generator] = {}
         self.want_dist = False                   # scoring: keep full logprob rows (evaluation only)
-        log.info("model %s on %s/%s (%s, decode attention: %s, prefill attention: %s): swiftkv=%s (l=%d, g=%d), KV methods %s, "
-                 "%d KV blocks, %.1f bytes/token (%.2fx smaller than %d)", config.model, self.device, self.dtype, self.packing,
-                 "C++ kernel" if self.decode_kernel else "gather + SDPA",
-                 "C++ kernel" if self.prefill_kernel else "gather + SDPA", self.model.use_swiftkv,
+        log.info("model %s on %s/%s (%s, decode attention: %s, prefill attention: %s, element-wise ops: %s): "
+                 "swiftkv=%s (l=%d, g=%d), KV methods %s, %d KV blocks, %.1f bytes/token (%.2fx smaller than %d)",
+                 config.model,
+                 self.device, self.dtype, self.packing, "C++ kernel" if self.decode_kernel else "gather + SDPA",
+                 "C++ kernel" if self.prefill_kernel else "gather + SDPA", self.model.ops.name, self.model.use_swiftkv,
                  self.model.num_kv_layers, self.model.group_size, self.kv_methods or "none", num_blocks,
                  self.bytes_per_token, self.bytes_per_token_baseline / self.bytes_per_token,
                  self.bytes_per_token_baseline)

@@ -21,6 +21,7 @@ at cache index ``start + i``); both take float32 or bfloat16 pools.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -33,37 +34,50 @@ import torch
 log = logging.getLogger(__name__)
 
 CHOICES = ("auto", "cpp", "torch")
-SOURCES = [Path(__file__).resolve().parent / "csrc" / f for f in ("paged_decode.cpp", "paged_prefill.cpp", "bindings.cpp")]
+_NO_NAME = contextlib.nullcontext()
 
 
-def _cpu_tag() -> str:
+def named(name: str):
+    """``torch.profiler.record_function(name)`` while a profiler runs (so the kernels have names in
+    profiles), else a no-op: entering a record_function costs ~4 us even with no profiler."""
+    return torch.profiler.record_function(name) if torch.autograd.profiler._is_profiler_enabled else _NO_NAME
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = [CSRC / f for f in ("paged_decode.cpp", "paged_prefill.cpp", "fused_ops.cpp", "bindings.cpp")]
+
+
+def _build_tag() -> str:
     """The build uses -march=native: key it by the CPU's feature flags, so a cache directory
-    shared by different machines never loads code built for other instructions."""
+    shared by different machines never loads code built for other instructions. The headers
+    are in the key too (torch's rebuild check hashes only the sources)."""
     try:
         flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
     except OSError:
         flags = ""
-    return hashlib.sha1(flags.encode()).hexdigest()[:8]
+    h = hashlib.sha1(flags.encode())
+    for header in sorted(CSRC.glob("*.h")):
+        h.update(header.read_bytes())
+    return h.hexdigest()[:8]
 
 
-NAME = f"swiftserve_paged_decode_{_cpu_tag()}"
+NAME = f"swiftserve_paged_decode_{_build_tag()}"
 
 
 class PagedDecodeKernel:
     def __init__(self, module) -> None:
+        self.module = module                  # also the fused element-wise ops (refengine.fused_ops)
         self._op = module.paged_decode
         self._prefill = module.paged_prefill
 
     def __call__(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, table: torch.Tensor,
                  lens: torch.Tensor, scale: float) -> torch.Tensor:
-        with torch.profiler.record_function("swiftserve::paged_decode"):      # named in profiles
+        with named("swiftserve::paged_decode"):
             out = self._op(q.float(), k_pool, v_pool, table, lens, float(scale))
         return out if q.dtype == torch.float32 else out.to(q.dtype)
 
     def prefill(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, blocks: torch.Tensor,
                 start: int, scale: float, out: torch.Tensor) -> None:
         """Causal attention of a chunk's queries ``q [n, H, d]`` into ``out [n, H, dv]`` (float32 views)."""
-        with torch.profiler.record_function("swiftserve::paged_prefill"):
+        with named("swiftserve::paged_prefill"):
             self._prefill(q, k_pool, v_pool, blocks, int(start), float(scale), out)
 
 

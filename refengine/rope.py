@@ -72,6 +72,7 @@ class Rope:
         """cos/sin for ``positions [T]`` shaped ``[T, 1, head_dim]`` (broadcast over heads)."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
-    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x ``[T, heads, head_dim]``."""
-        return (x * cos) + (self._rotate_half(x) * sin)
+        return (x * cos) + (Rope._rotate_half(x) * sin)

@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPU prefill attention (float32 or bfloat16 models): 'cpp' runs a causal flash-style C++ kernel "
                         "over the block pool (the same build as --decode-kernel), 'torch' gathers the prefix "
                         "and calls SDPA; 'auto' = the kernel on CPU when it builds (refused with --engine vllm)")
+    e.add_argument("--fused-ops", choices=("auto", "cpp", "torch"), default="auto",
+                   help="CPU float32 element-wise ops: 'cpp' runs RMSNorm (with the residual add), RoPE and "
+                        "SiLU-mul as fused C++ kernels (the same build as --decode-kernel), 'torch' as torch ops; "
+                        "'auto' = the kernels on CPU when they build (refused with --engine vllm)")
     e.add_argument("--no-malloc-tuning", dest="malloc_tuning", action="store_false",
                    help="CPU: leave glibc's malloc at its defaults (by default the engine process keeps freed "
                         "activation memory for reuse instead of returning it to the OS each step: faster "
@@ -148,7 +152,7 @@ def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> 
         swiftkv=args.swiftkv, torch_threads=args.torch_threads, kv_methods=dict(args.kv_methods),
         enable_prefix_caching=args.enable_prefix_caching, long_prefill_token_threshold=args.long_prefill_token_threshold,
         packed_linear=args.packed_linear, decode_kernel=args.decode_kernel, prefill_kernel=args.prefill_kernel,
-        malloc_tuning=args.malloc_tuning)
+        fused_ops=args.fused_ops, malloc_tuning=args.malloc_tuning)
     return WorkerConfig(
         engine_config=engine_config, host=args.host, port=args.port,
         served_model_name=tuple(args.served_model_name or ()), engine=args.engine,
@@ -181,7 +185,7 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     except MethodError as exc:
         parser.error(f"--kv-methods: {exc}")
     for flag, value in (("--packed-linear", args.packed_linear), ("--decode-kernel", args.decode_kernel),
-                        ("--prefill-kernel", args.prefill_kernel)):
+                        ("--prefill-kernel", args.prefill_kernel), ("--fused-ops", args.fused_ops)):
         if value != "auto" and args.engine != "reference":
             parser.error(f"{flag} is a reference-engine option")
     if not args.malloc_tuning and args.engine != "reference":

@@ -1,15 +1,23 @@
-// The Python module of the CPU attention kernels (built by refengine/paged_kernel.py).
-// Both ops release the GIL: the engine thread must not hold it while a kernel runs.
+// The Python module of the CPU kernels (built by refengine/paged_kernel.py): the paged attention
+// ops and the fused element-wise ops of fused_ops.cpp. Every op releases the GIL: the engine
+// thread must not hold it while a kernel runs.
 #include <torch/extension.h>
 
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor table,
                            torch::Tensor lens, double scale);
 void paged_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor blocks, int64_t start,
                    double scale, torch::Tensor out);
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
+torch::Tensor add_rms_norm_(torch::Tensor x, torch::Tensor r, torch::Tensor w, double eps);
+void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
+torch::Tensor silu_mul(torch::Tensor gu);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "paged decode attention over a block pool (CPU)",
-        py::call_guard<py::gil_scoped_release>());
-  m.def("paged_prefill", &paged_prefill, "causal prefill attention over a block pool (CPU), into out",
-        py::call_guard<py::gil_scoped_release>());
+  const auto nogil = py::call_guard<py::gil_scoped_release>();
+  m.def("paged_decode", &paged_decode, "paged decode attention over a block pool (CPU)", nogil);
+  m.def("paged_prefill", &paged_prefill, "causal prefill attention over a block pool (CPU), into out", nogil);
+  m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows (CPU)", nogil);
+  m.def("add_rms_norm_", &add_rms_norm_, "x += r, then RMSNorm of x (CPU, float32)", nogil);
+  m.def("rope_", &rope_, "rotary embedding in place, neox layout (CPU, float32)", nogil);
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused gate-up row (CPU, float32)", nogil);
 }

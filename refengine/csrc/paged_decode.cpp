@@ -22,7 +22,12 @@
 #include <limits>
 #include <vector>
 
-// The tiled kernel of paged_prefill.cpp (vectorised, online softmax), used when dv % 16 == 0.
+// paged_prefill.cpp's vectorised kernels: decode_vec when d and dv are multiples of 16 (K and V
+// read in place), else decode_tiles when dv is (K packed transposed per 64-key tile).
+template <typename T>
+void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, const int64_t* lens, float* out,
+                int64_t B, int64_t kvh, int64_t g, int64_t d, int64_t dv, int64_t bs, int64_t max_blocks,
+                float scale);
 template <typename T>
 void decode_tiles(const float* q, const T* k, const T* v, const int64_t* table, const int64_t* lens, float* out,
                   int64_t B, int64_t kvh, int64_t g, int64_t d, int64_t dv, int64_t bs, int64_t max_blocks,
@@ -88,7 +93,8 @@ void decode(const float* q, const T* k, const T* v, const int64_t* table, const 
 template <typename T>
 void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& table,
          const torch::Tensor& lens, torch::Tensor& out, float scale) {
-  const auto kernel = v.size(3) % 16 == 0 ? &decode_tiles<T> : &decode<T>;
+  const bool wide = v.size(3) % 16 == 0;
+  const auto kernel = wide && q.size(3) % 16 == 0 ? &decode_vec<T> : wide ? &decode_tiles<T> : &decode<T>;
   kernel(q.data_ptr<float>(), k.data_ptr<T>(), v.data_ptr<T>(), table.data_ptr<int64_t>(), lens.data_ptr<int64_t>(),
          out.data_ptr<float>(), q.size(0), q.size(1), q.size(2), q.size(3), v.size(3), k.size(1), table.size(1), scale);
 }

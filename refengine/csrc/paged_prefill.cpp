@@ -1,5 +1,5 @@
 // Causal prefill attention on CPU over a block pool: flash-style tiles with an online softmax,
-// keys and values read in place from the pool (no gather of the prefix, no score matrix).
+// keys and values read from the pool once per call (no padded gather, no score matrix).
 //
 //   q      [n, H, d]          float32, inner [H, d] contiguous (any row stride): the chunk's queries
 //   k      [N, bs, kvh, d]    float32 or bfloat16, contiguous block pool
@@ -10,243 +10,242 @@
 //
 // GQA: query head hq reads KV head hq / (H / kvh), as in HF's repeat_kv.
 //
-// Work items are (query head, tile of QT query rows), head-major, so the contiguous ranges
-// ATen's parallel_for gives each thread hold the same mix of short (early) and long (late)
-// causal rows. Per item and per key tile of KT keys: K is packed transposed ([d][KT]) and V
-// row-major ([KT][dv]) in float32, S = (scale q) K^T is computed 6 query rows x 64 keys at a
-// time (24 vector accumulators), masked on the diagonal tile, folded into the running row
-// max / sum, and O += P V 6 rows x 64 value columns at a time. Everything is float32; exp is
-// a vectorised Cody-Waite + degree-6 polynomial (relative error ~2e-7, like expf).
+// The context's keys are packed once per call and KV head, as float32 tiles of KT keys: K
+// transposed ([d][KT]), V row-major ([KT][dv]). Work items are (query head, tile of QT query
+// rows), taken from a shared counter latest (longest) rows first. Per item and key tile,
+// S = (scale q) K^T is computed 6 query rows x 64 keys at a time (24 vector accumulators),
+// masked on the diagonal tile, folded into the running row max / sum, and O += P V 6 rows x
+// 64 value columns at a time. Everything is float32; exp is vec.h's vectorised Cody-Waite +
+// degree-6 polynomial (relative error ~2e-7, like expf).
 //
-// The same core (attend) serves decode: decode_tiles, called by paged_decode.cpp.
-//
-// GCC/Clang vector extensions (16 floats) keep the tiles in registers on AVX-512 and compile
-// to pairs of AVX2 (or SSE) instructions elsewhere; no intrinsics, so no ISA is assumed.
+// Decode kernels live here too (called by paged_decode.cpp): decode_vec (d and dv multiples of
+// 16: K and V read in place, 16 dot products per sum16) and decode_tiles (the tiles above,
+// K packed per item; any d).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
+#include "vec.h"
+
+using namespace swiftserve_vec;
+
 namespace {
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t i16 __attribute__((vector_size(64)));
 constexpr int R = 6;      // query rows per micro-kernel step: 6 x 4 accumulators + 4 operands + 1 broadcast
-constexpr int QT = 16 * R;  // query rows per work item
+constexpr int QT = 8 * R;  // query rows per work item
 constexpr int KT = 64;    // keys per tile (4 vectors)
 
-inline v16 splat(float x) { return x - v16{}; }        // x - 0 == x for every x, so no add is emitted
 
-inline v16 load(const float* p) {
-  v16 r;
-  std::memcpy(&r, p, sizeof(r));
-  return r;
-}
-
-inline void store(float* p, v16 x) { std::memcpy(p, &x, sizeof(x)); }
-
-// exp(x) for x <= 0 (scores minus their row max); -inf and anything below -87 give 0.
-inline v16 vexp(v16 x) {
-  const v16 lo = splat(-87.0f);
-  const i16 dead = x < lo;
-  x = x < lo ? lo : x;
-  const v16 t = x * splat(1.44269504088896341f);
-  const v16 magic = splat(12582912.0f);                    // 1.5 * 2^23: round to nearest
-  const v16 n = (t + magic) - magic;
-  v16 r = x - n * splat(0.693359375f);                     // Cody-Waite: ln2 = hi + lo
-  r = r - n * splat(-2.12194440e-4f);
-  v16 p = splat(1.9875691500e-4f);
-  p = p * r + splat(1.3981999507e-3f);
-  p = p * r + splat(8.3334519073e-3f);
-  p = p * r + splat(4.1665795894e-2f);
-  p = p * r + splat(1.6666665459e-1f);
-  p = p * r + splat(5.0000001201e-1f);
-  p = p * r * r + r + splat(1.0f);
-  const i16 e = (__builtin_convertvector(n, i16) + 127) << 23;
-  i16 bits;
-  std::memcpy(&bits, &p, sizeof(bits));
-  bits = bits + e - (127 << 23);
-  v16 out;
-  std::memcpy(&out, &bits, sizeof(out));
-  return dead ? splat(0.0f) : out;
-}
-
-inline float hmax(v16 x) {
-  float m = x[0];
-  for (int i = 1; i < 16; ++i) m = std::max(m, x[i]);
-  return m;
-}
-
-inline float hsum(v16 x) {
-  float s = 0.f;
-  for (int i = 0; i < 16; ++i) s += x[i];
-  return s;
-}
-
-// Scratch of one thread: nh KV heads x rowsR query rows each (rowsR a multiple of R).
+// Scratch of one thread: nh KV heads x rowsR query rows each (rowsR a multiple of R), and one
+// packed key tile of the nh heads (kt, vt: see pack).
 struct Tiles {
   int64_t nh, rowsR;
   std::vector<float> qs, kt, vt, s, o, m, l;
-  Tiles(int64_t nh_, int64_t rowsR_, int64_t d, int64_t dv)
-      : nh(nh_), rowsR(rowsR_), qs(nh_ * rowsR_ * d, 0.f), kt(nh_ * d * KT), vt(nh_ * KT * dv),
+  Tiles(int64_t nh_, int64_t rowsR_, int64_t d, int64_t dv, bool keys = true)
+      : nh(nh_), rowsR(rowsR_), qs(nh_ * rowsR_ * d, 0.f), kt(keys ? nh_ * d * KT : 0), vt(keys ? nh_ * KT * dv : 0),
         s(nh_ * rowsR_ * KT), o(nh_ * rowsR_ * dv), m(nh_ * rowsR_), l(nh_ * rowsR_) {}
+
+  void reset() {
+    std::fill(o.begin(), o.end(), 0.f);
+    std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
+    std::fill(l.begin(), l.end(), 0.f);
+  }
+
+  // Row i of head hh, normalised, to out + hh * out_head + i * out_stride.
+  void finish(int64_t rows, int64_t dv, float* out, int64_t out_head, int64_t out_stride) const {
+    for (int64_t hh = 0; hh < nh; ++hh)
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t r = hh * rowsR + i;
+        const float inv = 1.f / l[r];
+        float* dst = out + hh * out_head + i * out_stride;
+        for (int64_t c = 0; c < dv; ++c) dst[c] = o[r * dv + c] * inv;
+      }
+  }
 };
 
+// Packs keys j0 .. j0+cols-1 (cols <= KT) of KV heads h0 .. h0+nh-1 as float32: K transposed
+// into kt [nh][d][KT], V row-major into vt [nh][KT][dv], zero past cols. A token's rows of
+// neighbouring heads are adjacent in the pool, so the pool is read front to back.
+template <typename T>
+void pack(float* kt, float* vt, int64_t nh, int64_t j0, int64_t cols, const T* k, const T* v, const int64_t* blocks,
+          int64_t bs, int64_t kvh, int64_t h0, int64_t d, int64_t dv) {
+  for (int64_t jj = 0; jj < KT; ++jj) {
+    const int64_t tok = j0 + jj;
+    const int64_t row = jj < cols ? blocks[tok / bs] * bs + tok % bs : 0;
+    for (int64_t hh = 0; hh < nh; ++hh) {
+      float* kth = kt + hh * d * KT;
+      float* vth = vt + (hh * KT + jj) * dv;
+      if (jj < cols) {
+        const T* kr = k + (row * kvh + h0 + hh) * d;
+        const T* vr = v + (row * kvh + h0 + hh) * dv;
+        for (int64_t c = 0; c < d; ++c) kth[c * KT + jj] = static_cast<float>(kr[c]);
+        for (int64_t c = 0; c < dv; ++c) vth[c] = static_cast<float>(vr[c]);
+      } else {
+        for (int64_t c = 0; c < d; ++c) kth[c * KT + jj] = 0.f;
+        for (int64_t c = 0; c < dv; ++c) vth[c] = 0.f;
+      }
+    }
+  }
+}
+
+// One head's query rows against one packed key tile (kth [d][KT], vth [KT][dv]; keys j0 ..
+// j0+cols-1). qs [rowsU][d] scaled queries with rows past `rows` zero, s [rowsU][KT] scratch,
+// o [rowsU][dv] the running output, m and l the running row max and sum; rowsU is rows rounded
+// up to R. Row i sees keys below limit0 + i * step (prefill: causal, step 1; decode: the whole
+// context, step 0). S = qs K^T 6 rows x 64 keys at a time (24 vector accumulators), masked,
+// folded into the online softmax, then o += P V 6 rows x 64 (or 16) value columns at a time.
+inline void tile(const float* kth, const float* vth, const float* qs, float* s, float* o, float* m, float* l,
+                 int64_t rows, int64_t cols, int64_t j0, int64_t limit0, int64_t step, int64_t d, int64_t dv) {
+  const int64_t rowsU = (rows + R - 1) / R * R;
+  for (int64_t i = 0; i < rowsU; i += R) {
+    v16 acc[R][4] = {};
+    const float* qi = qs + i * d;
+    for (int64_t c = 0; c < d; ++c) {
+      const float* kc = kth + c * KT;
+      const v16 k0 = load(kc), k1 = load(kc + 16), k2 = load(kc + 32), k3 = load(kc + 48);
+      for (int r = 0; r < R; ++r) {
+        const v16 qv = splat(qi[r * d + c]);
+        acc[r][0] += qv * k0;
+        acc[r][1] += qv * k1;
+        acc[r][2] += qv * k2;
+        acc[r][3] += qv * k3;
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int x = 0; x < 4; ++x) store(s + (i + r) * KT + 16 * x, acc[r][x]);
+  }
+  // mask keys past each row's limit (and the zero padding), fold into the online softmax
+  for (int64_t i = 0; i < rows; ++i) {
+    float* si = s + i * KT;
+    const int64_t visible = std::min<int64_t>(cols, limit0 + i * step - j0);
+    for (int64_t jj = std::max<int64_t>(visible, 0); jj < KT; ++jj) si[jj] = -std::numeric_limits<float>::infinity();
+    if (visible <= 0) {                                  // row sees nothing here: P = 0
+      std::fill(si, si + KT, 0.f);
+      continue;
+    }
+    v16 mx = load(si);
+    for (int x = 1; x < 4; ++x) {
+      const v16 y = load(si + 16 * x);
+      mx = mx > y ? mx : y;
+    }
+    const float m_new = std::max(m[i], hmax(mx));
+    const float alpha = m_new == m[i] ? 1.f : std::exp(m[i] - m_new);   // 0 on the first tile (m = -inf)
+    v16 sum = {};
+    for (int x = 0; x < 4; ++x) {
+      const v16 p = vexp(load(si + 16 * x) - splat(m_new));
+      store(si + 16 * x, p);
+      sum += p;
+    }
+    l[i] = l[i] * alpha + hsum(sum);
+    m[i] = m_new;
+    if (alpha != 1.f) {
+      float* oi = o + i * dv;
+      for (int64_t c = 0; c < dv; ++c) oi[c] *= alpha;
+    }
+  }
+  for (int64_t i = rows; i < rowsU; ++i) std::fill(s + i * KT, s + (i + 1) * KT, 0.f);   // padded rows
+  const int64_t width = dv % 64 == 0 ? 64 : 16;
+  const int nv = static_cast<int>(width / 16);
+  for (int64_t i = 0; i < rowsU; i += R) {
+    for (int64_t c0 = 0; c0 < dv; c0 += width) {
+      v16 acc[R][4];
+      for (int r = 0; r < R; ++r)
+        for (int x = 0; x < nv; ++x) acc[r][x] = load(o + (i + r) * dv + c0 + 16 * x);
+      for (int64_t jj = 0; jj < cols; ++jj) {
+        const float* vr = vth + jj * dv + c0;
+        if (nv == 4) {
+          const v16 a = load(vr), b = load(vr + 16), c = load(vr + 32), e = load(vr + 48);
+          for (int r = 0; r < R; ++r) {
+            const v16 p = splat(s[(i + r) * KT + jj]);
+            acc[r][0] += p * a;
+            acc[r][1] += p * b;
+            acc[r][2] += p * c;
+            acc[r][3] += p * e;
+          }
+        } else {
+          const v16 a = load(vr);
+          for (int r = 0; r < R; ++r) acc[r][0] += splat(s[(i + r) * KT + jj]) * a;
+        }
+      }
+      for (int r = 0; r < R; ++r)
+        for (int x = 0; x < nv; ++x) store(o + (i + r) * dv + c0 + 16 * x, acc[r][x]);
+    }
+  }
+}
+
 // Attention of `rows` query rows per head for KV heads h0 .. h0+nh-1 (already scaled, in
-// t.qs [nh][rowsR][d], padded rows zero) over keys 0 .. kend-1. Row i sees keys
-// 0 .. limit0 + i * step - 1 (prefill: causal, step 1; decode: the whole context, step 0).
-// The keys of a tile are packed for all nh heads at once: a token's rows of neighbouring
-// heads are adjacent in the pool, so the pool is read front to back. Writes row i of head
-// h0 + hh, normalised, to out + hh * out_head + i * out_stride.
+// t.qs [nh][rowsR][d], padded rows zero) over keys 0 .. kend-1, each key tile packed once for
+// the nh heads; row i sees keys below limit0 + i * step. Writes row i of head h0 + hh,
+// normalised, to out + hh * out_head + i * out_stride.
 template <typename T>
 void attend(Tiles& t, int64_t rows, int64_t kend, int64_t limit0, int64_t step, const T* k, const T* v,
             const int64_t* blocks, int64_t bs, int64_t kvh, int64_t h0, int64_t d, int64_t dv, float* out,
             int64_t out_head, int64_t out_stride) {
   const int64_t nh = t.nh, rowsR = t.rowsR;
-  float* kt = t.kt.data();
-  float* vt = t.vt.data();
-  std::fill(t.o.begin(), t.o.end(), 0.f);
-  std::fill(t.m.begin(), t.m.end(), -std::numeric_limits<float>::infinity());
-  std::fill(t.l.begin(), t.l.end(), 0.f);
+  t.reset();
   for (int64_t j0 = 0; j0 < kend; j0 += KT) {
     const int64_t cols = std::min<int64_t>(KT, kend - j0);
-    for (int64_t jj = 0; jj < KT; ++jj) {                    // pack K^T and V per head (zero past cols)
-      const int64_t tok = j0 + jj;
-      const int64_t row = jj < cols ? blocks[tok / bs] * bs + tok % bs : 0;
-      for (int64_t hh = 0; hh < nh; ++hh) {
-        float* kth = kt + hh * d * KT;
-        float* vth = vt + (hh * KT + jj) * dv;
-        if (jj < cols) {
-          const T* kr = k + (row * kvh + h0 + hh) * d;
-          const T* vr = v + (row * kvh + h0 + hh) * dv;
-          for (int64_t c = 0; c < d; ++c) kth[c * KT + jj] = static_cast<float>(kr[c]);
-          for (int64_t c = 0; c < dv; ++c) vth[c] = static_cast<float>(vr[c]);
-        } else {
-          for (int64_t c = 0; c < d; ++c) kth[c * KT + jj] = 0.f;
-          for (int64_t c = 0; c < dv; ++c) vth[c] = 0.f;
-        }
-      }
-    }
-    for (int64_t hh = 0; hh < nh; ++hh) {
-      const float* kth = kt + hh * d * KT;
-      const float* vth = vt + hh * KT * dv;
-      const float* qs = t.qs.data() + hh * rowsR * d;
-      float* s = t.s.data() + hh * rowsR * KT;
-      float* o = t.o.data() + hh * rowsR * dv;
-      float* m = t.m.data() + hh * rowsR;
-      float* l = t.l.data() + hh * rowsR;
-      // S = Qs K^T, R rows x KT keys per step
-      for (int64_t i = 0; i < rowsR; i += R) {
-        v16 acc[R][4] = {};
-        const float* qi = qs + i * d;
-        for (int64_t c = 0; c < d; ++c) {
-          const float* kc = kth + c * KT;
-          const v16 k0 = load(kc), k1 = load(kc + 16), k2 = load(kc + 32), k3 = load(kc + 48);
-          for (int r = 0; r < R; ++r) {
-            const v16 qv = splat(qi[r * d + c]);
-            acc[r][0] += qv * k0;
-            acc[r][1] += qv * k1;
-            acc[r][2] += qv * k2;
-            acc[r][3] += qv * k3;
-          }
-        }
-        for (int r = 0; r < R; ++r)
-          for (int x = 0; x < 4; ++x) store(s + (i + r) * KT + 16 * x, acc[r][x]);
-      }
-      // mask keys past each row's limit (and the zero padding), fold into the online softmax
-      for (int64_t i = 0; i < rows; ++i) {
-        float* si = s + i * KT;
-        const int64_t visible = std::min<int64_t>(cols, limit0 + i * step - j0);
-        for (int64_t jj = std::max<int64_t>(visible, 0); jj < KT; ++jj) si[jj] = -std::numeric_limits<float>::infinity();
-        if (visible <= 0) {                                  // row sees nothing here: P = 0
-          std::fill(si, si + KT, 0.f);
-          continue;
-        }
-        v16 mx = load(si);
-        for (int x = 1; x < 4; ++x) {
-          const v16 y = load(si + 16 * x);
-          mx = mx > y ? mx : y;
-        }
-        const float m_new = std::max(m[i], hmax(mx));
-        const float alpha = std::exp(m[i] - m_new);          // 0 on the first tile (m = -inf)
-        v16 sum = {};
-        for (int x = 0; x < 4; ++x) {
-          const v16 p = vexp(load(si + 16 * x) - splat(m_new));
-          store(si + 16 * x, p);
-          sum += p;
-        }
-        l[i] = l[i] * alpha + hsum(sum);
-        m[i] = m_new;
-        if (alpha != 1.f) {
-          float* oi = o + i * dv;
-          for (int64_t c = 0; c < dv; ++c) oi[c] *= alpha;
-        }
-      }
-      for (int64_t i = rows; i < rowsR; ++i) std::fill(s + i * KT, s + (i + 1) * KT, 0.f);   // padded rows
-      // O += P V, R rows x 64 (or 16) value columns per step
-      const int64_t width = dv % 64 == 0 ? 64 : 16;
-      const int nv = static_cast<int>(width / 16);
-      for (int64_t i = 0; i < rowsR; i += R) {
-        for (int64_t c0 = 0; c0 < dv; c0 += width) {
-          v16 acc[R][4];
-          for (int r = 0; r < R; ++r)
-            for (int x = 0; x < nv; ++x) acc[r][x] = load(o + (i + r) * dv + c0 + 16 * x);
-          for (int64_t jj = 0; jj < cols; ++jj) {
-            const float* vr = vth + jj * dv + c0;
-            if (nv == 4) {
-              const v16 a = load(vr), b = load(vr + 16), c = load(vr + 32), e = load(vr + 48);
-              for (int r = 0; r < R; ++r) {
-                const v16 p = splat(s[(i + r) * KT + jj]);
-                acc[r][0] += p * a;
-                acc[r][1] += p * b;
-                acc[r][2] += p * c;
-                acc[r][3] += p * e;
-              }
-            } else {
-              const v16 a = load(vr);
-              for (int r = 0; r < R; ++r) acc[r][0] += splat(s[(i + r) * KT + jj]) * a;
-            }
-          }
-          for (int r = 0; r < R; ++r)
-            for (int x = 0; x < nv; ++x) store(o + (i + r) * dv + c0 + 16 * x, acc[r][x]);
-        }
-      }
-    }
+    pack(t.kt.data(), t.vt.data(), nh, j0, cols, k, v, blocks, bs, kvh, h0, d, dv);
+    for (int64_t hh = 0; hh < nh; ++hh)
+      tile(t.kt.data() + hh * d * KT, t.vt.data() + hh * KT * dv, t.qs.data() + hh * rowsR * d,
+           t.s.data() + hh * rowsR * KT, t.o.data() + hh * rowsR * dv, t.m.data() + hh * rowsR,
+           t.l.data() + hh * rowsR, rows, cols, j0, limit0, step, d, dv);
   }
-  for (int64_t hh = 0; hh < nh; ++hh)
-    for (int64_t i = 0; i < rows; ++i) {
-      const int64_t r = hh * rowsR + i;
-      const float inv = 1.f / t.l[r];
-      float* dst = out + hh * out_head + i * out_stride;
-      for (int64_t c = 0; c < dv; ++c) dst[c] = t.o[r * dv + c] * inv;
-    }
+  t.finish(rows, dv, out, out_head, out_stride);
 }
 
-// Prefill: work items (query head, tile of QT rows), head-major.
+// Prefill. The context's key tiles are packed once per KV head (in groups of KV heads whose
+// packed keys fit in ~16 MiB) and shared by every query tile of the group's query heads.
+// Work items are (query head, tile of QT query rows), handed out from a shared counter,
+// longest (latest) row tiles first so the threads finish together.
 template <typename T>
 void prefill(const float* q, int64_t q_row, const T* k, const T* v, const int64_t* blocks, float* out,
              int64_t out_row, int64_t n, int64_t start, int64_t H, int64_t kvh, int64_t d, int64_t dv,
              int64_t bs, float scale) {
   const int64_t g = H / kvh;
   const int64_t ntiles = (n + QT - 1) / QT;
-  at::parallel_for(0, H * ntiles, 1, [&](int64_t begin, int64_t end) {
-    Tiles t(1, QT, d, dv);
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t hq = item / ntiles, i0 = (item % ntiles) * QT;
-      const int64_t rows = std::min<int64_t>(QT, n - i0);
-      std::fill(t.qs.begin(), t.qs.end(), 0.f);              // padded rows stay zero
-      for (int64_t i = 0; i < rows; ++i) {
-        const float* src = q + (i0 + i) * q_row + hq * d;
-        for (int64_t c = 0; c < d; ++c) t.qs[i * d + c] = src[c] * scale;
+  const int64_t ctx = start + n, ntk = (ctx + KT - 1) / KT;
+  const int64_t tile_floats = d * KT + KT * dv, head_floats = ntk * tile_floats;
+  const int64_t hg = std::max<int64_t>(1, std::min<int64_t>(kvh, (int64_t{4} << 20) / head_floats));
+  std::vector<float> packed(hg * head_floats);
+  for (int64_t h0 = 0; h0 < kvh; h0 += hg) {
+    const int64_t nh = std::min(hg, kvh - h0);
+    at::parallel_for(0, nh * ntk, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t hh = item / ntk, j0 = (item % ntk) * KT;
+        float* kt = packed.data() + (hh * ntk + item % ntk) * tile_floats;
+        pack(kt, kt + d * KT, 1, j0, std::min<int64_t>(KT, ctx - j0), k, v, blocks, bs, kvh, h0 + hh, d, dv);
       }
-      attend(t, rows, start + i0 + rows, start + i0 + 1, 1, k, v, blocks, bs, kvh, hq / g, d, dv,
-             out + i0 * out_row + hq * dv, 0, out_row);
-    }
-  });
+    });
+    const int64_t heads = nh * g, items = heads * ntiles;
+    std::atomic<int64_t> next{0};
+    at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+      Tiles t(1, QT, d, dv, false);
+      for (int64_t item; (item = next.fetch_add(1)) < items;) {
+        const int64_t i0 = (ntiles - 1 - item / heads) * QT, hq = h0 * g + item % heads;
+        const int64_t rows = std::min<int64_t>(QT, n - i0), kend = start + i0 + rows;
+        std::fill(t.qs.begin(), t.qs.end(), 0.f);            // padded rows stay zero
+        for (int64_t i = 0; i < rows; ++i) {
+          const float* src = q + (i0 + i) * q_row + hq * d;
+          for (int64_t c = 0; c < d; ++c) t.qs[i * d + c] = src[c] * scale;
+        }
+        t.reset();
+        const float* kh = packed.data() + (hq / g - h0) * head_floats;
+        for (int64_t j0 = 0; j0 < kend; j0 += KT) {
+          const float* kt = kh + (j0 / KT) * tile_floats;
+          tile(kt, kt + d * KT, t.qs.data(), t.s.data(), t.o.data(), t.m.data(), t.l.data(), rows,
+               std::min<int64_t>(KT, kend - j0), j0, start + i0 + 1, 1, d, dv);
+        }
+        t.finish(rows, dv, out + i0 * out_row + hq * dv, 0, out_row);
+      }
+    });
+  }
 }
 
 }  // namespace
@@ -273,6 +272,104 @@ void decode_tiles(const float* q, const T* k, const T* v, const int64_t* table, 
     }
   });
 }
+
+// Decode when d and dv are multiples of 16: K and V read in place, nothing packed. A work item
+// is a sequence with all its KV heads when there are enough sequences to keep every thread
+// busy (the pool's token rows read front to back), else (sequence, KV head); items are taken
+// from a shared counter (ragged lengths). Per item, with L = len rounded up to 16: scores
+// s [head][g][L], 16 keys at a time per query row (one vector accumulator per key over d,
+// then sum16), an exact softmax per row, then out += P V with up to 4 rows x 64 value columns
+// in registers, each V row loaded once per row group.
+template <typename T>
+void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, const int64_t* lens, float* out,
+                int64_t B, int64_t kvh, int64_t g, int64_t d, int64_t dv, int64_t bs, int64_t max_blocks,
+                float scale) {
+  const int64_t nh = B >= 4 * at::get_num_threads() ? kvh : 1, per = kvh / nh, items = B * per;
+  const int64_t gP = (g + 3) / 4 * 4;                        // rows padded to 4 (their P stays zero)
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    std::vector<float> qs(nh * g * d), s;
+    std::vector<int64_t> row(16);
+    for (int64_t item; (item = next.fetch_add(1)) < items;) {
+      const int64_t b = item / per, h0 = (item % per) * nh, len = lens[b], L = (len + 15) / 16 * 16;
+      const int64_t* blocks = table + b * max_blocks;
+      const float* qb = q + (b * kvh + h0) * g * d;
+      for (int64_t i = 0; i < nh * g * d; ++i) qs[i] = qb[i] * scale;
+      s.assign(nh * gP * L, 0.f);
+      for (int64_t t0 = 0; t0 < L; t0 += 16) {
+        for (int kk = 0; kk < 16; ++kk) {                    // past len: repeat the last key, masked below
+          const int64_t tok = std::min(t0 + kk, len - 1);
+          row[kk] = (blocks[tok / bs] * bs + tok % bs) * kvh;
+          const int64_t ahead = std::min(t0 + 16 + kk, len - 1);   // the next group's keys, into cache
+          const char* pk = reinterpret_cast<const char*>(k + ((blocks[ahead / bs] * bs + ahead % bs) * kvh + h0) * d);
+          for (int64_t x = 0; x < static_cast<int64_t>(nh * d * sizeof(T)); x += 64) __builtin_prefetch(pk + x);
+        }
+        for (int64_t hh = 0; hh < nh; ++hh)
+          for (int64_t j = 0; j < g; ++j) {
+            const float* qj = qs.data() + (hh * g + j) * d;
+            const T* kh = k + (h0 + hh) * d;
+            v16 acc[16] = {};
+            for (int64_t c = 0; c < d; c += 16) {
+              const v16 qc = load(qj + c);
+              for (int kk = 0; kk < 16; ++kk) acc[kk] += qc * loadf(kh + row[kk] * d + c);
+            }
+            store(s.data() + (hh * gP + j) * L + t0, sum16(acc));
+          }
+      }
+      for (int64_t hh = 0; hh < nh; ++hh)
+        for (int64_t j = 0; j < g; ++j) {                    // exact softmax of each row
+          float* sj = s.data() + (hh * gP + j) * L;
+          std::fill(sj + len, sj + L, -std::numeric_limits<float>::infinity());
+          v16 mx = load(sj);
+          for (int64_t t = 16; t < L; t += 16) {
+            const v16 y = load(sj + t);
+            mx = mx > y ? mx : y;
+          }
+          const v16 m = splat(hmax(mx));
+          v16 sum = {};
+          for (int64_t t = 0; t < L; t += 16) {
+            const v16 p = vexp(load(sj + t) - m);
+            store(sj + t, p);
+            sum += p;
+          }
+          const v16 inv = splat(1.f / hsum(sum));
+          for (int64_t t = 0; t < L; t += 16) store(sj + t, load(sj + t) * inv);
+        }
+      const int64_t width = dv % 64 == 0 ? 64 : 16;
+      const int nv = static_cast<int>(width / 16);
+      for (int64_t hh = 0; hh < nh; ++hh)
+        for (int64_t j0 = 0; j0 < g; j0 += 4) {
+          const float* p = s.data() + (hh * gP + j0) * L;
+          float* o = out + ((b * kvh + h0 + hh) * g + j0) * dv;
+          const int rows = static_cast<int>(std::min<int64_t>(4, g - j0));
+          for (int64_t c0 = 0; c0 < dv; c0 += width) {
+            v16 acc[4][4] = {};
+            for (int64_t t = 0; t < len; ++t) {
+              const T* vr = v + ((blocks[t / bs] * bs + t % bs) * kvh + h0 + hh) * dv + c0;
+              const int64_t ahead = std::min(t + 8, len - 1);      // V rows 8 tokens ahead, into cache
+              const int64_t arow = blocks[ahead / bs] * bs + ahead % bs;
+              const char* pv = reinterpret_cast<const char*>(v + (arow * kvh + h0 + hh) * dv + c0);
+              for (int64_t x = 0; x < static_cast<int64_t>(width * sizeof(T)); x += 64) __builtin_prefetch(pv + x);
+              v16 x[4];
+              for (int i = 0; i < nv; ++i) x[i] = loadf(vr + 16 * i);
+              for (int r = 0; r < 4; ++r) {
+                const v16 pr = splat(p[r * L + t]);
+                for (int i = 0; i < nv; ++i) acc[r][i] += pr * x[i];
+              }
+            }
+            for (int r = 0; r < rows; ++r)
+              for (int i = 0; i < nv; ++i) store(o + r * dv + c0 + 16 * i, acc[r][i]);
+          }
+        }
+    }
+  });
+}
+
+template void decode_vec<float>(const float*, const float*, const float*, const int64_t*, const int64_t*, float*,
+                                int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float);
+template void decode_vec<at::BFloat16>(const float*, const at::BFloat16*, const at::BFloat16*, const int64_t*,
+                                       const int64_t*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                       int64_t, float);
 
 template void decode_tiles<float>(const float*, const float*, const float*, const int64_t*, const int64_t*,
                                   float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float);

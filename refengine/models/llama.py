@@ -27,26 +27,23 @@ from torch import nn
 
 from refengine.attention import AttnBatch
 from refengine.kv.cache import KVCache
+from refengine.fused_ops import TORCH_OPS, TorchOps, torch_rms_norm
 from refengine.linear import make_linear
 from refengine.model_config import ModelSpec
 from refengine.rope import Rope
 from refengine.weights import OverlayWeights, WeightSource
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # Same op order as transformers' LlamaRMSNorm (float32 statistics).
-    dtype = x.dtype
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
+rms_norm = torch_rms_norm         # transformers' LlamaRMSNorm (distillation imports it from here)
 
 
 class LlamaLayer(nn.Module):
     """One decoder layer. ``swiftkv_later``: its K/V come from the fused SwiftKV projection."""
 
     def __init__(self, spec: ModelSpec, idx: int, w: WeightSource | OverlayWeights, dtype, device,
-                 swiftkv_later: bool, pack: bool = False):
+                 swiftkv_later: bool, pack: bool = False, ops: TorchOps = TORCH_OPS):
         super().__init__()
+        self.ops = ops
         lin = lambda wt, b=None: make_linear(wt, b, pack)  # noqa: E731
         p = f"model.layers.{idx}."
         get = lambda n: w.get(p + n, dtype, device)  # noqa: E731
@@ -69,39 +66,40 @@ class LlamaLayer(nn.Module):
         self.down = lin(get("mlp.down_proj.weight"), getb("mlp.down_proj.bias"))
         self.scale = spec.head_dim ** -0.5
 
-    def _mlp(self, h: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(rms_norm(h, self.ln2, self.spec.rms_norm_eps)).chunk(2, dim=-1)
-        return h + self.down(F.silu(gate) * up)
+    def _attn_out_mlp(self, h: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """The residual add of attention output ``a [T, H*dv]``, then the MLP block."""
+        h, x = self.ops.add_rms_norm(h, self.o_proj(a), self.ln2, self.spec.rms_norm_eps)
+        return h + self.down(self.ops.silu_mul(self.gate_up(x)))
 
-    def forward(self, h, cos, sin, rope: Rope, cache, attn: AttnBatch, slots: torch.Tensor):
+    def forward(self, h, cos, sin, cache, attn: AttnBatch, slots: torch.Tensor):
         """Standard layer on all T tokens: writes this layer's K/V at ``slots``."""
         T = h.shape[0]
-        qkv = self.qkv_proj(rms_norm(h, self.ln1, self.spec.rms_norm_eps))
+        qkv = self.qkv_proj(self.ops.rms_norm(h, self.ln1, self.spec.rms_norm_eps))
         q, k, v = qkv.split(self.qkv_split, dim=-1)
         d = self.spec.head_dim
-        q = rope.apply(q.view(T, -1, d), cos, sin)
-        k = rope.apply(k.view(T, -1, d), cos, sin)
+        q = self.ops.rope(q.view(T, -1, d), cos, sin)
+        k = self.ops.rope(k.view(T, -1, d), cos, sin)
         cache.write(slots, k, v)
         a = cache.attend(q, attn, self.scale)
-        h = h + self.o_proj(a.reshape(T, -1))
-        return self._mlp(h)
+        return self._attn_out_mlp(h, a.reshape(T, -1))
 
-    def forward_swiftkv(self, h, cos, sin, rope: Rope, cache, attn: AttnBatch):
+    def forward_swiftkv(self, h, cos, sin, cache, attn: AttnBatch):
         """SwiftKV later layer on the N logits tokens; K/V are already in the cache."""
         N = h.shape[0]
-        q = self.q_proj(rms_norm(h, self.ln1, self.spec.rms_norm_eps))
-        q = rope.apply(q.view(N, -1, self.spec.head_dim), cos, sin)
+        q = self.q_proj(self.ops.rms_norm(h, self.ln1, self.spec.rms_norm_eps))
+        q = self.ops.rope(q.view(N, -1, self.spec.head_dim), cos, sin)
         a = cache.attend(q, attn, self.scale)
-        h = h + self.o_proj(a.reshape(N, -1))
-        return self._mlp(h)
+        return self._attn_out_mlp(h, a.reshape(N, -1))
 
 
 class LlamaModel(nn.Module):
     def __init__(self, spec: ModelSpec, model_dir: str, dtype: torch.dtype, device: torch.device,
                  use_swiftkv: bool, max_positions: int, weights: WeightSource | OverlayWeights | None = None,
-                 packed_linear: str = "off"):
-        """``packed_linear``: "off", "lm_head" or "all" (see refengine/linear.py; CPU float32 only)."""
+                 packed_linear: str = "off", ops: TorchOps = TORCH_OPS):
+        """``packed_linear``: "off", "lm_head" or "all" (see refengine/linear.py; CPU float32 only).
+        ``ops``: the element-wise ops (refengine.fused_ops; torch by default)."""
         super().__init__()
+        self.ops = ops
         if packed_linear not in ("off", "lm_head", "all"):
             raise ValueError(f"packed_linear {packed_linear!r} not in ('off', 'lm_head', 'all')")
         pack_layers = packed_linear == "all"
@@ -113,7 +111,7 @@ class LlamaModel(nn.Module):
         self.group_size = spec.key_value_group_size if self.use_swiftkv else 1
         self.embed = nn.Parameter(w.get("model.embed_tokens.weight", dtype, device), requires_grad=False)
         self.layers = nn.ModuleList(
-            LlamaLayer(spec, i, w, dtype, device, swiftkv_later=i >= self.num_kv_layers, pack=pack_layers)
+            LlamaLayer(spec, i, w, dtype, device, swiftkv_later=i >= self.num_kv_layers, pack=pack_layers, ops=ops)
             for i in range(L))
         self.norm = nn.Parameter(w.get("model.norm.weight", dtype, device), requires_grad=False)
         if spec.tie_word_embeddings or "lm_head.weight" not in w:
@@ -147,25 +145,25 @@ class LlamaModel(nn.Module):
         h = F.embedding(input_ids, self.embed)
         cos, sin = self.rope.tables(positions)
         for i in range(self.num_kv_layers):
-            h = self.layers[i](h, cos, sin, self.rope, kv.layers[i], attn_all, slots)
+            h = self.layers[i](h, cos, sin, kv.layers[i], attn_all, slots)
         if self.use_swiftkv:
             h = self._swiftkv_tail(h, positions, cos, sin, kv, slots, logits_idx, attn_logits)
         else:
             h = h[logits_idx]
-        return self.lm_head(rms_norm(h, self.norm, self.spec.rms_norm_eps))
+        return self.lm_head(self.ops.rms_norm(h, self.norm, self.spec.rms_norm_eps))
 
     def _swiftkv_tail(self, h, positions, cos, sin, kv: KVCache, slots, logits_idx, attn_logits):
         T, d = h.shape[0], self.spec.head_dim
         kvh = self.spec.num_kv_heads
-        x = rms_norm(h, self.norm_swiftkv, self.spec.rms_norm_eps)
+        x = self.ops.rms_norm(h, self.norm_swiftkv, self.spec.rms_norm_eps)
         fused = self.kv_proj_swiftkv(x).split(self.kv_split, dim=-1)    # one GEMM
         for gi, leader in enumerate(self.group_leaders):
-            k = self.rope.apply(fused[2 * gi].view(T, kvh, d), cos, sin)
+            k = self.ops.rope(fused[2 * gi].view(T, kvh, d), cos, sin)
             kv.layers[leader].write(slots, k, fused[2 * gi + 1])
         if logits_idx.numel() == 0:
             return h[:0]
         h = h[logits_idx]
         cos_l, sin_l = cos[logits_idx], sin[logits_idx]
         for i in range(self.num_kv_layers, self.spec.num_layers):
-            h = self.layers[i].forward_swiftkv(h, cos_l, sin_l, self.rope, kv.layers[i], attn_logits)
+            h = self.layers[i].forward_swiftkv(h, cos_l, sin_l, kv.layers[i], attn_logits)
         return h

@@ -44,12 +44,14 @@ def filled_part(store, kvh, d, dv, dtype, lengths, bs=4, blocks=40):
 
 
 @needs_compiler
-@pytest.mark.parametrize("kvh,g,d,dv", [(3, 3, 64, 64), (2, 1, 8, 8), (1, 4, 16, 8), (4, 2, 32, 48)])
+@pytest.mark.parametrize("kvh,g,d,dv", [(3, 3, 64, 64), (2, 1, 8, 8), (1, 4, 16, 8), (4, 2, 32, 48), (1, 6, 16, 128),
+                                         (2, 2, 24, 32)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("lengths", [[23], [1, 4, 5, 17, 30, 2, 8, 9, 3, 12, 70]])
 def test_kernel_matches_gather_sdpa(kernel, kvh, g, d, dv, dtype, lengths):
-    """One sequence (work split by KV head) and many (whole sequences per task, on up to 2 threads):
-    one entry, a full block, ragged tails, more than one 64-key tile."""
+    """All three decode paths (d and dv multiples of 16: in place; only dv: packed tiles; else
+    the scalar loop), one sequence and many, one entry, a full block, ragged tails, more than one
+    64-key tile, query groups of more than 4 rows."""
     torch.manual_seed(0)
     p, tables = filled_part(DenseStore, kvh, d, dv, dtype, lengths, blocks=60)
     chunks = [(n - 1, 1, t) for n, t in zip(lengths, tables)]    # one decode query per sequence
@@ -65,7 +67,7 @@ def test_kernel_matches_gather_sdpa(kernel, kvh, g, d, dv, dtype, lengths):
 @pytest.mark.parametrize("kvh,g,d,dv", [(3, 3, 64, 64), (1, 4, 16, 32), (2, 2, 32, 16), (8, 1, 128, 128)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_prefill_kernel_matches_gather_sdpa(kernel, kvh, g, d, dv, dtype):
-    """Whole prompts and chunks after a cached prefix (causal offset), rows past one 96-row tile
+    """Whole prompts and chunks after a cached prefix (causal offset), rows past one 48-row tile
     and one 64-key tile, several prefills plus a decode row in one step."""
     torch.manual_seed(2)
     lengths = [150, 230, 7, 40]
@@ -134,16 +136,17 @@ def test_kernel_option_resolution(resolve):
 @needs_compiler
 @pytest.mark.model
 def test_engine_greedy_tokens_identical_kernel_or_not(smollm2_dir):
-    """Both kernels or neither; the 120-token prompt is prefilled in chunks (64-token budget), so
-    the prefill kernel also runs with a cached prefix."""
+    """Both attention kernels and the fused element-wise ops, or none; the 120-token prompt is
+    prefilled in chunks (64-token budget), so the prefill kernel also runs with a cached prefix."""
     long = [1] + [(7 * i) % 4000 + 30 for i in range(119)]
     prompts = [[1, 504, 3458, 282, 4649, 314], [1, 9690, 28, 2683, 314, 253, 1345, 30, 732], long]
     outs = {}
     for mode in ("torch", "cpp"):
         eng = LLMEngine(EngineConfig(model=str(smollm2_dir), decode_kernel=mode, prefill_kernel=mode,
-                                     max_model_len=256, kv_cache_memory_gb=0.05, max_num_batched_tokens=64,
-                                     enable_prefix_caching=False))
+                                     fused_ops=mode, max_model_len=256, kv_cache_memory_gb=0.05,
+                                     max_num_batched_tokens=64, enable_prefix_caching=False))
         assert (eng.runner.decode_kernel is not None) == (eng.runner.prefill_kernel is not None) == (mode == "cpp")
+        assert eng.runner.model.ops.name == {"cpp": "C++", "torch": "torch"}[mode]
         for i, p in enumerate(prompts):
             eng.add_request(f"r{i}", p, SamplingParams(max_tokens=16, temperature=0))
         toks: dict[str, list[int]] = {}

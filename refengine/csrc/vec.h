@@ -1,0 +1,96 @@
+// Vectors of 16 floats for the CPU kernels (GCC/Clang vector extensions, no intrinsics: one
+// register on AVX-512, pairs of AVX2 or SSE instructions elsewhere) and the few operations on
+// them that the kernels share: loads and stores (bf16 widened), exp, horizontal reductions.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace swiftserve_vec {
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t i16 __attribute__((vector_size(64)));
+
+inline v16 splat(float x) { return x - v16{}; }        // x - 0 == x for every x, so no add is emitted
+
+inline v16 load(const float* p) {
+  v16 r;
+  std::memcpy(&r, p, sizeof(r));
+  return r;
+}
+
+inline void store(float* p, v16 x) { std::memcpy(p, &x, sizeof(x)); }
+
+// exp(x) for x <= 0 (scores minus their row max); -inf and anything below -87 give 0.
+inline v16 vexp(v16 x) {
+  const v16 lo = splat(-87.0f);
+  const i16 dead = x < lo;
+  x = x < lo ? lo : x;
+  const v16 t = x * splat(1.44269504088896341f);
+  const v16 magic = splat(12582912.0f);                    // 1.5 * 2^23: round to nearest
+  const v16 n = (t + magic) - magic;
+  v16 r = x - n * splat(0.693359375f);                     // Cody-Waite: ln2 = hi + lo
+  r = r - n * splat(-2.12194440e-4f);
+  v16 p = splat(1.9875691500e-4f);
+  p = p * r + splat(1.3981999507e-3f);
+  p = p * r + splat(8.3334519073e-3f);
+  p = p * r + splat(4.1665795894e-2f);
+  p = p * r + splat(1.6666665459e-1f);
+  p = p * r + splat(5.0000001201e-1f);
+  p = p * r * r + r + splat(1.0f);
+  const i16 e = (__builtin_convertvector(n, i16) + 127) << 23;
+  i16 bits;
+  std::memcpy(&bits, &p, sizeof(bits));
+  bits = bits + e - (127 << 23);
+  v16 out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return dead ? splat(0.0f) : out;
+}
+
+// Horizontal max / sum: halve the vector four times (log-depth shuffles, no scalar loop).
+template <typename Op>
+inline float reduce(v16 x, Op op) {
+  x = op(x, __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+  x = op(x, __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
+  x = op(x, __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
+  x = op(x, __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
+  return x[0];
+}
+
+inline float hmax(v16 x) { return reduce(x, [](v16 a, v16 b) { return a > b ? a : b; }); }
+
+inline float hsum(v16 x) { return reduce(x, [](v16 a, v16 b) { return a + b; }); }
+
+// 16 floats from a pool row (bf16 widened: its bits are the float's upper half).
+inline v16 loadf(const float* p) { return load(p); }
+
+inline v16 loadf(const at::BFloat16* p) {
+  typedef uint16_t u16 __attribute__((vector_size(32)));
+  u16 h;
+  std::memcpy(&h, p, sizeof(h));
+  const i16 bits = __builtin_convertvector(h, i16) << 16;
+  v16 r;
+  std::memcpy(&r, &bits, sizeof(r));
+  return r;
+}
+
+// Lane i of the result is the sum of the lanes of a[i]: a transpose folded into the adds
+// (30 two-vector shuffles and 15 adds for 16 dot products).
+inline v16 sum16(const v16* a) {
+  v16 b[8], c[4], e[2];
+  for (int i = 0; i < 8; ++i)
+    b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+           __builtin_shufflevector(a[2 * i], a[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  for (int i = 0; i < 4; ++i)
+    c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           __builtin_shufflevector(b[2 * i], b[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  for (int i = 0; i < 2; ++i)
+    e[i] = __builtin_shufflevector(c[2 * i], c[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+           __builtin_shufflevector(c[2 * i], c[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  return __builtin_shufflevector(e[0], e[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+         __builtin_shufflevector(e[0], e[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+}  // namespace swiftserve_vec
