@@ -4,7 +4,8 @@
 
 Prefill: a ``--prefill-len``-token prompt, causal, the kernel reading a block pool in place
 against ``scaled_dot_product_attention(is_causal=True, enable_gqa=True)`` on contiguous K/V
-(no gather counted: the torch path's best case). Decode: ``--batch`` sequences of
+(no gather counted: the torch path's best case); the kernel's rate is also given as a fraction
+of this CPU's measured FMA peak (benchmarks/cpu_peak.py). Decode: ``--batch`` sequences of
 ``--context`` cached tokens in scattered blocks, one query each, through
 ``refengine.attention.paged_attention`` with and without the kernel (the engine's two
 paths, gather included). Medians over ``--repeats`` calls after warm-up, and the ratios
@@ -19,6 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks import cpu_peak  # noqa: E402
 from benchmarks.common import command_line, median_ms, write_json  # noqa: E402
 
 
@@ -87,12 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     prefill["kernel_over_sdpa"] = prefill["kernel_ms"] / prefill["sdpa_ms"]
     # causal: n(n+1)/2 (query, key) pairs per head, each a d-long dot product and a d-long axpy
     prefill["kernel_gflops"] = 4 * H * d * n * (n + 1) / 2 / (prefill["kernel_ms"] * 1e6)
+    peak = cpu_peak.measure(args.threads)
+    prefill["kernel_of_fma_peak"] = prefill["kernel_gflops"] / peak
     decode["kernel_over_torch"] = decode["kernel_ms"] / decode["torch_ms"]
     doc = {"command": command_line(argv), "threads": args.threads, "torch": torch.__version__,
+           "fma_peak_gflops": peak,
            "shape": {"heads": H, "kv_heads": kvh, "head_dim": d, "block_size": bs},
            "prefill": {"tokens": n, **prefill}, "decode": {"batch": B, "context": ctx, **decode}}
     write_json(args.out, doc)
-    print(f"prefill {n} tokens: kernel {prefill['kernel_ms']:.2f} ms ({prefill['kernel_gflops']:.0f} GFLOP/s), "
+    print(f"prefill {n} tokens: kernel {prefill['kernel_ms']:.2f} ms ({prefill['kernel_gflops']:.0f} GFLOP/s, "
+          f"{100 * prefill['kernel_of_fma_peak']:.0f}% of the {peak:.0f} GFLOP/s FMA peak), "
           f"SDPA {prefill['sdpa_ms']:.2f} ms "
           f"({prefill['kernel_over_sdpa']:.2f}x); decode {B} x {ctx}: kernel {decode['kernel_ms']:.3f} ms, "
           f"gather + SDPA {decode['torch_ms']:.3f} ms ({decode['kernel_over_torch']:.2f}x)")

@@ -6,7 +6,8 @@ For every projection shape of the model (fused QKV, o_proj, fused gate-up, down,
 and each row count (decode batches and prefill chunks), times ``F.linear`` and the
 prepacked module of refengine/linear.py in interleaved rounds (median of ``--repeats``),
 checks that both give the same output, and prints the ratio packed / plain and the faster
-path's rate in GFLOP/s (2 x rows x in x out per call). This is what
+path's rate in GFLOP/s (2 x rows x in x out per call) and as a fraction of this CPU's measured
+FMA peak (benchmarks/cpu_peak.py). This is what
 ``--packed-linear auto`` was chosen from; rerun it on another CPU before trusting the default.
 """
 
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks import cpu_peak  # noqa: E402
 from benchmarks.common import command_line, write_json  # noqa: E402
 
 
@@ -60,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     spec = load_model_spec(resolve_model(args.model))
+    peak = cpu_peak.measure(torch.get_num_threads())
+    print(f"float32 FMA peak with {torch.get_num_threads()} thread(s): {peak:.0f} GFLOP/s (benchmarks/cpu_peak.py)")
     rows_out = []
     for name, (k, n) in shapes(spec).items():
         w = torch.randn(n, k) / k ** 0.5
@@ -76,13 +80,13 @@ def main(argv: list[str] | None = None) -> int:
             gflops = 2 * m * k * n / (min(plain, packed) * 1e6)       # the faster path's rate
             rows_out.append({"gemm": name, "in": k, "out": n, "rows": m, "plain_ms": round(plain, 4),
                              "packed_ms": round(packed, 4), "ratio": round(packed / plain, 3),
-                             "gflops": round(gflops, 1)})
+                             "gflops": round(gflops, 1), "of_fma_peak": round(gflops / peak, 3)})
             print(f"{name:8s} {k:5d}x{n:<6d} rows={m:5d}  plain {plain:9.3f} ms  packed {packed:9.3f} ms  "
-                  f"ratio {packed / plain:.2f}  {gflops:6.1f} GFLOP/s", flush=True)
+                  f"ratio {packed / plain:.2f}  {gflops:6.1f} GFLOP/s ({100 * gflops / peak:.0f}% of peak)", flush=True)
     res = {"command": command_line(argv),
            "model": args.model, "threads": torch.get_num_threads(), "torch": torch.__version__,
            "cpu": platform.processor() or platform.machine(), "capability": torch.backends.cpu.get_cpu_capability(),
-           "repeats": args.repeats, "rows": rows_out}
+           "repeats": args.repeats, "fma_peak_gflops": round(peak, 1), "rows": rows_out}
     if args.out:
         write_json(args.out, res)
     return 0

@@ -110,8 +110,19 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"command": command_line(argv), "rounds": args.rounds, "threads": args.threads, "vllm_limits": args.vllm_limits,
            "ours_set": args.ours_set,
            "env": {k: env[k] for k in ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS") if k in env}, "engines": {}}
-    for name, python in (("ours", sys.executable), ("vllm", str(ROOT / args.vllm_venv / "bin" / "python"))):
-        doc["engines"][name] = run_child(name, [python, __file__, "--engine", name, *common], env, ROOT)
+    # Our child is started as the worker starts its engine process: with glibc's huge-page
+    # tunable unless huge_pages=false (refengine/host_malloc.py; a tunable is read at start-up).
+    from benchmarks.engine_ab import parse_set
+    from refengine.config import EngineConfig
+    from refengine.host_malloc import with_hugepage_tunable
+
+    ours_env = dict(env)
+    if parse_set(args.ours_set).get("huge_pages", EngineConfig(model="").huge_pages):
+        ours_env["GLIBC_TUNABLES"] = with_hugepage_tunable(env.get("GLIBC_TUNABLES"))
+    doc["ours_glibc_tunables"] = ours_env.get("GLIBC_TUNABLES")
+    for name, python, e in (("ours", sys.executable, ours_env),
+                            ("vllm", str(ROOT / args.vllm_venv / "bin" / "python"), env)):
+        doc["engines"][name] = run_child(name, [python, __file__, "--engine", name, *common], e, ROOT)
     doc["medians_s"] = {e: {w: statistics.median(t) for w, t in r.items()} for e, r in doc["engines"].items()}
     doc["vllm_over_ours"] = {w: doc["medians_s"]["vllm"][w] / doc["medians_s"]["ours"][w] for w in args.workloads}
     write_json(args.out, doc)

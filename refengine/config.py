@@ -34,3 +34,4 @@ class EngineConfig:
     prefill_kernel: str = "auto"                # CPU prefill attention (fp32/bf16): same choices as decode_kernel
     fused_ops: str = "auto"                     # CPU fp32 RMSNorm/RoPE/SiLU-mul/residual: same choices (refengine.fused_ops)
     malloc_tuning: bool = True                  # CPU: keep freed activations in glibc's heap (refengine.host_malloc)
+    huge_pages: bool = True                     # spawned engine process: glibc maps malloc memory for THP (refengine.host_malloc)

@@ -37,6 +37,7 @@ import threading
 
 from refengine.async_engine import AsyncEngine, EngineDeadError, engine_iteration
 from refengine.config import EngineConfig
+from refengine.host_malloc import spawn_environment
 from refengine.outputs import RequestFailed
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,8 @@ class ProcessEngine(AsyncEngine):
         out_r, out_w = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(target=_child_main, name="refengine-core", daemon=True,
                                  args=(self.config, cmd_r, out_w, logging.getLogger().getEffectiveLevel()))
-        self._proc.start()
+        with spawn_environment(self.config.huge_pages):
+            self._proc.start()
         cmd_r.close()                         # the child holds these; closing ours lets EOF reach each side
         out_w.close()
         self._cmd_conn, self._out_conn = cmd_w, out_r

@@ -29,7 +29,7 @@ from refengine.linear import Linear, PackedLinear
 from refengine.model_config import ModelSpec
 from refengine.models.llama import LlamaModel
 from refengine.outputs import TokenLogprob
-from refengine.host_malloc import tune_malloc
+from refengine.host_malloc import anon_huge_mib, tune_malloc
 from refengine.fused_ops import resolve_fused_ops
 from refengine.paged_kernel import resolve_decode_kernel, resolve_prefill_kernel
 from refengine.dummy_weights import DummyWeights
@@ -148,6 +148,9 @@ class ModelRunner:
                  self.model.num_kv_layers, self.model.group_size, self.kv_methods or "none", num_blocks,
                  self.bytes_per_token, self.bytes_per_token_baseline / self.bytes_per_token,
                  self.bytes_per_token_baseline)
+        huge = anon_huge_mib()
+        if huge is not None:                     # what --no-huge-pages / GLIBC_TUNABLES gave this process
+            log.info("transparent huge pages: %.0f MiB of this process's anonymous memory", huge)
 
     def prefix_cache_salt(self) -> bytes | None:
         """Everything besides the tokens that decides what a block stores, or None when a KV method

@@ -60,6 +60,12 @@ def vllm_cpu_kvcache_space() -> str | None:
 
 
 
+def glibc_tunables() -> str | None:
+    """The C library's own settings (GLIBC_TUNABLES), kept when the worker adds its huge-page one
+    for the engine process (refengine/host_malloc.py)."""
+    return _get("GLIBC_TUNABLES")
+
+
 def engine_core() -> str | None:
     """Default of the worker's --engine-core (SWIFTSERVE_ENGINE_CORE: process | thread); None = process."""
     return _get("SWIFTSERVE_ENGINE_CORE")

@@ -121,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPU: leave glibc's malloc at its defaults (by default the engine process keeps freed "
                         "activation memory for reuse instead of returning it to the OS each step: faster "
                         "steps, RSS stays at its peak; refused with --engine vllm)")
+    e.add_argument("--no-huge-pages", dest="huge_pages", action="store_false",
+                   help="do not ask glibc to back the engine process's malloc memory (weights, KV cache, "
+                        "activations) with transparent huge pages (by default it does, via GLIBC_TUNABLES "
+                        "glibc.malloc.hugetlb=1 set for the spawned engine process: fewer TLB misses when a "
+                        "step streams the weights and the KV cache; no effect with --engine-core thread; "
+                        "refused with --engine vllm)")
     e.add_argument("--no-swiftkv", dest="swiftkv", action="store_false",
                    help="run a SwiftKV checkpoint as its baseline model (SwiftKV off)")
     e.add_argument("--torch-threads", type=int, default=envs.torch_threads(),
@@ -152,7 +158,7 @@ def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> 
         swiftkv=args.swiftkv, torch_threads=args.torch_threads, kv_methods=dict(args.kv_methods),
         enable_prefix_caching=args.enable_prefix_caching, long_prefill_token_threshold=args.long_prefill_token_threshold,
         packed_linear=args.packed_linear, decode_kernel=args.decode_kernel, prefill_kernel=args.prefill_kernel,
-        fused_ops=args.fused_ops, malloc_tuning=args.malloc_tuning)
+        fused_ops=args.fused_ops, malloc_tuning=args.malloc_tuning, huge_pages=args.huge_pages)
     return WorkerConfig(
         engine_config=engine_config, host=args.host, port=args.port,
         served_model_name=tuple(args.served_model_name or ()), engine=args.engine,
@@ -188,8 +194,9 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
                         ("--prefill-kernel", args.prefill_kernel), ("--fused-ops", args.fused_ops)):
         if value != "auto" and args.engine != "reference":
             parser.error(f"{flag} is a reference-engine option")
-    if not args.malloc_tuning and args.engine != "reference":
-        parser.error("--no-malloc-tuning is a reference-engine option")
+    for flag, off in (("--no-malloc-tuning", not args.malloc_tuning), ("--no-huge-pages", not args.huge_pages)):
+        if off and args.engine != "reference":
+            parser.error(f"{flag} is a reference-engine option")
     if args.engine_core is not None and args.engine != "reference":
         parser.error("--engine-core is a reference-engine option (vLLM runs its own engine-core process)")
     if args.kv_methods and args.engine != "reference":

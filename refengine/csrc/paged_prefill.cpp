@@ -13,9 +13,10 @@
 // The context's keys are packed once per call and KV head, as float32 tiles of KT keys: K
 // transposed ([d][KT]), V row-major ([KT][dv]). Work items are (query head, tile of QT query
 // rows), taken from a shared counter latest (longest) rows first. Per item and key tile,
-// S = (scale q) K^T is computed 6 query rows x 64 keys at a time (24 vector accumulators),
-// masked on the diagonal tile, folded into the running row max / sum, and O += P V 6 rows x
-// 64 value columns at a time. Everything is float32; exp is vec.h's vectorised Cody-Waite +
+// S = (scale q) K^T is computed 6 query rows x 64 keys at a time (24 vector accumulators, only
+// the key vectors some row of the 6 sees), masked on the diagonal tile, folded into the running
+// row max / sum while still in registers, and O = alpha O + P V 6 rows x 64 value columns at a
+// time over the keys the rows see. Everything is float32; exp is vec.h's vectorised Cody-Waite +
 // degree-6 polynomial (relative error ~2e-7, like expf).
 //
 // Decode kernels live here too (called by paged_decode.cpp): decode_vec (d and dv multiples of
@@ -43,13 +44,14 @@ constexpr int KT = 64;    // keys per tile (4 vectors)
 
 
 // Scratch of one thread: nh KV heads x rowsR query rows each (rowsR a multiple of R), and one
-// packed key tile of the nh heads (kt, vt: see pack).
+// packed key tile of the nh heads (kt, vt: see pack). Per row: the running output o [dv], max
+// m and sum l, the sum kept as 16 lane partial sums (added up once, in finish).
 struct Tiles {
   int64_t nh, rowsR;
-  std::vector<float> qs, kt, vt, s, o, m, l;
+  std::vector<float> qs, kt, vt, o, m, l;
   Tiles(int64_t nh_, int64_t rowsR_, int64_t d, int64_t dv, bool keys = true)
       : nh(nh_), rowsR(rowsR_), qs(nh_ * rowsR_ * d, 0.f), kt(keys ? nh_ * d * KT : 0), vt(keys ? nh_ * KT * dv : 0),
-        s(nh_ * rowsR_ * KT), o(nh_ * rowsR_ * dv), m(nh_ * rowsR_), l(nh_ * rowsR_) {}
+        o(nh_ * rowsR_ * dv), m(nh_ * rowsR_), l(nh_ * rowsR_ * 16) {}
 
   void reset() {
     std::fill(o.begin(), o.end(), 0.f);
@@ -62,7 +64,7 @@ struct Tiles {
     for (int64_t hh = 0; hh < nh; ++hh)
       for (int64_t i = 0; i < rows; ++i) {
         const int64_t r = hh * rowsR + i;
-        const float inv = 1.f / l[r];
+        const float inv = 1.f / hsum(load(&l[r * 16]));
         float* dst = out + hh * out_head + i * out_stride;
         for (int64_t c = 0; c < dv; ++c) dst[c] = o[r * dv + c] * inv;
       }
@@ -94,87 +96,100 @@ void pack(float* kt, float* vt, int64_t nh, int64_t j0, int64_t cols, const T* k
   }
 }
 
+// acc[r][x] += (R query rows qi [R][d]) . (keys 16x .. 16x+15 of the packed tile kth [d][KT]),
+// for the first NV key vectors: R x NV vector accumulators, one K load per vector and column.
+template <int NV>
+inline void scores(const float* kth, const float* qi, int64_t d, v16 (&acc)[R][4]) {
+  for (int64_t c = 0; c < d; ++c) {
+    const float* kc = kth + c * KT;
+    v16 kv[NV];
+    for (int x = 0; x < NV; ++x) kv[x] = load(kc + 16 * x);
+    for (int r = 0; r < R; ++r) {
+      const v16 qv = splat(qi[r * d + c]);
+      for (int x = 0; x < NV; ++x) acc[r][x] += qv * kv[x];
+    }
+  }
+}
+
 // One head's query rows against one packed key tile (kth [d][KT], vth [KT][dv]; keys j0 ..
-// j0+cols-1). qs [rowsU][d] scaled queries with rows past `rows` zero, s [rowsU][KT] scratch,
-// o [rowsU][dv] the running output, m and l the running row max and sum; rowsU is rows rounded
-// up to R. Row i sees keys below limit0 + i * step (prefill: causal, step 1; decode: the whole
-// context, step 0). S = qs K^T 6 rows x 64 keys at a time (24 vector accumulators), masked,
-// folded into the online softmax, then o += P V 6 rows x 64 (or 16) value columns at a time.
-inline void tile(const float* kth, const float* vth, const float* qs, float* s, float* o, float* m, float* l,
-                 int64_t rows, int64_t cols, int64_t j0, int64_t limit0, int64_t step, int64_t d, int64_t dv) {
-  const int64_t rowsU = (rows + R - 1) / R * R;
-  for (int64_t i = 0; i < rowsU; i += R) {
-    v16 acc[R][4] = {};
-    const float* qi = qs + i * d;
-    for (int64_t c = 0; c < d; ++c) {
-      const float* kc = kth + c * KT;
-      const v16 k0 = load(kc), k1 = load(kc + 16), k2 = load(kc + 32), k3 = load(kc + 48);
-      for (int r = 0; r < R; ++r) {
-        const v16 qv = splat(qi[r * d + c]);
-        acc[r][0] += qv * k0;
-        acc[r][1] += qv * k1;
-        acc[r][2] += qv * k2;
-        acc[r][3] += qv * k3;
-      }
-    }
-    for (int r = 0; r < R; ++r)
-      for (int x = 0; x < 4; ++x) store(s + (i + r) * KT + 16 * x, acc[r][x]);
-  }
-  // mask keys past each row's limit (and the zero padding), fold into the online softmax
-  for (int64_t i = 0; i < rows; ++i) {
-    float* si = s + i * KT;
-    const int64_t visible = std::min<int64_t>(cols, limit0 + i * step - j0);
-    for (int64_t jj = std::max<int64_t>(visible, 0); jj < KT; ++jj) si[jj] = -std::numeric_limits<float>::infinity();
-    if (visible <= 0) {                                  // row sees nothing here: P = 0
-      std::fill(si, si + KT, 0.f);
-      continue;
-    }
-    v16 mx = load(si);
-    for (int x = 1; x < 4; ++x) {
-      const v16 y = load(si + 16 * x);
-      mx = mx > y ? mx : y;
-    }
-    const float m_new = std::max(m[i], hmax(mx));
-    const float alpha = m_new == m[i] ? 1.f : std::exp(m[i] - m_new);   // 0 on the first tile (m = -inf)
-    v16 sum = {};
-    for (int x = 0; x < 4; ++x) {
-      const v16 p = vexp(load(si + 16 * x) - splat(m_new));
-      store(si + 16 * x, p);
-      sum += p;
-    }
-    l[i] = l[i] * alpha + hsum(sum);
-    m[i] = m_new;
-    if (alpha != 1.f) {
-      float* oi = o + i * dv;
-      for (int64_t c = 0; c < dv; ++c) oi[c] *= alpha;
-    }
-  }
-  for (int64_t i = rows; i < rowsU; ++i) std::fill(s + i * KT, s + (i + 1) * KT, 0.f);   // padded rows
+// j0+cols-1). qs [rowsU][d] scaled queries with rows past `rows` zero, o [rowsU][dv] the running
+// output, m and l the running row max and sum; rowsU is rows rounded up to R. Row i sees keys
+// below limit0 + i * step (prefill: causal, step 1; decode: the whole context, step 0). Per
+// group of R rows: S = qs K^T, 6 rows x 64 keys in 24 vector accumulators; masked, folded into
+// the online softmax and exponentiated while still in registers (P to a 6 x 64 scratch on the
+// stack); then o = alpha o + P V, 6 rows x 64 (or 16) value columns at a time, the rescale by
+// alpha folded into loading o.
+inline void tile(const float* kth, const float* vth, const float* qs, float* o, float* m, float* l, int64_t rows,
+                 int64_t cols, int64_t j0, int64_t limit0, int64_t step, int64_t d, int64_t dv) {
   const int64_t width = dv % 64 == 0 ? 64 : 16;
   const int nv = static_cast<int>(width / 16);
-  for (int64_t i = 0; i < rowsU; i += R) {
+  const i16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const v16 ninf = splat(-std::numeric_limits<float>::infinity());
+  alignas(64) float p[R * KT];
+  for (int64_t i = 0; i < rows; i += R) {
+    v16 acc[R][4] = {};
+    const float* qi = qs + i * d;
+    // Row i sees at least as many keys as row i - 1 (step >= 0): the group's last real row
+    // bounds the key vectors worth computing (the rest stay zero and are masked below).
+    const int64_t last = std::min<int64_t>(i + R, rows) - 1;
+    switch ((std::min<int64_t>(cols, limit0 + last * step - j0) + 15) / 16) {
+      case 0: break;
+      case 1: scores<1>(kth, qi, d, acc); break;
+      case 2: scores<2>(kth, qi, d, acc); break;
+      case 3: scores<3>(kth, qi, d, acc); break;
+      default: scores<4>(kth, qi, d, acc);
+    }
+    float alpha[R];
+    int64_t seen = 0;                                      // keys any row of the group sees: P past them is 0
+    for (int r = 0; r < R; ++r) {
+      float* pr = p + r * KT;
+      alpha[r] = 1.f;
+      const int64_t visible = i + r < rows ? std::min<int64_t>(cols, limit0 + (i + r) * step - j0) : 0;
+      if (visible <= 0) {                                  // padded row, or sees nothing here: P = 0
+        for (int x = 0; x < 4; ++x) store(pr + 16 * x, v16{});
+        continue;
+      }
+      seen = std::max(seen, visible);
+      if (visible < KT)                                    // diagonal or last tile: mask, lanewise
+        for (int x = 0; x < 4; ++x) acc[r][x] = (iota + 16 * x) < static_cast<int32_t>(visible) ? acc[r][x] : ninf;
+      v16 mx = acc[r][0];
+      for (int x = 1; x < 4; ++x) mx = mx > acc[r][x] ? mx : acc[r][x];
+      float& mi = m[i + r];
+      const float m_new = std::max(mi, hmax(mx));
+      alpha[r] = m_new == mi ? 1.f : vexp(splat(mi - m_new))[0];   // 0 on the first tile (m = -inf)
+      v16 sum = {};
+      for (int x = 0; x < 4; ++x) {
+        const v16 e = vexp(acc[r][x] - splat(m_new));
+        store(pr + 16 * x, e);
+        sum += e;
+      }
+      store(l + (i + r) * 16, load(l + (i + r) * 16) * splat(alpha[r]) + sum);   // lane sums; added up in finish
+      mi = m_new;
+    }
     for (int64_t c0 = 0; c0 < dv; c0 += width) {
-      v16 acc[R][4];
-      for (int r = 0; r < R; ++r)
-        for (int x = 0; x < nv; ++x) acc[r][x] = load(o + (i + r) * dv + c0 + 16 * x);
-      for (int64_t jj = 0; jj < cols; ++jj) {
+      v16 out[R][4];
+      for (int r = 0; r < R; ++r) {
+        const v16 a = splat(alpha[r]);
+        for (int x = 0; x < nv; ++x) out[r][x] = load(o + (i + r) * dv + c0 + 16 * x) * a;
+      }
+      for (int64_t jj = 0; jj < seen; ++jj) {
         const float* vr = vth + jj * dv + c0;
         if (nv == 4) {
           const v16 a = load(vr), b = load(vr + 16), c = load(vr + 32), e = load(vr + 48);
           for (int r = 0; r < R; ++r) {
-            const v16 p = splat(s[(i + r) * KT + jj]);
-            acc[r][0] += p * a;
-            acc[r][1] += p * b;
-            acc[r][2] += p * c;
-            acc[r][3] += p * e;
+            const v16 pv = splat(p[r * KT + jj]);
+            out[r][0] += pv * a;
+            out[r][1] += pv * b;
+            out[r][2] += pv * c;
+            out[r][3] += pv * e;
           }
         } else {
           const v16 a = load(vr);
-          for (int r = 0; r < R; ++r) acc[r][0] += splat(s[(i + r) * KT + jj]) * a;
+          for (int r = 0; r < R; ++r) out[r][0] += splat(p[r * KT + jj]) * a;
         }
       }
       for (int r = 0; r < R; ++r)
-        for (int x = 0; x < nv; ++x) store(o + (i + r) * dv + c0 + 16 * x, acc[r][x]);
+        for (int x = 0; x < nv; ++x) store(o + (i + r) * dv + c0 + 16 * x, out[r][x]);
     }
   }
 }
@@ -194,8 +209,8 @@ void attend(Tiles& t, int64_t rows, int64_t kend, int64_t limit0, int64_t step, 
     pack(t.kt.data(), t.vt.data(), nh, j0, cols, k, v, blocks, bs, kvh, h0, d, dv);
     for (int64_t hh = 0; hh < nh; ++hh)
       tile(t.kt.data() + hh * d * KT, t.vt.data() + hh * KT * dv, t.qs.data() + hh * rowsR * d,
-           t.s.data() + hh * rowsR * KT, t.o.data() + hh * rowsR * dv, t.m.data() + hh * rowsR,
-           t.l.data() + hh * rowsR, rows, cols, j0, limit0, step, d, dv);
+           t.o.data() + hh * rowsR * dv, t.m.data() + hh * rowsR,
+           t.l.data() + hh * rowsR * 16, rows, cols, j0, limit0, step, d, dv);
   }
   t.finish(rows, dv, out, out_head, out_stride);
 }
@@ -239,7 +254,7 @@ void prefill(const float* q, int64_t q_row, const T* k, const T* v, const int64_
         const float* kh = packed.data() + (hq / g - h0) * head_floats;
         for (int64_t j0 = 0; j0 < kend; j0 += KT) {
           const float* kt = kh + (j0 / KT) * tile_floats;
-          tile(kt, kt + d * KT, t.qs.data(), t.s.data(), t.o.data(), t.m.data(), t.l.data(), rows,
+          tile(kt, kt + d * KT, t.qs.data(), t.o.data(), t.m.data(), t.l.data(), rows,
                std::min<int64_t>(KT, kend - j0), j0, start + i0 + 1, 1, d, dv);
         }
         t.finish(rows, dv, out + i0 * out_row + hq * dv, 0, out_row);

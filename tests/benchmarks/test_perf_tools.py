@@ -62,7 +62,7 @@ def test_linear_bench_checks_and_records_every_projection(smollm2_dir, tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert {x["gemm"] for x in doc["rows"]} == {"qkv", "o", "gate_up", "down", "lm_head"}
-    assert all(x["rows"] == 3 and x["plain_ms"] > 0 and x["packed_ms"] > 0 for x in doc["rows"])
+    assert all(x["rows"] == 3 and x["plain_ms"] > 0 and x["packed_ms"] > 0 and x["of_fma_peak"] > 0 for x in doc["rows"])
     assert doc["command"].startswith("python ")
 
 
@@ -122,6 +122,17 @@ def test_attention_kernels_bench_compares_both_paths(tmp_path):
     assert doc["prefill"]["tokens"] == 70 and doc["decode"]["batch"] == 3
     for part in ("prefill", "decode"):
         assert doc[part]["kernel_ms"] > 0 and doc[part]["max_abs_diff"] < 1e-4, part
+    assert doc["fma_peak_gflops"] > 0 and doc["prefill"]["kernel_of_fma_peak"] > 0
+
+
+def test_cpu_peak_measures_a_rate_and_refuses_bad_options(capsys):
+    peak = load("cpu_peak")
+    one = peak.measure(1, seconds=0.02, trials=1)
+    assert one > 0
+    assert peak.main(["--threads", "1", "--seconds", "0.02", "--trials", "1"]) == 0
+    assert "GFLOP/s" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        peak.main(["--trials", "0"])
 
 
 def test_profile_vs_vllm_groups_operators():
