@@ -2,9 +2,9 @@
 
     python benchmarks/cpu_peak.py --threads 2
 
-Builds (once, cached like the engine's kernels) a loop of independent fused multiply-adds on
-16-float vectors: 16 accumulator chains per thread, enough to keep two FMA pipes busy through
-their latency, no memory traffic. ``--threads`` threads run it at once for ``--seconds`` per
+Builds (once, cached like the engine's kernels) benchmarks/csrc/fma_peak.cpp, a loop of
+independent fused multiply-adds on 16-float vectors: 16 accumulator chains per thread, enough
+to keep two FMA pipes busy through their latency, no memory traffic. ``--threads`` threads run it at once for ``--seconds`` per
 trial; the best of ``--trials`` is the peak (2 flops per lane per FMA). GEMM and attention
 rates divided by this are the fractions of peak quoted in results/perf/README.md.
 """
@@ -12,54 +12,25 @@ rates divided by this are the fractions of peak quoted in results/perf/README.md
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-# GCC vector extensions: the same style as refengine/csrc; -march=native picks the widest FMA.
-_SOURCE = r"""
-#include <torch/extension.h>
-#include <omp.h>
-
-typedef float v16 __attribute__((vector_size(64)));
-
-// Returns {GFLOP/s, checksum}; the checksum keeps the chains alive through the optimiser.
-std::vector<double> fma_peak(int64_t iters, int64_t threads) {
-    double sink = 0.0;
-    double t0 = omp_get_wtime();
-    #pragma omp parallel num_threads(threads) reduction(+ : sink)
-    {
-        v16 acc[16];
-        v16 x, y;
-        for (int l = 0; l < 16; ++l) { x[l] = 0.999999f; y[l] = 1e-7f; }
-        for (int j = 0; j < 16; ++j)
-            for (int l = 0; l < 16; ++l) acc[j][l] = 1.0f + 0.001f * (j + l + omp_get_thread_num());
-        for (int64_t it = 0; it < iters; ++it) {
-            #pragma GCC unroll 16
-            for (int j = 0; j < 16; ++j) acc[j] = acc[j] * x + y;    // one FMA per chain
-        }
-        for (int j = 0; j < 16; ++j)
-            for (int l = 0; l < 16; ++l) sink += acc[j][l];
-    }
-    double dt = omp_get_wtime() - t0;
-    return {2.0 * 16 * 16 * (double)iters * threads / dt / 1e9, sink};
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("fma_peak", &fma_peak); }
-"""
+FLOP_PER_ITER = 2 * 16 * 16          # per thread and loop iteration: 16 chains x 16 lanes, an FMA = 2 flops
 
 
 def _module():
-    from torch.utils import cpp_extension
+    from refengine.paged_kernel import _build_tag, load_extension   # keyed by the CPU's flags (-march=native)
 
-    from refengine.paged_kernel import _build_tag        # keyed by the CPU's flags (-march=native)
+    source = Path(__file__).resolve().parent / "csrc" / "fma_peak.cpp"
+    return load_extension(f"swiftserve_fma_peak_{_build_tag()}", [source])
 
-    tag = hashlib.sha1((_SOURCE + _build_tag()).encode()).hexdigest()[:8]
-    return cpp_extension.load_inline(
-        name=f"swiftserve_fma_peak_{tag}", cpp_sources=[_SOURCE],
-        extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+
+def _rate(mod, iters: int, threads: int) -> tuple[float, float]:
+    """(GFLOP/s, seconds) of one run of ``iters`` iterations on ``threads`` threads."""
+    seconds, _checksum = mod.fma_peak(iters, threads)
+    return FLOP_PER_ITER * iters * threads / seconds / 1e9, seconds
 
 
 def measure(threads: int, seconds: float = 0.3, trials: int = 5) -> float:
@@ -67,13 +38,12 @@ def measure(threads: int, seconds: float = 0.3, trials: int = 5) -> float:
     mod = _module()
     iters = 1 << 16
     while True:                                   # calibrate: one trial lasts about `seconds`
-        gflops, _ = mod.fma_peak(iters, threads)
-        elapsed = 2.0 * 16 * 16 * iters * threads / (gflops * 1e9)
+        _, elapsed = _rate(mod, iters, threads)
         if elapsed >= seconds / 4:
             break
         iters *= 4
     iters = int(iters * seconds / elapsed)
-    return max(mod.fma_peak(iters, threads)[0] for _ in range(trials))
+    return max(_rate(mod, iters, threads)[0] for _ in range(trials))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -92,12 +92,14 @@ def _ninja_on_path() -> None:
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
-def build() -> PagedDecodeKernel:
-    """Compile (or load the cached build of) the kernel; raises when it cannot be built."""
+def load_extension(name: str, sources: list[Path]):
+    """Compile (or load the cached build of) C++ ``sources`` as module ``name``, with the
+    kernels' flags (-O3 -march=native -fopenmp); raises when it cannot be built. ``name``
+    should carry ``_build_tag()`` (the build is specific to this CPU and these headers)."""
     from torch.utils import cpp_extension
 
     _ninja_on_path()
-    build_dir = Path(cpp_extension._get_build_directory(NAME, False))
+    build_dir = Path(cpp_extension._get_build_directory(name, False))
     build_dir.mkdir(parents=True, exist_ok=True)
     # torch guards a build with a lock *file* that a killed builder leaves behind, and every
     # later build would wait on it forever. Builders here also hold an flock (released by the
@@ -105,10 +107,14 @@ def build() -> PagedDecodeKernel:
     with open(build_dir / "swiftserve.flock", "w") as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)
         (build_dir / "lock").unlink(missing_ok=True)
-        module = cpp_extension.load(
-            name=NAME, sources=[str(x) for x in SOURCES], build_directory=str(build_dir), verbose=False,
+        return cpp_extension.load(
+            name=name, sources=[str(x) for x in sources], build_directory=str(build_dir), verbose=False,
             extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
-    return PagedDecodeKernel(module)
+
+
+def build() -> PagedDecodeKernel:
+    """Compile (or load the cached build of) the kernel; raises when it cannot be built."""
+    return PagedDecodeKernel(load_extension(NAME, SOURCES))
 
 
 def _resolve(option: str, name: str, device: torch.device) -> PagedDecodeKernel | None:

@@ -129,18 +129,19 @@ inline void tile(const float* kth, const float* vth, const float* qs, float* o, 
   for (int64_t i = 0; i < rows; i += R) {
     v16 acc[R][4] = {};
     const float* qi = qs + i * d;
-    // Row i sees at least as many keys as row i - 1 (step >= 0): the group's last real row
-    // bounds the key vectors worth computing (the rest stay zero and are masked below).
+    // Row i sees at least as many keys as row i - 1 (step >= 0), so the group's last real row
+    // sees the most: `seen` keys. Only their key vectors are computed (the rest stay zero and
+    // are masked below), and P past them is 0.
     const int64_t last = std::min<int64_t>(i + R, rows) - 1;
-    switch ((std::min<int64_t>(cols, limit0 + last * step - j0) + 15) / 16) {
-      case 0: break;
+    const int64_t seen = std::min<int64_t>(cols, limit0 + last * step - j0);
+    if (seen <= 0) continue;                               // the whole group lies before this tile: o, m, l unchanged
+    switch ((seen + 15) / 16) {
       case 1: scores<1>(kth, qi, d, acc); break;
       case 2: scores<2>(kth, qi, d, acc); break;
       case 3: scores<3>(kth, qi, d, acc); break;
       default: scores<4>(kth, qi, d, acc);
     }
     float alpha[R];
-    int64_t seen = 0;                                      // keys any row of the group sees: P past them is 0
     for (int r = 0; r < R; ++r) {
       float* pr = p + r * KT;
       alpha[r] = 1.f;
@@ -149,7 +150,6 @@ inline void tile(const float* kth, const float* vth, const float* qs, float* o, 
         for (int x = 0; x < 4; ++x) store(pr + 16 * x, v16{});
         continue;
       }
-      seen = std::max(seen, visible);
       if (visible < KT)                                    // diagonal or last tile: mask, lanewise
         for (int x = 0; x < 4; ++x) acc[r][x] = (iota + 16 * x) < static_cast<int32_t>(visible) ? acc[r][x] : ninf;
       v16 mx = acc[r][0];
