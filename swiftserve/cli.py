@@ -93,26 +93,24 @@ def up(args: argparse.Namespace) -> int:
     name = args.served_model_name or model_dir.name
     kv_args: list[str] = []
     if args.kv_methods is not None:
-        from refengine.kv import registry
-
         try:
-            methods = json.loads(args.kv_methods)
+            if not isinstance(json.loads(args.kv_methods), dict):
+                raise json.JSONDecodeError("must be a JSON object", args.kv_methods, 0)
         except json.JSONDecodeError as exc:
             print(f"swiftserve: --kv-methods is not valid JSON: {exc}", file=sys.stderr)
             return 2
-        reason = registry.check(methods, model_dir) if isinstance(methods, dict) else "must be a JSON object"
-        if reason:
-            print(f"swiftserve: --kv-methods: {reason}", file=sys.stderr)
-            return 2
         kv_args = ["--kv-methods", args.kv_methods]
-    if "vllm" not in " ".join(args.worker_arg):       # reference workers: compile their CPU kernel once here
-        import torch
+    from worker.cli import preflight     # the worker's own checks, once, before any process starts
 
-        if not torch.cuda.is_available():
-            from refengine.paged_kernel import prebuild
-
-            prebuild(lambda m: print(f"swiftserve: {m}", file=sys.stderr))
-    threads = max(1, (os.cpu_count() or 2) // max(1, args.workers))
+    reason = preflight(["--model", str(model_dir), *kv_args, *args.worker_arg])
+    if reason:
+        print(f"swiftserve: workers cannot start: {reason}", file=sys.stderr)
+        return 2
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 2))
+    threads = max(1, len(cpus) // max(1, args.workers))
+    # Each worker on its own share of the cores when they divide (engines bind OpenMP to what they may use).
+    shares = [cpus[i * threads:(i + 1) * threads] for i in range(args.workers)] \
+        if threads * args.workers <= len(cpus) and "--cpu-affinity" not in " ".join(args.worker_arg) else None
     py = sys.executable
     worker_urls = []
     stopping = False
@@ -134,6 +132,8 @@ def up(args: argparse.Namespace) -> int:
             cmd = [py, "-m", "worker", "--model", str(model_dir), "--served-model-name", name,
                    "--host", args.host, "--port", str(port), "--torch-threads", str(threads),
                    "--drain-timeout", str(args.drain_timeout), *kv_args, *args.worker_arg]
+            if shares:
+                cmd += ["--cpu-affinity", ",".join(str(c) for c in shares[i])]
             sup.start(f"worker {i + 1} (:{port})", cmd)
             worker_urls.append(f"http://{args.host}:{port}")
         gw = [py, "-m", "gateway", "--host", args.host, "--port", str(args.port), "--workers", ",".join(worker_urls)]

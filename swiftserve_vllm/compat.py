@@ -32,11 +32,16 @@ check_version()     # a clear message, not an ImportError from a moved symbol, o
 
 import torch  # noqa: E402
 
+from contextlib import contextmanager  # noqa: E402
+from dataclasses import replace  # noqa: E402
+
 from vllm import LLM, SamplingParams, TokensPrompt  # noqa: E402,F401
+from vllm.compilation.decorators import support_torch_compile  # noqa: E402,F401
 from vllm.config import VllmConfig  # noqa: E402,F401
 from vllm.distributed import get_pp_group, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size  # noqa: E402,F401,E501
-from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402,F401
-from vllm.forward_context import get_forward_context  # noqa: E402
+from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs  # noqa: E402,F401
+from vllm.distributed.utils import get_pp_indices  # noqa: E402,F401
+from vllm.forward_context import get_forward_context, is_forward_context_available  # noqa: E402
 from vllm.model_executor.layers.activation import SiluAndMul  # noqa: E402,F401
 from vllm.model_executor.layers.attention import Attention  # noqa: E402,F401
 from vllm.model_executor.layers.attention.attention import unified_kv_cache_update  # noqa: E402
@@ -47,7 +52,10 @@ from vllm.model_executor.layers.logits_processor import LogitsProcessor  # noqa:
 from vllm.model_executor.layers.rotary_embedding import get_rope  # noqa: E402,F401
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding  # noqa: E402,F401,E501
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader  # noqa: E402,F401
+from vllm.model_executor.models.interfaces import SupportsPP  # noqa: E402,F401
+from vllm.model_executor.models.utils import make_empty_intermediate_tensors_factory  # noqa: E402,F401
 from vllm.sampling_params import RequestOutputKind  # noqa: E402,F401
+from vllm.sequence import IntermediateTensors  # noqa: E402,F401
 from vllm.utils.torch_utils import _encode_layer_name  # noqa: E402
 from vllm.v1.attention.backends.utils import KVSharingFastPrefillMetadata  # noqa: E402
 from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402,F401
@@ -60,9 +68,62 @@ def register_model(arch: str, target: str) -> None:
     ModelRegistry.register_model(arch, target)
 
 
-def write_kv(attn: Attention, key: torch.Tensor, value: torch.Tensor) -> None:
+@contextmanager
+def set_model_tag(tag: str):
+    """Name a compiled unit (its own compile cache and log tag), like vLLM's multi-unit models.
+    Imported late, as vLLM's own models do: the backends module pulls in the compiler."""
+    from vllm.compilation.backends import set_model_tag as _tag
+
+    with _tag(tag):
+        yield
+
+
+@contextmanager
+def batch_tokens(num_tokens: int):
+    """Run a compiled unit on ``num_tokens`` rows: the forward context's batch descriptor (what
+    vLLM's CUDA-graph wrapper looks a graph up by) says that size, then is restored."""
+    ctx = get_forward_context() if is_forward_context_available() else None
+    old = getattr(ctx, "batch_descriptor", None)
+    if old is not None:
+        ctx.batch_descriptor = replace(old, num_tokens=num_tokens)
+    try:
+        yield
+    finally:
+        if old is not None:
+            ctx.batch_descriptor = old
+
+
+@contextmanager
+def building_model(vllm_config, init_method: str):
+    """What vLLM's loader sets up around a model's construction, for building one outside an
+    engine (``devcheck``): a one-rank gloo group (once per process), the current config, and
+    the model dtype as torch's default."""
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import parallel_state as ps
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    with set_current_vllm_config(vllm_config):
+        if not ps.model_parallel_is_initialized():
+            ps.init_distributed_environment(world_size=1, rank=0, distributed_init_method=init_method,
+                                            local_rank=0, backend="gloo")
+            ps.ensure_model_parallel_initialized(1, 1)
+        with set_default_torch_dtype(vllm_config.model_config.dtype):
+            yield
+
+
+def in_real_step() -> bool:
+    """True in a scheduled step (attention metadata present, no CUDA-graph capture under way),
+    False in profiling, warm-up and capture runs."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return False
+    return is_forward_context_available() and get_forward_context().attn_metadata is not None
+
+
+def write_kv(attn: Attention, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """Store ``key`` [T, kv_heads*head_size] and ``value`` [T, kv_heads*head_size_v] at this
-    step's slots of ``attn``'s cache, without computing attention."""
+    step's slots of ``attn``'s cache, without computing attention. Returns the op's (empty)
+    result: the caller keeps it alive (a compiled graph's output), because the op declares no
+    mutation and a compiler would otherwise drop it as dead code."""
     if attn.attn_backend.forward_includes_kv_cache_update:
         raise NotImplementedError(
             f"attention backend {attn.attn_backend.get_name()} writes the KV cache only inside attention; "
@@ -70,9 +131,8 @@ def write_kv(attn: Attention, key: torch.Tensor, value: torch.Tensor) -> None:
     key = key.reshape(-1, attn.num_kv_heads, attn.head_size)
     value = value.reshape(-1, attn.num_kv_heads, attn.head_size_v)
     if attn.use_direct_call:
-        unified_kv_cache_update(key, value, attn.layer_name)
-    else:
-        torch.ops.vllm.unified_kv_cache_update(key, value, _encode_layer_name(attn.layer_name))
+        return unified_kv_cache_update(key, value, attn.layer_name)
+    return torch.ops.vllm.unified_kv_cache_update(key, value, _encode_layer_name(attn.layer_name))
 
 
 def fast_prefill_indices(layer_name: str) -> tuple[torch.Tensor | None, int | None]:

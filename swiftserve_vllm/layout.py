@@ -7,12 +7,14 @@ one layout.
 - SwiftKV (Snowflake's format): ``"swiftkv": true``, ``num_key_value_layers = l < L``,
   ``key_value_group_size = g``. Layers ``>= l`` form groups of ``g`` consecutive layers
   (the last may be shorter); the first layer of a group holds ``k/v_proj_swiftkv``.
-- ZACK (``"zack"`` object, format_version 1): vLLM serves UNIFORM ranks only (every
-  ``k_ranks``/``v_ranks`` entry equal to one ``r``); per-head adaptive ranks stay in
-  the reference engine. ``r`` must be a head size the attention backend supports.
+- ZACK (``"zack"`` object, format_version 1): vLLM serves one rank per layer (every
+  ``k_ranks``/``v_ranks`` entry of a layer equal): uniform ranks, or layer-wise ranks that
+  differ between layers (vLLM gives each head size its own cache group and scales the
+  block size so that every page has the same bytes); per-head adaptive ranks stay in the
+  reference engine. Each rank must be a head size the attention backend supports.
 
 Cache owners: layers ``< l`` own one cache each; each SwiftKV group owns one. The KV
-bytes per token follow: ``owners * 2 * kv_heads * head_size * dtype_bytes``.
+bytes per token follow: ``sum over owners of 2 * kv_heads * head_size * dtype_bytes``.
 """
 
 from __future__ import annotations
@@ -37,13 +39,21 @@ class ModelLayout:
     swiftkv: bool                  # SwiftKV on (a SwiftKV checkpoint, not disabled)
     num_kv_layers: int             # l (== num_layers without SwiftKV)
     group_size: int                # g (1 without SwiftKV)
-    zack_rank: int | None          # uniform ZACK rank r, None without ZACK
+    zack_ranks: tuple[int, ...] | None = None   # ZACK rank of every layer, None without ZACK
     zack_file: str | None = None   # rotations file, relative to the model directory
 
     @property
-    def kv_head_size(self) -> int:
-        """Per-head K/V width actually stored in the cache."""
-        return self.zack_rank if self.zack_rank is not None else self.head_dim
+    def zack(self) -> bool:
+        return self.zack_ranks is not None
+
+    @property
+    def zack_rank(self) -> int | None:
+        """The one ZACK rank of every layer (uniform ranks); None without ZACK or with layer-wise ranks."""
+        return self.zack_ranks[0] if self.zack_ranks and len(set(self.zack_ranks)) == 1 else None
+
+    def kv_head_size(self, layer: int) -> int:
+        """Per-head K/V width stored in the cache ``layer`` reads."""
+        return self.zack_ranks[self.leader_of(layer)] if self.zack_ranks else self.head_dim
 
     @property
     def group_leaders(self) -> list[int]:
@@ -51,6 +61,14 @@ class ModelLayout:
         if not self.swiftkv:
             return []
         return list(range(self.num_kv_layers, self.num_layers, self.group_size))
+
+    def group_leader(self, group: int) -> int:
+        """First layer of SwiftKV group ``group`` (it holds the group's ``k/v_proj_swiftkv``)."""
+        return self.num_kv_layers + group * self.group_size
+
+    def group_of(self, layer: int) -> int:
+        """Index of the SwiftKV group of a later layer (``layer >= l``)."""
+        return (layer - self.num_kv_layers) // self.group_size
 
     def leader_of(self, layer: int) -> int:
         """The layer whose K/V ``layer`` reads (itself below l)."""
@@ -62,35 +80,87 @@ class ModelLayout:
     def num_cache_owners(self) -> int:
         return self.num_kv_layers + len(self.group_leaders) if self.swiftkv else self.num_layers
 
+    @property
+    def cache_owners(self) -> list[int]:
+        """The layers whose caches exist: every layer below l, the first of each SwiftKV group."""
+        return list(range(self.num_kv_layers)) + self.group_leaders if self.swiftkv else list(range(self.num_layers))
+
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        return self.num_cache_owners * 2 * self.num_kv_heads * self.kv_head_size * dtype_bytes
+        return sum(2 * self.num_kv_heads * self.kv_head_size(o) * dtype_bytes for o in self.cache_owners)
 
     def baseline_kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return self.num_layers * 2 * self.num_kv_heads * self.head_dim * dtype_bytes
 
 
-def _zack_rank(zack: dict, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
+def kv_head_ids(num_kv_heads: int, tp: int, rank: int) -> list[int]:
+    """Global KV heads held by ``rank``: a contiguous share, or one replicated head when tp > kv heads."""
+    if num_kv_heads % tp == 0:
+        n = num_kv_heads // tp
+        return list(range(rank * n, (rank + 1) * n))
+    if tp % num_kv_heads == 0:
+        return [rank // (tp // num_kv_heads)]
+    raise ValueError(f"{num_kv_heads} KV heads cannot be split over tensor_parallel_size={tp}")
+
+
+@dataclass(frozen=True)
+class RankSlice:
+    """What one pipeline-parallel rank holding layers ``[start, end)`` runs (the whole model at pp=1)."""
+    start: int
+    end: int
+    first: bool
+    last: bool
+    head_layers: tuple[int, ...]     # own K/V: layers < l (every layer without SwiftKV)
+    tail_layers: tuple[int, ...]     # SwiftKV readers: layers >= l
+    groups: tuple[int, ...]          # SwiftKV groups whose caches this rank owns and writes
+    owns_split: bool                 # holds layer l-1: computes x = norm_swiftkv(h)
+    uses_incoming_x: bool            # starts after l-1: gets x from the previous rank
+
+
+def rank_slice(layout: ModelLayout, start: int, end: int, first: bool = True, last: bool = True) -> RankSlice:
+    """The slice of ``layout`` one rank runs; a SwiftKV group split between two ranks is refused
+    (its one cache would have readers in two processes)."""
+    l = layout.num_kv_layers
+    layers = range(start, end)
+    if not layout.swiftkv:
+        return RankSlice(start, end, first, last, tuple(layers), (), (), False, False)
+    tail = tuple(i for i in layers if i >= l)
+    groups = tuple(sorted({layout.group_of(i) for i in tail}))
+    for g in groups:
+        members = range(layout.group_leader(g), min(layout.group_leader(g + 1), layout.num_layers))
+        if not all(start <= i < end for i in members):
+            raise LayoutError(
+                f"pipeline stage [{start}, {end}) splits the SwiftKV group of layers {members.start}..{members.stop - 1} "
+                "(one KV cache cannot be read by two stages); choose a partition whose boundaries fall on group "
+                "boundaries with VLLM_PP_LAYER_PARTITION")
+    return RankSlice(start, end, first, last, tuple(i for i in layers if i < l), tail, groups,
+                     start <= l - 1 < end, start >= l)
+
+
+def _zack_ranks(zack: dict, num_layers: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
     version = zack.get("format_version")
     if version != ZACK_FORMAT_VERSION:
         raise LayoutError(f"ZACK format_version {version!r} is not supported (expected {ZACK_FORMAT_VERSION})")
-    ranks = []
+    rows = []
     for key in ("k_ranks", "v_ranks"):
-        rows = zack.get(key)
-        if not isinstance(rows, list) or len(rows) != num_layers or any(
-                not isinstance(r, list) or len(r) != num_kv_heads for r in rows):
+        table = zack.get(key)
+        if not isinstance(table, list) or len(table) != num_layers or any(
+                not isinstance(r, list) or len(r) != num_kv_heads for r in table):
             raise LayoutError(f"ZACK {key} must be [[rank per KV head] per layer] for {num_layers} layers "
                               f"x {num_kv_heads} KV heads")
-        ranks.extend(int(v) for row in rows for v in row)
-    distinct = sorted(set(ranks))
-    if len(distinct) != 1:
-        raise LayoutError(
-            f"ZACK checkpoint has per-head adaptive ranks ({distinct[0]}..{distinct[-1]}, mode "
-            f"{zack.get('mode')!r}); the vLLM engine serves uniform ranks only (one head size for the "
-            "whole KV cache). Serve it with the reference engine, or calibrate with mode 'uniform'.")
-    r = distinct[0]
-    if not 1 <= r <= head_dim:
-        raise LayoutError(f"ZACK rank {r} must be in [1, {head_dim}]")
-    return r
+        rows.append([[int(v) for v in r] for r in table])
+    ranks = []
+    for i, (k, v) in enumerate(zip(*rows)):
+        distinct = sorted(set(k + v))
+        if len(distinct) != 1:
+            raise LayoutError(
+                f"ZACK checkpoint has per-head adaptive ranks (layer {i}: {distinct[0]}..{distinct[-1]}, mode "
+                f"{zack.get('mode')!r}); the vLLM engine serves one rank per layer (one head size per cache). "
+                "Serve it with the reference engine, or plan uniform or layer-wise ranks "
+                "(--kv-methods '{\"zack\": {\"rate\": R, \"mode\": \"uniform\"}}').")
+        if not 1 <= distinct[0] <= head_dim:
+            raise LayoutError(f"ZACK rank {distinct[0]} of layer {i} must be in [1, {head_dim}]")
+        ranks.append(distinct[0])
+    return tuple(ranks)
 
 
 def parse_layout(cfg: dict, use_swiftkv: bool = True) -> ModelLayout:
@@ -106,15 +176,18 @@ def parse_layout(cfg: dict, use_swiftkv: bool = True) -> ModelLayout:
     if g < 1:
         raise LayoutError("key_value_group_size must be >= 1")
     zack = cfg.get("zack")
-    rank, zfile = None, None
+    ranks, zfile = None, None
     if zack is not None:
         if not isinstance(zack, dict):
             raise LayoutError("config.json 'zack' must be an object")
-        rank = _zack_rank(zack, L, kv_heads, head_dim)
+        ranks = _zack_ranks(zack, L, kv_heads, head_dim)
         zfile = str(zack.get("rotations") or "zack.safetensors")
-    return ModelLayout(num_layers=L, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, swiftkv=swiftkv,
-                       num_kv_layers=l if swiftkv else L, group_size=g if swiftkv else 1, zack_rank=rank,
-                       zack_file=zfile)
+    lay = ModelLayout(num_layers=L, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, swiftkv=swiftkv,
+                      num_kv_layers=l if swiftkv else L, group_size=g if swiftkv else 1, zack_ranks=ranks,
+                      zack_file=zfile)
+    if ranks is not None and any(ranks[i] != ranks[lay.leader_of(i)] for i in range(L)):
+        raise LayoutError("ZACK ranks must be equal within a SwiftKV/AcrossKV group (its layers share one cache)")
+    return lay
 
 
 def load_layout(model_dir: str | Path, use_swiftkv: bool = True) -> ModelLayout:

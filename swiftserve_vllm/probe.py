@@ -26,16 +26,21 @@ DEFAULT_PROMPTS = [[1, 504, 3575, 282, 4649, 314], [1, 9690, 198, 2683, 359, 253
 
 
 def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefill_len: int,
-                kv_gb: float, max_model_len: int) -> dict:
+                kv_gb: float, max_model_len: int, eager: bool | None = None, tp: int = 1, pp: int = 1,
+                kv_cache_dtype: str = "auto") -> dict:
     from refengine.config import EngineConfig
+    from swiftserve_vllm import compat as V
     from worker.backends.vllm_settings import build_settings
     from worker.config import WorkerConfig
 
+    device = V.platform_device()
     settings = build_settings(WorkerConfig(EngineConfig(model=model_dir, max_model_len=max_model_len,
-                                                        kv_cache_memory_gb=kv_gb, max_num_seqs=16)), "cpu")
+                                                        kv_cache_memory_gb=kv_gb, max_num_seqs=16,
+                                                        kv_cache_dtype=kv_cache_dtype),
+                                           engine="vllm", vllm_enforce_eager=eager, tensor_parallel_size=tp,
+                                           pipeline_parallel_size=pp), device)
     os.environ.update(settings.env)
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"     # apply_model pickles a function
-    from swiftserve_vllm import compat as V
     from swiftserve_vllm.model import token_counters
 
     kwargs = {k: v for k, v in settings.engine_kwargs.items() if k not in ("served_model_name", "disable_log_stats")}
@@ -44,21 +49,30 @@ def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefi
         cc = llm.llm_engine.vllm_config.cache_config
         greedy = V.SamplingParams(max_tokens=max_tokens, temperature=0.0)
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
-        before = llm.apply_model(token_counters)[0]
+        before = _counters(llm.apply_model(token_counters))
         long_prompt = [(i * 7919) % 40000 + 100 for i in range(prefill_len)]
         llm.generate([{"prompt_token_ids": long_prompt}], V.SamplingParams(max_tokens=1, temperature=0.0),
                      use_tqdm=False)
-        after = llm.apply_model(token_counters)[0]
+        after = _counters(llm.apply_model(token_counters))
         lay = settings.layout
-        return {"model": model_dir, "tokens": [list(o.outputs[0].token_ids) for o in outs],
+        return {"model": model_dir, "device": device, "enforce_eager": kwargs["enforce_eager"],
+                "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "kv_cache_dtype": kv_cache_dtype,
+                "tokens": [list(o.outputs[0].token_ids) for o in outs],
                 "num_blocks": int(cc.num_gpu_blocks), "block_size": int(cc.block_size),
                 "kv_capacity_tokens": int(cc.num_gpu_blocks) * int(cc.block_size),
                 "kv_cache_layers": lay.num_cache_owners, "swiftkv": lay.swiftkv, "zack_rank": lay.zack_rank,
+                "zack_ranks": list(lay.zack_ranks) if lay.zack else None,
                 "prefill_len": prefill_len, "tokens_head": after[0] - before[0],
                 "tokens_tail": after[1] - before[1] if before[1] >= 0 else None}
     finally:
         del llm
         gc.collect()
+
+
+def _counters(per_rank: list[tuple[int, int]]) -> tuple[int, int]:
+    """(rows through the first rank's head, most rows through any rank's tail): every rank of a
+    tensor-parallel group counts the same rows; with pipeline stages the tail may live on a later one."""
+    return per_rank[0][0], max(t for _, t in per_rank)
 
 
 def reference_tokens(model_dir: str, prompts: list[list[int]], max_tokens: int,
@@ -82,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill-len", type=int, default=256)
     p.add_argument("--kv-gb", type=float, default=0.5, help="KV budget (GiB), the same for every model")
     p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--enforce-eager", dest="eager", action=argparse.BooleanOptionalAction, default=None,
+                   help="vLLM without compilation (default: the worker's default on CPU)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--pipeline-parallel-size", type=int, default=1)
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3"])
     p.add_argument("--compare", action="store_true", help="also run the reference engine / torch reference")
     p.add_argument("--ref-kv-methods", type=json.loads, default=None,
                    help="reference engine's KV methods as JSON (its --kv-methods), e.g. for its ZACK")
@@ -94,11 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in args.model:
         model_dir = str(resolve_model(name))
-        r = probe_model(model_dir, prompts, args.max_tokens, args.prefill_len, args.kv_gb, args.max_model_len)
+        r = probe_model(model_dir, prompts, args.max_tokens, args.prefill_len, args.kv_gb, args.max_model_len,
+                        args.eager, args.tensor_parallel_size, args.pipeline_parallel_size, args.kv_cache_dtype)
         if args.compare:
             r["reference_tokens"] = reference_tokens(model_dir, prompts, args.max_tokens, args.ref_kv_methods)
             r["reference_parity"] = r["reference_tokens"] == r["tokens"]
-            if load_layout(model_dir).zack_rank is not None and not load_layout(model_dir).swiftkv:
+            if load_layout(model_dir).zack and not load_layout(model_dir).swiftkv:
                 from swiftserve_vllm.reference import zack_greedy
 
                 r["torch_reference_tokens"] = [zack_greedy(model_dir, pr, args.max_tokens) for pr in prompts]

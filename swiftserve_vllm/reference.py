@@ -33,10 +33,12 @@ def _link(src: Path, dst: Path) -> None:
         os.symlink(src.resolve(), dst)
 
 
-def make_random_zack(base: str | Path, out: str | Path, rank: int, seed: int = 0, kind: str = "random") -> Path:
-    """``kind``: "random" orthogonal rotations, or "weights": per KV head the left singular
-    vectors of that head's W_k / W_v (descending singular value; data-free, so truncation
-    keeps the model coherent enough for greedy parity to be meaningful at rank < head_dim)."""
+def make_random_zack(base: str | Path, out: str | Path, rank: int | list[int], seed: int = 0,
+                     kind: str = "random") -> Path:
+    """``rank``: one for every layer, or one per layer (layer-wise). ``kind``: "random" orthogonal
+    rotations, or "weights": per KV head the left singular vectors of that head's W_k / W_v
+    (descending singular value; data-free, so truncation keeps the model coherent enough for
+    greedy parity to be meaningful at rank < head_dim)."""
     base, out = Path(base), Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = json.loads((base / "config.json").read_text())
@@ -71,9 +73,12 @@ def make_random_zack(base: str | Path, out: str | Path, rank: int, seed: int = 0
     from safetensors.torch import save_file
 
     save_file(tensors, str(out / "zack.safetensors"))
-    ranks = [[rank] * lay.num_kv_heads for _ in range(lay.num_layers)]
-    cfg["zack"] = {"format_version": ZACK_FORMAT_VERSION, "rotations": "zack.safetensors", "mode": "uniform",
-                   "rate": 1.0 - rank / lay.head_dim, "k_ranks": ranks, "v_ranks": [list(r) for r in ranks]}
+    per_layer = [rank] * lay.num_layers if isinstance(rank, int) else list(rank)
+    ranks = [[r] * lay.num_kv_heads for r in per_layer]
+    cfg["zack"] = {"format_version": ZACK_FORMAT_VERSION, "rotations": "zack.safetensors",
+                   "mode": "uniform" if len(set(per_layer)) == 1 else "layerwise",
+                   "rate": 1.0 - sum(per_layer) / (lay.head_dim * lay.num_layers), "k_ranks": ranks,
+                   "v_ranks": [list(r) for r in ranks]}
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     return out
 
@@ -108,7 +113,7 @@ def zack_greedy(model_dir: str | Path, prompt: list[int], max_tokens: int) -> li
     lay = parse_layout(cfg, use_swiftkv=False)
     W = _weights(model_dir)
     rot = None
-    if lay.zack_rank is not None:
+    if lay.zack:
         from safetensors.torch import load_file
 
         rot = load_file(str(model_dir / lay.zack_file))
@@ -130,7 +135,7 @@ def zack_greedy(model_dir: str | Path, prompt: list[int], max_tokens: int) -> li
             v = (x @ W[p + "self_attn.v_proj.weight"].T).view(T, K, d)
             q = q.view(T, K, H // K, d)
             if rot is not None:
-                r = lay.zack_rank
+                r = lay.zack_ranks[i]
                 rqk = rot[p + "self_attn.zack_r_qk"][:, :, :r]
                 rvo = rot[p + "self_attn.zack_r_vo"][:, :, :r]
                 q = torch.einsum("tkgd,kdr->tkgr", q, rqk)
@@ -148,3 +153,4 @@ def zack_greedy(model_dir: str | Path, prompt: list[int], max_tokens: int) -> li
         logits = _rms(h[-1], W["model.norm.weight"], eps) @ lm_head.T
         ids.append(int(logits.argmax()))
     return ids[len(prompt):]
+

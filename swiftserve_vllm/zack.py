@@ -1,4 +1,4 @@
-"""ZACK weights for the vLLM model class: load the rotations, fold V/O, rotate Q/K.
+"""ZACK weights for the vLLM model class: read the rotations, fold V/O at load (Q/K maps: ``layers.rotate``).
 
 Checkpoint format (version 1, see README "ZACK in vLLM"): ``zack.safetensors`` holds for
 every layer ``i`` float32 ``model.layers.{i}.self_attn.zack_r_qk`` / ``zack_r_vo`` of
@@ -23,15 +23,14 @@ import torch
 
 
 class ZackRotations:
-    """Truncated maps per layer, [kv_heads, d, r] float32: ``qk`` (keys), ``q`` (queries), ``vo`` (V), ``o`` (O)."""
+    """Truncated maps per layer, [kv_heads, d, r_layer] float32: ``qk`` (keys), ``q`` (queries), ``vo`` (V), ``o`` (O)."""
 
-    def __init__(self, path: str | Path, num_layers: int, rank: int):
+    def __init__(self, path: str | Path, ranks: tuple[int, ...]):
         from safetensors.torch import load_file
 
         tensors = load_file(str(path))
-        self.rank = rank
         self.qk, self.vo, self.q, self.o = [], [], [], []
-        for i in range(num_layers):
+        for i, rank in enumerate(ranks):
             p = f"model.layers.{i}.self_attn."
             try:
                 qk, vo = tensors[p + "zack_r_qk"], tensors[p + "zack_r_vo"]
@@ -63,9 +62,8 @@ def fold_o(weight: torch.Tensor, r_vo: torch.Tensor, num_heads: int) -> torch.Te
     return out.reshape(weight.shape[0], num_heads * r).to(weight.dtype)
 
 
-def rotate(x: torch.Tensor, r_qk: torch.Tensor) -> torch.Tensor:
-    """x [T, heads*d] (heads a multiple of kv_heads, grouped per KV head) -> [T, heads*r]."""
-    kvh, d, r = r_qk.shape
-    T = x.shape[0]
-    y = torch.einsum("tkgd,kdr->tkgr", x.reshape(T, kvh, -1, d), r_qk)
-    return y.reshape(T, -1)
+def rotate(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """x [T, heads*d] (heads grouped per KV head) @ r [kv_heads, d, r] per KV head -> [T, heads*r]."""
+    kvh, d, rank = r.shape
+    y = torch.einsum("tkgd,kdr->tkgr", x.reshape(x.shape[0], kvh, -1, d), r)
+    return y.reshape(x.shape[0], -1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 from refengine.config import EngineConfig
@@ -24,6 +25,22 @@ from worker.config import ENGINE_CORES, ENGINE_KINDS, OVERLOAD_STATUSES, WorkerC
 log = logging.getLogger("worker")
 
 KV_CACHE_DTYPES = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3"}
+
+
+def _cpu_list(text: str) -> set[int]:
+    """'0-1,4' -> {0, 1, 4}."""
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a CPU list like '0-1' or '2,3': {text!r}") from None
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(cpus)
+    if not cpus or not cpus <= allowed:
+        raise argparse.ArgumentTypeError(f"CPUs {sorted(cpus)} are not all available to this process "
+                                         f"({sorted(allowed)})")
+    return cpus
 
 
 def _json_object(text: str) -> dict:
@@ -129,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "refused with --engine vllm)")
     e.add_argument("--no-swiftkv", dest="swiftkv", action="store_false",
                    help="run a SwiftKV checkpoint as its baseline model (SwiftKV off)")
+    e.add_argument("--cpu-affinity", type=_cpu_list, default=None, metavar="CPUS",
+                   help="run this worker (and its engine processes) on these CPUs only, e.g. '0-1' or '2,3' "
+                        "(swiftserve up gives each worker its own share)")
     e.add_argument("--torch-threads", type=int, default=envs.torch_threads(),
                    help="intra-op CPU threads (default from SWIFTSERVE_TORCH_THREADS, else torch's)")
     e.add_argument("--kv-methods", type=_json_object, default={},
@@ -137,7 +157,18 @@ def build_parser() -> argparse.ArgumentParser:
                         + kv_registry.describe().replace("%", "%%"))
     v = p.add_argument_group("vLLM engine (--engine vllm)")
     v.add_argument("--enforce-eager", dest="enforce_eager", action=argparse.BooleanOptionalAction, default=None,
-                   help="run vLLM without torch.compile / CUDA graphs (default: on for CPU, off for GPU)")
+                   help="run vLLM without torch.compile / CUDA graphs (default: compiled, the plugin's SwiftKV and "
+                        "ZACK models included; CUDA graphs on GPUs)")
+    v.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="vLLM tensor parallelism: shards heads (per KV head) over this many devices (CPU: ranks, "
+                        "each bound to its own share of the cores)")
+    v.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
+                   help="vLLM pipeline parallelism: layers split into this many stages (VLLM_PP_LAYER_PARTITION "
+                        "picks the split; a SwiftKV group may not straddle two stages)")
+    v.add_argument("--kv-sharing-fast-prefill", dest="fast_prefill", action=argparse.BooleanOptionalAction,
+                   default=None,
+                   help="SwiftKV checkpoints: prompt tokens skip the later layers (default: on); off, every prompt "
+                        "token runs them (no prefill saving; what vLLM needs for prompt logprobs)")
     v.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="vLLM's memory fraction (default 0.5 on CPU, 0.9 on GPU); on CPU the KV cache size "
                         "comes from --kv-cache-memory-gb")
@@ -167,7 +198,9 @@ def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> 
         max_logprobs=args.max_logprobs, log_level=args.log_level, max_body_bytes=args.max_body_bytes,
         max_choices_per_request=args.max_choices_per_request,
         trust_request_chat_template=args.trust_request_chat_template, drain_timeout=args.drain_timeout,
-        vllm_enforce_eager=args.enforce_eager, vllm_gpu_memory_utilization=args.gpu_memory_utilization)
+        vllm_enforce_eager=args.enforce_eager, vllm_gpu_memory_utilization=args.gpu_memory_utilization,
+        vllm_fast_prefill=args.fast_prefill, tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size)
 
 
 def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -199,26 +232,70 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
             parser.error(f"{flag} is a reference-engine option")
     if args.engine_core is not None and args.engine != "reference":
         parser.error("--engine-core is a reference-engine option (vLLM runs its own engine-core process)")
-    if args.kv_methods and args.engine != "reference":
-        parser.error("--kv-methods is a reference-engine option; with --engine vllm serve a ZACK model "
-                     "directory (uniform ranks, from `modelkit zack-calibrate --mode uniform`) instead")
+    if args.tensor_parallel_size < 1 or args.pipeline_parallel_size < 1:
+        parser.error("--tensor-parallel-size and --pipeline-parallel-size must be >= 1")
+    if args.engine == "reference":
+        for flag, value in (("--tensor-parallel-size", args.tensor_parallel_size != 1),
+                            ("--pipeline-parallel-size", args.pipeline_parallel_size != 1),
+                            ("--enforce-eager", args.enforce_eager is not None),
+                            ("--kv-sharing-fast-prefill", args.fast_prefill is not None)):
+            if value:
+                parser.error(f"{flag} is a vLLM-engine option (--engine vllm); the reference engine runs on one "
+                             "device and always skips the later layers for SwiftKV prompt tokens")
+
+
+def _vllm_reason(config: WorkerConfig) -> str | None:
+    """Why vLLM cannot serve this configuration (KV methods, parallelism), before vLLM is imported;
+    the platform is guessed from torch (vLLM's own check runs again when it starts)."""
+    from worker.backends.vllm_settings import build_settings
+
+    try:
+        import torch
+
+        build_settings(config, "cuda" if torch.cuda.is_available() else "cpu")
+    except (ValueError, OSError) as exc:
+        return str(exc)
+    return None
+
+
+def checked_config(args: argparse.Namespace) -> tuple[WorkerConfig | None, str | None]:
+    """(the WorkerConfig, None), or (None, why it cannot serve): the model resolves, and its KV
+    methods (and, for vLLM, parallelism) are checked against it before anything loads.
+    ``swiftserve up`` runs the same check on its workers' arguments before starting them."""
+    try:
+        config = config_from_args(args)
+    except Exception as exc:  # noqa: BLE001 - PrepareError and friends: a message, not a traceback
+        return None, f"cannot use model {args.model!r}: {exc}"
+    ec = config.engine_config
+    if config.engine == "reference":
+        reason = kv_registry.check(ec.kv_methods, ec.model, ec.swiftkv, ec.kv_cache_dtype)
+        return (None, f"--kv-methods: {reason}") if reason else (config, None)
+    reason = _vllm_reason(config)
+    return (None, reason) if reason else (config, None)
+
+
+def preflight(argv: list[str]) -> str | None:
+    """The worker's own argument and model checks for ``argv``; None when it would start."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        _check(args, parser)
+    except SystemExit:
+        return "invalid worker arguments (see the message above)"
+    return checked_config(args)[1]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _check(args, parser)
+    if args.cpu_affinity:
+        os.sched_setaffinity(0, args.cpu_affinity)       # before threads or children exist
     level = "DEBUG" if args.log_level == "trace" else args.log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        config = config_from_args(args)
-    except Exception as exc:  # noqa: BLE001 - PrepareError and friends: a message, not a traceback
-        print(f"swiftserve-worker: cannot use model {args.model!r}: {exc}", file=sys.stderr)
-        return 2
-    ec = config.engine_config
-    reason = kv_registry.check(ec.kv_methods, ec.model, ec.swiftkv, ec.kv_cache_dtype)
+    config, reason = checked_config(args)
     if reason:                            # before the model loads: a message, not a traceback
-        print(f"swiftserve-worker: --kv-methods: {reason}", file=sys.stderr)
+        print(f"swiftserve-worker: {reason}", file=sys.stderr)
         return 2
 
     import uvicorn

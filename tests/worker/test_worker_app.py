@@ -100,6 +100,10 @@ def test_metric_values_after_requests(client):
     assert value(smp, "swiftserve_worker_kv_bytes_total") == 1 << 20
     assert value(smp, "swiftserve_worker_preemptions_total") == 3
     assert value(smp, "swiftserve_worker_swiftkv_layers") == 15
+    # an extra figure named *_total is a counter (the exposition keeps one _total)
+    text = client.get("/metrics").text
+    assert "# TYPE swiftserve_worker_swiftkv_unnarrowed_tail_rows_total counter" in text
+    assert value(smp, "swiftserve_worker_swiftkv_unnarrowed_tail_rows_total") == 7
     info = {k: v for k, v in smp.items() if k[0] == "vllm:cache_config_info"}
     ((_, labels), v), = info.items()
     assert v == 1 and dict(labels)["num_gpu_blocks"] == "100" and dict(labels)["block_size"].isdigit()

@@ -158,3 +158,47 @@ def test_kv_methods_the_model_cannot_serve_are_refused_before_it_loads(smollm2_d
     assert main(["--model", str(smollm2_dir), "--kv-methods", '{"zack": {"rate": 0.5}}']) == 2
     err = capsys.readouterr().err
     assert "no ZACK calibration" in err and "modelkit zack-calibrate" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--tensor-parallel-size", "2"], "--tensor-parallel-size is a vLLM-engine option"),
+    (["--pipeline-parallel-size", "2"], "--pipeline-parallel-size is a vLLM-engine option"),
+    (["--no-kv-sharing-fast-prefill"], "--kv-sharing-fast-prefill is a vLLM-engine option"),
+    (["--engine", "vllm", "--tensor-parallel-size", "0"], "must be >= 1"),
+    (["--cpu-affinity", "0-x"], "not a CPU list"),
+    (["--cpu-affinity", "100000"], "not all available"),
+])
+def test_parallelism_and_affinity_flags_are_checked(argv, words, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv + ["--model", "/nonexistent"])
+    assert e.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_vllm_flags_reach_the_worker_config():
+    c = cfg("--engine", "vllm", "-tp", "2", "--pipeline-parallel-size", "2", "--no-kv-sharing-fast-prefill",
+            "--no-enforce-eager")
+    assert (c.tensor_parallel_size, c.pipeline_parallel_size, c.vllm_fast_prefill, c.vllm_enforce_eager) == \
+        (2, 2, False, False)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("methods, words", [
+    ('{"kcache": {}}', "kcache: not available with --engine vllm"),
+    ('{"zack": {"rate": 0.5}}', "no ZACK calibration"),
+])
+def test_kv_methods_vllm_cannot_do_are_refused_before_vllm_starts(smollm2_dir, methods, words, capsys):
+    # No vLLM needed: the worker checks the translation before importing it.
+    assert main(["--engine", "vllm", "--model", str(smollm2_dir), "--kv-methods", methods]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+
+
+@pytest.mark.model
+def test_preflight_is_what_swiftserve_up_runs_before_starting_workers(smollm2_dir):
+    from worker.cli import preflight
+
+    assert preflight(["--model", str(smollm2_dir)]) is None
+    assert "no ZACK calibration" in preflight(["--model", str(smollm2_dir), "--kv-methods", '{"zack": {"rate": 0.5}}'])
+    assert "kcache: not available" in preflight(["--model", str(smollm2_dir), "--engine", "vllm",
+                                                 "--kv-methods", '{"kcache": {}}'])
+    assert "invalid worker arguments" in preflight(["--model", str(smollm2_dir), "--tensor-parallel-size", "2"])

@@ -12,6 +12,7 @@ engines). Leaving ``generate`` early (client disconnect) aborts the request in v
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -23,6 +24,7 @@ from refengine.sampling_params import SamplingParams
 from worker.backends.vllm_settings import VllmSettings, build_settings
 
 log = logging.getLogger(__name__)
+UNNARROWED = "swiftkv_unnarrowed_tail_rows_total"    # EngineStats.extra key: a counter in /metrics
 
 
 class VllmEngineClient:
@@ -36,6 +38,7 @@ class VllmEngineClient:
         self._stats = EngineStats()
         self._counts = {"prompt_tokens": 0, "generation_tokens": 0, "preemptions": 0}
         self._dead: BaseException | None = None
+        self._poller: asyncio.Task | None = None
 
     # ---- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
@@ -57,19 +60,29 @@ class VllmEngineClient:
             kv_blocks_total=blocks, kv_block_size=block_size,
             prefix_caching=bool(getattr(self.engine.vllm_config.cache_config, "enable_prefix_caching", False)),
             kv_bytes_per_token=lay.kv_bytes_per_token(s.dtype_bytes),
-            kv_bytes_per_token_baseline=lay.baseline_kv_bytes_per_token(s.dtype_bytes),
+            kv_bytes_per_token_baseline=lay.baseline_kv_bytes_per_token(s.model_dtype_bytes),
             kv_bytes_total=blocks * block_size * lay.kv_bytes_per_token(s.dtype_bytes),
             extra=self._extra(blocks * block_size))
         log.info("vLLM KV cache: %d blocks x %d tokens = %d tokens, %d KV bytes/token (baseline %d)",
                  blocks, block_size, blocks * block_size, self._stats.kv_bytes_per_token,
                  self._stats.kv_bytes_per_token_baseline)
+        if lay.swiftkv:
+            if not s.engine_kwargs.get("kv_sharing_fast_prefill"):
+                log.warning("SwiftKV without kv_sharing_fast_prefill: every prompt token runs layers >= %d "
+                            "(no prefill saving); counted in swiftserve_worker_swiftkv_unnarrowed_tail_rows_total",
+                            lay.num_kv_layers)
+            self._poller = asyncio.get_running_loop().create_task(self._poll_counters())
 
     def _extra(self, capacity_tokens: int) -> dict[str, float]:
         lay = self.settings.layout
         extra = {"kv_capacity_tokens": float(capacity_tokens), "kv_cache_layers": float(lay.num_cache_owners),
                  "swiftkv_num_kv_layers": float(lay.num_kv_layers), "swiftkv_group_size": float(lay.group_size)}
-        if lay.zack_rank is not None:
-            extra["zack_rank"] = float(lay.zack_rank)
+        if lay.swiftkv:
+            extra[UNNARROWED] = 0.0
+        if lay.zack:
+            if lay.zack_rank is not None:
+                extra["zack_rank"] = float(lay.zack_rank)
+            extra["zack_rank_mean"] = sum(lay.zack_ranks) / len(lay.zack_ranks)
         return extra
 
     def _stat_logger_factory(self, V):
@@ -102,7 +115,22 @@ class VllmEngineClient:
         s.generation_tokens_total = self._counts["generation_tokens"]
         s.num_preemptions = self._counts["preemptions"]
 
+    async def _poll_counters(self, every: float = 2.0) -> None:
+        """The plugin model's count of tail rows fast prefill did not narrow (prompt tokens that ran
+        SwiftKV's later layers), read from vLLM's model processes every ``every`` seconds."""
+        while True:
+            await asyncio.sleep(every)
+            try:
+                per_rank = await asyncio.wait_for(self.engine.collective_rpc("swiftserve_counters"), timeout=30)
+            except Exception:  # noqa: BLE001 - a busy or stopping engine: try again later
+                continue
+            seen = [r["tail_rows_unnarrowed"] for r in per_rank if r]
+            if seen:
+                self._stats.extra[UNNARROWED] = float(max(seen))
+
     async def shutdown(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
         if self.engine is not None:
             self.engine.shutdown()
 

@@ -14,7 +14,8 @@ columns:
 
 Options: ``rate`` (fraction of K+V elements removed over the whole cache), ``mode``
 (``adaptive``: one singular-value removal ratio for every head, ZACK's method;
-``uniform``: every head keeps the same size), ``calibration`` (directory with
+``layerwise``: the same, with one size per cache slot, the largest of its heads' (what vLLM
+serves); ``uniform``: every head keeps the same size), ``calibration`` (directory with
 ``zack.json`` + ``zack.safetensors``; default: the model directory), ``rank_multiple``.
 A ZACK model directory (``config.json`` has a ``"zack"`` object with ranks) turns the
 method on by itself; giving a ``rate`` re-plans its ranks from the stored singular values.
@@ -55,7 +56,7 @@ def tensor_name(layer: int, what: str) -> str:
 
 class ZackOptions(Options):
     rate: float | None = Field(None, ge=0.0, lt=1.0)
-    mode: Literal["adaptive", "uniform"] | None = None
+    mode: Literal["adaptive", "layerwise", "uniform"] | None = None
     calibration: str | None = None
     rank_multiple: int = Field(1, ge=1, le=256)
 
@@ -71,7 +72,7 @@ class ZackMethod(KVMethod):
     role = "dims"
     OptionsModel = ZackOptions
     summary = ("SVD compression of K/V dimensions with per-head adaptive ranks, no decompression; "
-               "options rate, mode (adaptive|uniform), calibration (dir), rank_multiple")
+               "options rate, mode (adaptive|layerwise|uniform), calibration (dir), rank_multiple")
 
     def __init__(self, options=None) -> None:
         super().__init__(options)
@@ -160,10 +161,11 @@ class ZackMethod(KVMethod):
             self.eps = served.get("eps")
         else:
             self.mode = self.opts.mode or "adaptive"
-            if self.mode == "adaptive":
+            if self.mode in ("adaptive", "layerwise"):
                 s_qk = np.array([s["s_qk"] for s in cal_slots], dtype=np.float64)
                 s_vo = np.array([s["s_vo"] for s in cal_slots], dtype=np.float64)
-                k, v, self.eps = zack_ranks.adaptive(s_qk, s_vo, self.opts.rate, self.opts.rank_multiple)
+                k, v, self.eps = zack_ranks.adaptive(s_qk, s_vo, self.opts.rate, self.opts.rank_multiple,
+                                                     per_slot=self.mode == "layerwise")
             else:
                 k, v = zack_ranks.uniform((len(slots), facts.num_kv_heads), d, self.opts.rate,
                                           self.opts.rank_multiple)

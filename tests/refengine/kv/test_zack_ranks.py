@@ -40,3 +40,19 @@ def test_uniform_ranks():
     assert (k == 32).all() and (v == 32).all() and zr.overall_rate(k, v, 64) == 0.5
     k, _ = zr.uniform((1, 1), 64, 0.3, multiple=8)
     assert k[0, 0] == 48                       # 64 - 19 = 45 -> 48
+
+
+def test_layerwise_keeps_one_rank_per_slot_and_still_reaches_the_rate():
+    rng = np.random.default_rng(1)
+    # slots whose heads all decay fast compress more than slots with a slow head
+    decay = np.array([0.5, 0.6, 0.97, 0.98])[:, None, None] ** np.arange(32)[None, None, :]
+    s_qk = decay * rng.uniform(1, 2, (4, 3, 1))
+    s_vo = s_qk.copy()
+    for rate in (0.25, 0.5):
+        k, v, eps = zr.adaptive(s_qk, s_vo, rate, multiple=8, per_slot=True)
+        assert (k == k[:, :1]).all() and (v == k).all()            # one size per slot, K and V alike
+        assert (k % 8 == 0).all() and zr.overall_rate(k, v, 32) >= rate - 1e-12
+        assert k[0, 0] <= k[3, 0]                                  # the fast-decaying slot keeps fewer dims
+        # the envelope of the per-head ranks at that eps: no head gets fewer dims than adaptive gives it
+        assert (k >= zr.ranks_for_eps(s_qk, eps, 8)).all() and (k >= zr.ranks_for_eps(s_vo, eps, 8)).all()
+        assert (k == zr.ranks_for_eps(s_qk, eps, 8).max(axis=1, keepdims=True)).any()
