@@ -72,6 +72,10 @@ vllm-wheel-check: install
 	.venv-vllm-gpu-$(VLLM_GPU_VERSION)/bin/python -m pip install -q --upgrade "pip>=24"
 	.venv-vllm-gpu-$(VLLM_GPU_VERSION)/bin/python -m pip install -q "vllm==$(VLLM_GPU_VERSION)"
 	.venv-vllm-gpu-$(VLLM_GPU_VERSION)/bin/python -m pip install -q --no-deps -e .
+	@# torchvision/torchaudio only serve vLLM's multimodal models; a build that does not match the
+	@# torch pip took (this machine keeps a CPU torch 2.13.0 on disk) breaks `import transformers`
+	.venv-vllm-gpu-$(VLLM_GPU_VERSION)/bin/python -c "import torchvision" 2>/dev/null || \
+	  .venv-vllm-gpu-$(VLLM_GPU_VERSION)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(BIN)/python benchmarks/vllm_release_check.py --mode construct --python $(CURDIR)/.venv-vllm-gpu-$(VLLM_GPU_VERSION)/bin/python
 
 prepare: install

@@ -32,10 +32,11 @@ from benchmarks.common import command_line, write_json  # noqa: E402
 CONSTRUCT_MODELS = ("SmolLM2-135M-Instruct-SwiftKV", "SmolLM2-135M-Instruct-SwiftKV-AcrossKV2")
 
 
-def installed(python: str) -> tuple[str, str]:
-    code = "from swiftserve_vllm.version import installed; print(*installed())"
+def installed(python: str) -> tuple[str, str, str]:
+    """(vLLM distribution, its version, torch's version) in that environment."""
+    code = "import torch; from swiftserve_vllm.version import installed; print(*installed(), torch.__version__)"
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    return out[0], out[1]
+    return out[0], out[1], out[2]
 
 
 def run_tests(python: str, extra: list[str]) -> dict:
@@ -75,9 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="results/vllm/versions")
     p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (tests mode)")
     args = p.parse_args(argv)
-    dist, version = installed(args.python)
+    dist, version, torch_version = installed(args.python)
     res = run_tests(args.python, args.pytest_args) if args.mode == "tests" else run_construct(args.python)
-    doc = {"distribution": dist, "version": version, "mode": args.mode, "command": command_line(argv), **res}
+    doc = {"distribution": dist, "version": version, "torch": torch_version, "mode": args.mode,
+           "command": command_line(argv), **res}
     write_json(Path(args.out) / f"{dist}-{version}.json", doc)
     print(json.dumps({k: doc[k] for k in ("distribution", "version", "mode", "passed")}))
     return 0 if res["passed"] else 1

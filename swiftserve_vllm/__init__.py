@@ -1,15 +1,17 @@
-"""SwiftServe's vLLM plugin: SwiftKV (with AcrossKV) and uniform-rank ZACK Llama models.
+"""SwiftServe's vLLM plugin: SwiftKV (with AcrossKV) and ZACK for Llama, Mistral, Qwen2 and Qwen3.
 
 vLLM calls ``register()`` in every process (entry point ``vllm.general_plugins``, name
 ``swiftserve``). It checks the installed vLLM against the declared supported range,
-teaches transformers the ``llama_swiftkv`` config type, and registers the model class
+teaches transformers the ``*_swiftkv`` config types, and registers the model class
 lazily (``module:Class`` strings: nothing heavy is imported until a model is built):
 
-- ``LlamaSwiftKVForCausalLM``: Snowflake-format SwiftKV checkpoints (what their
-  ``config.json`` names), served with SwiftKV (``hf_overrides={"swiftkv": false}`` runs
+- ``LlamaSwiftKVForCausalLM``, ``Qwen2SwiftKVForCausalLM``, ``Qwen3SwiftKVForCausalLM``:
+  Snowflake-format SwiftKV checkpoints of those families (what their ``config.json``
+  names), served with SwiftKV (``hf_overrides={"swiftkv": false}`` runs
   the same weights as the original model);
 - ``SwiftServeLlamaForCausalLM``: the same class under our own name, for checkpoints whose
-  ``architectures`` say plain Llama, e.g. ZACK (``hf_overrides={"architectures": [...]}``).
+  ``architectures`` name the plain family, e.g. ZACK (``hf_overrides={"architectures": [...]}``);
+  the family comes from ``model_type``.
 
 SwiftKV's prefill saving needs vLLM's ``kv_sharing_fast_prefill`` on (the worker's
 ``--engine vllm`` turns it on for SwiftKV checkpoints; with ``vllm serve`` pass
@@ -20,7 +22,8 @@ from __future__ import annotations
 
 import logging
 
-ARCHITECTURES = ("LlamaSwiftKVForCausalLM", "SwiftServeLlamaForCausalLM")
+ARCHITECTURES = ("LlamaSwiftKVForCausalLM", "Qwen2SwiftKVForCausalLM", "Qwen3SwiftKVForCausalLM",
+                 "SwiftServeLlamaForCausalLM")
 MODEL_CLASS = "swiftserve_vllm.model:SwiftServeLlamaForCausalLM"
 log = logging.getLogger(__name__)
 

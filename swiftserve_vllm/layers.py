@@ -17,6 +17,11 @@ from swiftserve_vllm.layout import ModelLayout, kv_head_ids
 from swiftserve_vllm.zack import rotate
 
 
+def head_norm(norm: nn.Module, x: torch.Tensor, d: int) -> torch.Tensor:
+    """RMSNorm over each ``d``-wide head of x [T, heads*d] (Qwen3's q_norm / k_norm)."""
+    return norm(x.reshape(-1, d)).reshape(x.shape)
+
+
 class _MLP(nn.Module):
     def __init__(self, cfg, quant_config, prefix: str):
         super().__init__()
@@ -48,7 +53,7 @@ class DecoderLayer(nn.Module):
         self.num_kv_heads = len(kv_head_ids(layout.num_kv_heads, tp, V.get_tensor_model_parallel_rank()))
         self.q_size, self.k_size, self.v_size = self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * r
         self.later = kv_source is not None
-        qkv_bias = bool(getattr(cfg, "attention_bias", False) or getattr(cfg, "qkv_bias", False))
+        qkv_bias, self.d = layout.qkv_bias, d
         p = f"{prefix}.self_attn"
         if self.later:
             self.q_proj = V.ColumnParallelLinear(cfg.hidden_size, layout.num_heads * d, bias=qkv_bias,
@@ -57,14 +62,17 @@ class DecoderLayer(nn.Module):
             self.qkv_proj = V.QKVParallelLinear(cfg.hidden_size, d, layout.num_heads, layout.num_kv_heads,
                                                 bias=qkv_bias, quant_config=quant, prefix=f"{p}.qkv_proj",
                                                 v_head_size=r)
-        self.o_proj = V.RowParallelLinear(layout.num_heads * r, cfg.hidden_size,
-                                          bias=bool(getattr(cfg, "attention_bias", False)),
+        self.o_proj = V.RowParallelLinear(layout.num_heads * r, cfg.hidden_size, bias=layout.o_bias,
                                           quant_config=quant, prefix=f"{p}.o_proj")
+        if layout.qk_norm:                 # Qwen3 (a reader's K is normed by its group's leader, in the head)
+            self.q_norm = V.RMSNorm(d, eps=cfg.rms_norm_eps)
+            if not self.later:
+                self.k_norm = V.RMSNorm(d, eps=cfg.rms_norm_eps)
         self.rotary_emb = V.get_rope(d, max_position=getattr(cfg, "max_position_embeddings", 8192),
                                      rope_parameters=getattr(cfg, "rope_parameters", None), is_neox_style=True)
         self.attn = V.Attention(self.num_heads, r, d ** -0.5, num_kv_heads=self.num_kv_heads,
                                 cache_config=vllm_config.cache_config, quant_config=quant, prefix=f"{p}.attn",
-                                kv_sharing_target_layer_name=kv_source)
+                                per_layer_sliding_window=layout.window(i), kv_sharing_target_layer_name=kv_source)
         self.input_layernorm = V.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = V.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.mlp = _MLP(cfg, quant, f"{prefix}.mlp")
@@ -80,11 +88,15 @@ class DecoderLayer(nn.Module):
         x = self.input_layernorm(h)
         if self.later:
             q, _ = self.q_proj(x)
+            if hasattr(self, "q_norm"):
+                q = head_norm(self.q_norm, q, self.d)
             q, _ = self.rotary_emb(positions, q, None)
             k = v = None
         else:
             qkv, _ = self.qkv_proj(x)
             q, k, v = qkv.split([self.q_size, self.k_size, self.v_size], dim=-1)
+            if hasattr(self, "q_norm"):
+                q, k = head_norm(self.q_norm, q, self.d), head_norm(self.k_norm, k, self.d)
             q, k = self.rotary_emb(positions, q, k)
             if self.zack:
                 k = rotate(k, self.zack_qk)
@@ -103,9 +115,11 @@ class KVWriter(nn.Module):
         super().__init__()
         tp = V.get_tensor_model_parallel_world_size()
         kvh = len(kv_head_ids(layout.num_kv_heads, tp, V.get_tensor_model_parallel_rank()))
-        self.attn = V.Attention(layout.num_heads // tp, layout.kv_head_size(layout.group_leader(group)),
-                                layout.head_dim ** -0.5, num_kv_heads=kvh, cache_config=vllm_config.cache_config,
-                                quant_config=vllm_config.quant_config, prefix=self.name(layout, group))
+        lead = layout.group_leader(group)
+        self.attn = V.Attention(layout.num_heads // tp, layout.kv_head_size(lead), layout.head_dim ** -0.5,
+                                num_kv_heads=kvh, cache_config=vllm_config.cache_config,
+                                quant_config=vllm_config.quant_config, per_layer_sliding_window=layout.window(lead),
+                                prefix=self.name(layout, group))
 
     @staticmethod
     def name(layout: ModelLayout, group: int) -> str:

@@ -1,9 +1,13 @@
-"""What a checkpoint asks of the vLLM model class: SwiftKV layout, AcrossKV groups, ZACK rank.
+"""What a checkpoint asks of the vLLM model class: family, SwiftKV layout, AcrossKV groups, ZACK ranks.
 
 Read from ``config.json`` alone (no torch, no vLLM), so the worker can log and report
 the KV footprint before the engine starts, and the model class and the tests agree on
 one layout.
 
+- Families (``model_type``, a ``_swiftkv`` suffix stripped): Llama and Mistral, Qwen2 (q/k/v
+  biases), Qwen3 (per-head RMSNorm of Q and K before RoPE). Per-layer sliding windows come
+  from ``layer_types``; a model-level window is vLLM's own (``cache_config.sliding_window``).
+  Other families (Gemma 3) are the reference engine's; stock vLLM serves them without SwiftKV.
 - SwiftKV (Snowflake's format): ``"swiftkv": true``, ``num_key_value_layers = l < L``,
   ``key_value_group_size = g``. Layers ``>= l`` form groups of ``g`` consecutive layers
   (the last may be shorter); the first layer of a group holds ``k/v_proj_swiftkv``.
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ZACK_FORMAT_VERSION = 1
+FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
 
 class LayoutError(ValueError):
@@ -41,6 +46,14 @@ class ModelLayout:
     group_size: int                # g (1 without SwiftKV)
     zack_ranks: tuple[int, ...] | None = None   # ZACK rank of every layer, None without ZACK
     zack_file: str | None = None   # rotations file, relative to the model directory
+    family: str = "llama"          # llama (Llama, Mistral), qwen2, qwen3
+    qkv_bias: bool = False         # biases on q/k/v (and the SwiftKV projections)
+    o_bias: bool = False
+    qk_norm: bool = False          # Qwen3: RMSNorm over each head of Q and K, before RoPE
+    windows: tuple[int | None, ...] = ()    # per-layer sliding window (() = none per layer)
+
+    def window(self, layer: int) -> int | None:
+        return self.windows[layer] if self.windows else None
 
     @property
     def zack(self) -> bool:
@@ -182,11 +195,24 @@ def parse_layout(cfg: dict, use_swiftkv: bool = True) -> ModelLayout:
             raise LayoutError("config.json 'zack' must be an object")
         ranks = _zack_ranks(zack, L, kv_heads, head_dim)
         zfile = str(zack.get("rotations") or "zack.safetensors")
+    model_type = str(cfg.get("model_type") or "llama").removesuffix("_swiftkv")
+    if model_type not in FAMILIES:
+        raise LayoutError(f"model type {model_type!r}: the vLLM plugin serves {', '.join(FAMILIES)} (SwiftKV, ZACK); "
+                          "serve this model with --engine reference, or without SwiftKV/ZACK with stock vLLM")
+    family = FAMILIES[model_type]
+    types = cfg.get("layer_types")
+    windows: tuple[int | None, ...] = ()
+    if isinstance(types, list) and len(types) == L and "sliding_attention" in types:
+        windows = tuple(int(cfg["sliding_window"]) if t == "sliding_attention" else None for t in types)
+    bias = bool(cfg.get("attention_bias", False))
     lay = ModelLayout(num_layers=L, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, swiftkv=swiftkv,
                       num_kv_layers=l if swiftkv else L, group_size=g if swiftkv else 1, zack_ranks=ranks,
-                      zack_file=zfile)
+                      zack_file=zfile, family=family, qkv_bias=family == "qwen2" or bias or bool(cfg.get("qkv_bias")),
+                      o_bias=bias, qk_norm=family == "qwen3", windows=windows)
     if ranks is not None and any(ranks[i] != ranks[lay.leader_of(i)] for i in range(L)):
         raise LayoutError("ZACK ranks must be equal within a SwiftKV/AcrossKV group (its layers share one cache)")
+    if any(lay.window(i) != lay.window(lay.leader_of(i)) for i in range(L)):
+        raise LayoutError("a SwiftKV/AcrossKV group mixes windowed and global layers (one cache, one window)")
     return lay
 
 

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from swiftserve_vllm import compat as V
-from swiftserve_vllm.layers import DecoderLayer, KVWriter
+from swiftserve_vllm.layers import DecoderLayer, KVWriter, head_norm
 from swiftserve_vllm.layout import LayoutError, ModelLayout, RankSlice, kv_head_ids, parse_layout, rank_slice
 from swiftserve_vllm.weights import load_checkpoint
 from swiftserve_vllm.zack import rotate
@@ -69,8 +69,10 @@ class HeadUnit(nn.Module):
             self.sizes = [w for g in rs.groups
                           for w in (kvh * layout.head_dim, kvh * layout.kv_head_size(layout.group_leader(g)))]
             self.kv_proj_swiftkv = V.MergedColumnParallelLinear(
-                cfg.hidden_size, [tp * w for w in self.sizes], bias=bool(getattr(cfg, "attention_bias", False)),
+                cfg.hidden_size, [tp * w for w in self.sizes], bias=layout.qkv_bias,
                 quant_config=vllm_config.quant_config, prefix="model.kv_proj_swiftkv")   # global sizes, cut per rank
+            if layout.qk_norm:             # Qwen3: each group's K through its leader's k_norm
+                self.k_norms = nn.ModuleList(V.RMSNorm(layout.head_dim, eps=cfg.rms_norm_eps) for _ in rs.groups)
             self.rotary_swiftkv = V.get_rope(layout.head_dim, max_position=getattr(cfg, "max_position_embeddings", 8192),
                                              rope_parameters=getattr(cfg, "rope_parameters", None), is_neox_style=True)
             for j, g in enumerate(rs.groups if layout.zack else ()):     # each group's key map [kv_heads, d, r]
@@ -90,7 +92,10 @@ class HeadUnit(nn.Module):
             fused, _ = self.kv_proj_swiftkv(x)                                  # one GEMM for every group
             parts = fused.split(self.sizes, dim=-1)
             for j, writer in enumerate(self.writers):
-                k, _ = self.rotary_swiftkv(positions, parts[2 * j].contiguous(), None)   # RoPE on K
+                k = parts[2 * j]
+                if self.layout.qk_norm:
+                    k = head_norm(self.k_norms[j], k, self.layout.head_dim)
+                k, _ = self.rotary_swiftkv(positions, k.contiguous(), None)   # RoPE on K
                 if self.layout.zack:
                     k = rotate(k, getattr(self, f"zack_qk_{j}"))
                 deps.append(V.write_kv(writer.attn, k, parts[2 * j + 1]))

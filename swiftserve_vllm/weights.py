@@ -59,6 +59,10 @@ def _target(model, name: str) -> tuple[str, object] | None:
             if not later or i != lay.leader_of(i):
                 return None
             return f"model.head.kv_proj_swiftkv.{leaf}", 2 * rs.groups.index(lay.group_of(i)) + j
+    if rest.startswith("self_attn.k_norm.") and later:        # Qwen3: a group's K uses its leader's k_norm
+        if i != lay.leader_of(i):
+            return None
+        return f"model.head.k_norms.{rs.groups.index(lay.group_of(i))}.{leaf}", None
     for j, proj in enumerate(("gate_proj", "up_proj")):
         if rest.startswith(f"mlp.{proj}."):
             return f"{unit}.mlp.gate_up_proj.{leaf}", j
