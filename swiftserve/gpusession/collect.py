@@ -72,10 +72,10 @@ def export_tensors(run_dir: Path, l: int, groups: list[int], out: Path) -> list[
 
 def _logs(work: Path, pack_manifest: Path | None, dest: Path) -> None:
     run_dir = work / "distill"
-    extra = [work / "tests.xml", work / "bench.json", work / "state.json"] + \
-            [run_dir / n for n in ("train_log.jsonl", "run.json", "init.json")] + ([pack_manifest] if pack_manifest else [])
+    extra = [work / "tests.xml", work / "bench.json", work / "state.json", pack_manifest] + \
+            [run_dir / n for n in ("train_log.jsonl", "run.json", "init.json")]
     with tarfile.open(dest, "w:gz") as t:
-        for f in sorted((work / "logs").glob("*.log")) + [f for f in extra if f.is_file()]:
+        for f in sorted((work / "logs").glob("*.log")) + [f for f in extra if f and f.is_file()]:
             t.add(f, arcname=f"gpu-check/{f.name}")
 
 
@@ -86,7 +86,8 @@ def summary_md(res: dict) -> str:
              f"call {res['call']} used {res['seconds']:.0f} s of a {res['budget_s']:.0f} s budget.", "",
              "| stage | status | seconds | notes |", "|---|---|---:|---|"]
     for name, r in res["stages"].items():
-        note = r.get("reason") or r.get("error") or ""
+        note = (r.get("reason") or r.get("error") or "").strip().splitlines()[-1:]    # a traceback's last line
+        note = note[0].replace("|", "/") if note else ""
         if name == "tests" and "tests" in r:
             note = f"{r['passed']} passed, {r['failures'] + r['errors']} failed, {r['skipped']} skipped"
         if name == "distill" and "steps" in r:

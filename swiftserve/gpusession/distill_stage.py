@@ -55,8 +55,9 @@ def distill_source(ctx: Context) -> dict:
     w = model.get("pack", {}).get("windows")
     if not w or not model.get("corpus"):
         return {"status": "skipped", "reason": "no distillation windows carried (make gpu-pack)"}
-    return {"kind": choice if choice == "pack" else "dir", "model_dir": model["model_dir"] if choice == "pack" else choice,
-            "corpus": model["corpus"], "seq_len": w["seq_len"], "chat_repeats": w["chat_repeats"], "seed": w["seed"]}
+    kind, model_dir = ("pack", model["model_dir"]) if choice == "pack" else ("dir", choice)
+    return {"kind": kind, "model_dir": model_dir, "corpus": model["corpus"], "seq_len": w["seq_len"],
+            "chat_repeats": w["chat_repeats"], "seed": w["seed"]}
 
 
 def last_step(run_dir: Path) -> int:
@@ -87,7 +88,9 @@ def stage_distill(ctx: Context, timeout: float) -> dict:
            "--steps", str(cfg.distill_steps), "--eval-every", str(cfg.distill_eval_every),
            "--eval-windows", str(cfg.distill_eval_windows), "--save-every", str(cfg.distill_save_every),
            "--init", cfg.distill_init, "--init-windows", str(cfg.distill_init_windows), "--dtype", cfg.distill_dtype,
-           "--device", cfg.device, "--max-hours", repr(seconds / 3600), *([] if cfg.distill_compile else ["--no-compile"])]
+           "--device", cfg.device, "--max-hours", repr(seconds / 3600)]
+    if not cfg.distill_compile:
+        cmd.append("--no-compile")
     before = last_step(run_dir)
     rc = ctx.run("distill", cmd, timeout)
     rec.update(steps_before=before, steps=last_step(run_dir))

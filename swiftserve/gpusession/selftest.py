@@ -27,7 +27,8 @@ from swiftserve.gpusession.random_model import TINY, write_random_llama
 from swiftserve.gpusession.session import SessionConfig, run_check
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = "--tiny --device cpu --dtype float32 --repeats 1 --decode-steps 4 --prefill-tokens 64 --context 32 --batches 1 2 --cpu-kernels torch"
+BENCH = ("--tiny --device cpu --dtype float32 --repeats 1 --decode-steps 4 --prefill-tokens 64 --context 32 "
+         "--batches 1 2 --cpu-kernels torch")
 
 
 class SelfTestError(AssertionError):

@@ -88,6 +88,23 @@ def _expected_fingerprint(name: str, ctx: stages.Context) -> str | None:
     return None
 
 
+def _stage(name: str, ctx: stages.Context, deadline: float) -> dict | None:
+    """Run one stage (or say why not); None when an earlier call already did it."""
+    cfg, prev, env = ctx.cfg, ctx.state.get(name, {}), ctx.state.get("env", {})
+    if name != "env" and env.get("status") != "done":
+        return {"status": "skipped", "reason": "environment incomplete: " + ", ".join(env.get("missing", []))}
+    fp = _expected_fingerprint(name, ctx)
+    if fp is not None and name not in cfg.redo and prev.get("status") == "done" and prev.get("fingerprint") == fp:
+        return None
+    left = deadline - time.monotonic()
+    if left < MIN_S[name] or (name == "distill" and left <= cfg.distill_overhead_s):
+        return {**prev, "status": "deferred", "reason": f"{left:.0f} s left in this call's budget"}
+    print(f"[gpu-check] {name}: running ({left:.0f} s left)", flush=True)
+    start = time.monotonic()
+    rec = RUN[name](ctx, min(left, getattr(cfg, f"{name}_timeout_s", left)))
+    return {**rec, "seconds": round(time.monotonic() - start, 1)}
+
+
 def run_check(cfg: SessionConfig) -> int:
     cfg = cfg.resolved()
     t0 = time.monotonic()
@@ -102,21 +119,10 @@ def run_check(cfg: SessionConfig) -> int:
     for name in ORDER:
         if name != "env" and name not in cfg.stages:
             continue
-        prev, fp = ctx.state.get(name, {}), _expected_fingerprint(name, ctx)
-        if fp is not None and name not in cfg.redo and prev.get("status") == "done" and prev.get("fingerprint") == fp:
+        rec = _stage(name, ctx, deadline)
+        if rec is None:
             print(f"[gpu-check] {name}: done in an earlier call", flush=True)
             continue
-        left = deadline - time.monotonic()
-        if name != "env" and ctx.state.get("env", {}).get("status") != "done":
-            rec = {"status": "skipped", "reason": "environment incomplete: " + ", ".join(ctx.state["env"].get("missing", []))}
-        elif left < MIN_S[name] or (name == "distill" and left <= cfg.distill_overhead_s):
-            rec = {**prev, "status": "deferred", "reason": f"{left:.0f} s left in this call's budget"}
-        else:
-            print(f"[gpu-check] {name}: running ({left:.0f} s left)", flush=True)
-            timeout = min(left, getattr(cfg, f"{name}_timeout_s", left))
-            start = time.monotonic()
-            rec = RUN[name](ctx, timeout)
-            rec["seconds"] = round(time.monotonic() - start, 1)
         ctx.state[name] = rec
         state_path.write_text(json.dumps(saved, indent=1, default=str))
         print(f"[gpu-check] {name}: {rec['status']}" + (f" ({rec['reason']})" if rec.get("reason") else ""), flush=True)

@@ -23,7 +23,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,14 +62,24 @@ class Context:
                 return None
 
 
+def probe_main() -> None:
+    """The env stage's subprocess: print what this interpreter has (modules, torch, the accelerator)."""
+    import importlib.util
+    import platform
+    import sys
+
+    missing = [m for m in NEEDED_MODULES if importlib.util.find_spec(m) is None]
+    out = {"python": sys.version.split()[0], "missing": missing}
+    import torch
+
+    cuda = torch.cuda.is_available()
+    out.update(torch=torch.__version__, cuda=cuda, gpus=torch.cuda.device_count(),
+               device=torch.cuda.get_device_name() if cuda else f"cpu {platform.machine()}")
+    print(json.dumps(out))
+
+
 def _probe(ctx: Context) -> dict:
-    code = ("import importlib.util, json, platform, sys\n"
-            f"mods = {NEEDED_MODULES!r}\n"
-            "out = {'python': sys.version.split()[0], 'missing': [m for m in mods if importlib.util.find_spec(m) is None]}\n"
-            "import torch\n"
-            "out.update(torch=torch.__version__, cuda=torch.cuda.is_available(), gpus=torch.cuda.device_count(),\n"
-            "           device=torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu ' + platform.machine())\n"
-            "print(json.dumps(out))\n")
+    code = "from swiftserve.gpusession.stages import probe_main; probe_main()"
     res = subprocess.run([ctx.cfg.python, "-c", code], cwd=ctx.cfg.root, env=ctx.env, capture_output=True, text=True)
     if res.returncode != 0:
         return {"missing": ["torch"], "error": res.stderr[-2000:]}
