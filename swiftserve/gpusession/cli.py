@@ -2,9 +2,11 @@
 ``make gpu-check-selftest``).
 
 - ``pack`` (here, in the project's venv, with network): the wheels the GPU image lacks, the
-  distillation windows of a corpus and SmolLM2's GGUF, split into parts that each fit one
-  command's carry next to this working tree (``limits.tree_bytes``). Prints the plan; exits 3
-  when the parts cannot fit (nothing useful would travel) and says which files fill the tree.
+  distillation windows of a corpus, the shipped SwiftKV tensors the session uses and
+  SmolLM2's GGUF, split into parts that each fit one command's carry next to this working
+  tree as it is on disk now (``limits.tree_bytes``; ``make gpu-park`` first takes the
+  checkpoint tensors out of it). Prints the tree size and the plan; exits 3 when the parts
+  cannot fit (nothing useful would travel) and says which files fill the tree.
 - ``check`` (there, plain ``python3``, no network): ``session.run_check``.
 - ``self-test`` (here, CPU): ``selftest.run_selftest``: every stage with tiny settings.
 """
@@ -18,26 +20,64 @@ import sys
 from pathlib import Path
 
 from swiftserve import envs
-from swiftserve.gpusession import payloads
+from swiftserve.gpusession import park, payloads
 from swiftserve.gpusession.limits import MIB, Limits, largest_tree_files, tree_bytes
-from swiftserve.gpusession.pack import build_pack
+from swiftserve.gpusession.pack import PackError, build_pack
 from swiftserve.gpusession.session import ORDER, SessionConfig, run_check
 
-SLACK = 256 << 10                 # room left in each command for small edits to the tree
+MIN_PART = 4 * MIB                # smaller parts: refuse (the model alone is ~94 MB)
+# SwiftKV tensors the session uses when it carries SmolLM2 (relative to checkpoints/): l15-g1 is where
+# its 50% distillation continues from, l15-g2 the AcrossKV checkpoint tests/gpu compares on CUDA.
+SHIPPED = ["smollm2-swiftkv/swiftkv-l15-g1.safetensors", "smollm2-swiftkv/swiftkv-l15-g2.safetensors"]
+
+
+def shipped_file(root: Path, rel: str) -> Path:
+    """``checkpoints/rel`` from the tree, or its parked copy (checked against the park manifest)."""
+    name = f"{park.SCOPE}/{rel}"
+    if (root / name).is_file():
+        return root / name
+    copy = park.park_dir(root) / name
+    entry = (park.read_manifest(root) or {}).get("files", {}).get(name)
+    if not copy.is_file() or entry is None:
+        raise PackError(f"{name} is neither in the tree nor parked in {park.PARK_DIR}/")
+    if park.sha256_file(copy) != entry["sha256"]:
+        raise PackError(f"{park.PARK_DIR}/{name} does not match the sha256 it was parked with")
+    return copy
+
+
+def shipped_pack_name(rel: str) -> str:
+    return "shipped." + rel.replace("/", "~")
+
+
+def plan_parts(root: Path, carry_mib: float, margin_mib: float, part_mib: float | None = None) -> dict:
+    """The tree that travels with every command now, the parking state, and the part size it leaves."""
+    tree = tree_bytes(root)
+    loose = park.parkable(root)
+    part = int(part_mib * MIB) if part_mib else int(carry_mib * MIB) - tree - int(margin_mib * MIB)
+    return {"tree_bytes": tree, "parked": park.parked_files(root), "parkable": loose,
+            "parkable_bytes": sum((root / n).stat().st_size for n in loose), "part_bytes": part}
 
 
 def make_pack(args) -> int:
     root = Path(args.root).resolve()
     out = root / args.out if not Path(args.out).is_absolute() else Path(args.out)
-    tree = tree_bytes(root)
-    budget = int(args.carry_mib * MIB) - tree - SLACK
-    part = int(args.part_mib * MIB) if args.part_mib else budget
-    print(f"tree {tree / MIB:.1f} MiB travels with every command; carry limit {args.carry_mib:g} MiB; "
-          f"parts of {part / MIB:.1f} MiB", file=sys.stderr)
-    if part < 4 * MIB:
+    plan = plan_parts(root, args.carry_mib, args.margin_mib, args.part_mib)
+    tree, part = plan["tree_bytes"], plan["part_bytes"]
+    print(f"tree that travels with every command (tracked + untracked not ignored, on disk now): "
+          f"{tree / MIB:.1f} MiB", file=sys.stderr)
+    if plan["parkable"]:
+        print(f"checkpoints NOT parked: {len(plan['parkable'])} file(s), {plan['parkable_bytes'] / MIB:.1f} MiB of "
+              f"that tree are tensors under {park.SCOPE}/ (`make gpu-park` moves them out)", file=sys.stderr)
+    else:
+        print(f"no checkpoint tensors in the tree; {len(plan['parked'])} file(s) parked in {park.PARK_DIR}/",
+              file=sys.stderr)
+    print(f"parts of {part / MIB:.1f} MiB = carry limit {args.carry_mib:g} MiB - tree {tree / MIB:.1f} MiB - "
+          f"margin {args.margin_mib:g} MiB" + (" (--part-mib)" if args.part_mib else ""), file=sys.stderr)
+    if part < MIN_PART:
         big = ", ".join(f"{n} ({b / MIB:.1f} MiB)" for n, b in largest_tree_files(root))
-        print(f"cannot pack: the working tree leaves {budget / MIB:.1f} MiB per command (need at least 4 MiB; "
-              f"the model alone is ~94 MB). Largest files in the tree: {big}", file=sys.stderr)
+        first = "run `make gpu-park` first, then `make gpu-pack`; " if plan["parkable"] else ""
+        print(f"cannot pack: {first}the working tree leaves {part / MIB:.1f} MiB per command (need at least "
+              f"{MIN_PART / MIB:g} MiB; the model alone is ~94 MB). Largest files in the tree: {big}", file=sys.stderr)
         return 3
     staging = out.with_name(out.name + ".staging")
     shutil.rmtree(staging, ignore_errors=True)
@@ -54,10 +94,27 @@ def make_pack(args) -> int:
     arrays = payloads.corpus_windows(corpus, model_dir, args.seq_len, args.chat_repeats, args.seed,
                                      args.train_tokens, args.heldout_windows)
     files.update(payloads.save_windows(arrays, staging))
-    meta = {"tree_bytes": tree, "windows": {"seq_len": args.seq_len, "chat_repeats": args.chat_repeats,
-                                            "seed": args.seed, "corpus": str(corpus),
-                                            **{f"{k}_windows": len(v) for k, v in arrays.items()}},
-            "model_file": None, "model_name": model_dir.name}
+    shipped = SHIPPED if args.shipped is None and args.model == "smollm2" else (args.shipped or [])
+    try:
+        for rel in shipped:
+            files[shipped_pack_name(rel)] = shipped_file(root, rel)
+    except PackError as exc:
+        print(f"cannot pack: {exc}", file=sys.stderr)
+        return 1
+    windows = {"seq_len": args.seq_len, "chat_repeats": args.chat_repeats, "seed": args.seed, "corpus": str(corpus),
+               **{f"{k}_windows": len(v) for k, v in arrays.items()}}
+    resume = {}
+    if args.resume:
+        found = sorted(Path(args.resume).expanduser().glob("swiftkv-l*-g*.safetensors"))
+        if not found:
+            print(f"cannot pack: no swiftkv-l*-g*.safetensors in {args.resume}", file=sys.stderr)
+            return 1
+        resume = {f"resume.{f.name}": f.name for f in found}
+        files.update({f"resume.{f.name}": f for f in found})
+    meta = {"tree_bytes": tree, "parked": not plan["parkable"], "windows": windows, "model_file": None,
+            "model_name": model_dir.name,
+            "shipped": {"files": {shipped_pack_name(rel): rel for rel in shipped}, "base": model_dir.name},
+            "resume": {"files": resume}}
     if args.model == "smollm2":
         gguf = payloads.smollm2_gguf(staging)
         files[gguf.name], meta["model_file"] = gguf, gguf.name
@@ -70,7 +127,14 @@ def make_pack(args) -> int:
     rel = out.relative_to(root) if out.is_relative_to(root) else out
     print(f"{out}: {n} part(s), {sum(f['size'] for f in manifest['files'].values()) / MIB:.1f} MiB", file=sys.stderr)
     for k in range(1, n + 1):
-        print(f"  command {k}: carry {rel}/part{k}, run `make gpu-check GPU_OUT=<output folder>`", file=sys.stderr)
+        print(f"  command {k}: carry {rel}/part{k}, run `make gpu-check GPU_OUT=$OUT`", file=sys.stderr)
+    if plan["parkable"]:
+        print(f"These parts are sized for the tree as it is now, checkpoints unparked ({tree / MIB:.1f} MiB).",
+              file=sys.stderr)
+    else:
+        print(f"Every GPU command must run with the checkpoints parked, as now (tree {tree / MIB:.1f} MiB + a part "
+              f"<= {(tree + part) / MIB:.1f} MiB of the {args.carry_mib:g} MiB limit). After the session: "
+              "`make gpu-unpark`.", file=sys.stderr)
     if n > args.max_calls:
         print(f"{n} commands exceed --max-calls {args.max_calls}: slim the tree or carry less "
               "(--train-tokens, --model none)", file=sys.stderr)
@@ -113,7 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
     for name, default in (("seq-len", 512), ("chat-repeats", 2), ("seed", 0), ("train-tokens", 4_000_000),
                           ("heldout-windows", 16), ("max-calls", 3)):
         pk.add_argument(f"--{name}", type=int, default=default, help="default: %(default)s")
-    pk.add_argument("--part-mib", type=float, default=None, help="part size (default: what the tree leaves)")
+    pk.add_argument("--resume", default=None, metavar="DIR",
+                    help="carry the swiftkv-l*-g*.safetensors of DIR (an earlier session's output folder): "
+                         "the distillation starts from them")
+    pk.add_argument("--part-mib", type=float, default=None,
+                    help="part size (default: the carry limit less the tree and --margin-mib)")
+    pk.add_argument("--margin-mib", type=float, default=4.0,
+                    help="room kept in each command for changes to the tree (default: %(default)s)")
+    pk.add_argument("--shipped", nargs="*", default=None, metavar="REL",
+                    help="files under checkpoints/ to carry (read from .gpu-park/ when parked; default with "
+                         f"--model smollm2: {' '.join(SHIPPED)}; none otherwise)")
     pk.set_defaults(func=make_pack)
 
     ck = sub.add_parser("check", help="run the GPU session's stages within a time budget (there)")
@@ -133,7 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("steps", "micro_batch", "seq_len"):
         ck.add_argument(f"--distill-{name.replace('_', '-')}", type=int, default=getattr(d, f"distill_{name}"),
                         help="default: %(default)s")
-    ck.add_argument("--distill-init", default=d.distill_init, help="modelkit distill --init (default: %(default)s)")
+    ck.add_argument("--distill-init", default=d.distill_init,
+                    help="modelkit distill --init: original, lstsq, a folder of swiftkv-l{l}-g{g}.safetensors, or "
+                         "auto (default): the carried shipped tensors of l and the groups, else lstsq")
     ck.add_argument("--distill-dtype", default=d.distill_dtype)
     ck.add_argument("--no-compile", dest="compile", action="store_false", help="distil without torch.compile")
     ck.add_argument("--distill-max-s", type=float, default=None, help="cap one call's training seconds")
@@ -144,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("self-test", help="every stage with tiny settings on CPU (here)")
     st.add_argument("--dir", default=None, help="keep the work, pack and output here (default: a temp dir)")
+    st.add_argument("--python", default=None, help="interpreter of the stages (default: this one)")
+    st.add_argument("--wheels-from-pack", default=None, metavar="PACK",
+                    help="carry the wheels of this `make gpu-pack` folder (e.g. .gpu-pack) in the tiny pack")
     st.set_defaults(func=_self_test)
     return p
 

@@ -91,7 +91,8 @@ def summary_md(res: dict) -> str:
         if name == "tests" and "tests" in r:
             note = f"{r['passed']} passed, {r['failures'] + r['errors']} failed, {r['skipped']} skipped"
         if name == "distill" and "steps" in r:
-            note = f"{r['kind']} model, step {r['steps']} of {r['target_steps']}" + (f"; {note}" if note else "")
+            start = f", from {Path(r['init']).name}" if r.get("init") else ""
+            note = f"{r['kind']} model{start}, step {r['steps']} of {r['target_steps']}" + (f"; {note}" if note else "")
         lines.append(f"| {name} | {r['status']} | {r.get('seconds', 0):.0f} | {note} |")
     bench = res["stages"].get("bench", {}).get("result")
     if bench:

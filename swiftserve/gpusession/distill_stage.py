@@ -8,6 +8,14 @@ Which model (``--distill-model``):
   come back; it measures what the GPU does per step (tokens/s, memory), which sizes a real run;
 - a directory: that plain model with the carried windows.
 
+Where it starts (``--distill-init``, ``modelkit distill --init``): ``auto`` picks the first
+carried folder holding ``swiftkv-l{l}-g{g}.safetensors`` for every trained group size, placed
+by the ``model`` stage: ``<work>/resume`` (an earlier session's tensors, ``gpu-pack --resume``),
+then the shipped tensors (``<work>/checkpoints/...``) when they are the pack model's: the 50%
+run continues from the shipped l15-g1 instead of starting over; otherwise ``lstsq``.
+``original``, ``lstsq`` or a folder are passed on as given. A run that has a ``state.pt``
+resumes from it whatever the start.
+
 The run directory ``<work>/distill`` keeps ``state.pt`` between calls (``modelkit distill``
 resumes from it); each call trains until ``--max-hours`` (the call's time left less
 ``distill_overhead_s`` for loading and compiling) or until ``distill_steps`` are done.
@@ -60,6 +68,31 @@ def distill_source(ctx: Context) -> dict:
             "chat_repeats": w["chat_repeats"], "seed": w["seed"]}
 
 
+def carried_init(ctx: Context, src: dict) -> Path | None:
+    """The carried folder holding this run's starting tensors (pack model only): the tensors of an
+    earlier session (``<work>/resume``) before the shipped ones; None when neither has them all."""
+    model = ctx.state.get("model", {})
+    meta = model.get("pack", {})
+    if src["kind"] != "pack":
+        return None
+    folders = [ctx.work / "resume"] if model.get("resume") else []
+    if meta.get("shipped", {}).get("base") == meta.get("model_name"):
+        folders += sorted({(ctx.work / "checkpoints" / rel).parent for rel in model.get("shipped", [])})
+    l = ctx.cfg.distill_l
+    for folder in folders:
+        # the names modelkit.distill_train.tensor_file gives (that module imports torch; this process does not)
+        if all((folder / f"swiftkv-l{l}-g{g}.safetensors").is_file() for g in ctx.cfg.distill_groups):
+            return folder
+    return None
+
+
+def init_choice(ctx: Context, src: dict) -> str:
+    if ctx.cfg.distill_init != "auto":
+        return ctx.cfg.distill_init
+    folder = carried_init(ctx, src)
+    return str(folder) if folder else "lstsq"
+
+
 def last_step(run_dir: Path) -> int:
     log = run_dir / "train_log.jsonl"
     if not log.is_file():
@@ -77,7 +110,8 @@ def stage_distill(ctx: Context, timeout: float) -> dict:
     seconds = timeout - cfg.distill_overhead_s
     if cfg.distill_max_s is not None:
         seconds = min(seconds, cfg.distill_max_s)
-    rec = {"kind": src["kind"], "model_dir": src["model_dir"], "target_steps": cfg.distill_steps,
+    init = init_choice(ctx, src)
+    rec = {"kind": src["kind"], "model_dir": src["model_dir"], "target_steps": cfg.distill_steps, "init": init,
            "fingerprint": f"{src['kind']}:{src['model_dir']}:{cfg.distill_steps}", "run_dir": str(run_dir)}
     if seconds <= 0:
         return {**rec, "status": "partial", "steps": last_step(run_dir), "reason": "no time left in this call"}
@@ -87,7 +121,7 @@ def stage_distill(ctx: Context, timeout: float) -> dict:
            "--micro-batch", str(cfg.distill_micro_batch), "--grad-accum", str(cfg.distill_grad_accum),
            "--steps", str(cfg.distill_steps), "--eval-every", str(cfg.distill_eval_every),
            "--eval-windows", str(cfg.distill_eval_windows), "--save-every", str(cfg.distill_save_every),
-           "--init", cfg.distill_init, "--init-windows", str(cfg.distill_init_windows), "--dtype", cfg.distill_dtype,
+           "--init", init, "--init-windows", str(cfg.distill_init_windows), "--dtype", cfg.distill_dtype,
            "--device", cfg.device, "--max-hours", repr(seconds / 3600)]
     if not cfg.distill_compile:
         cmd.append("--no-compile")

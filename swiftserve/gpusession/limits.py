@@ -8,6 +8,7 @@ entry point takes them as options. No torch here.
 
 - ``tree_bytes(root)``: the bytes that travel with every command: files git tracks, untracked
   files it does not ignore, and a ``shared/`` folder if the checkout has one.
+- ``tree_files(root)``: those files (tracked ones missing from the disk, e.g. parked, do not travel).
 - ``largest_tree_files(root, n)``: where those bytes are (for the message when a pack cannot fit).
 - ``out_problems(folder, limits)``: why a folder could not come back whole ([] = it can).
 """
@@ -30,7 +31,9 @@ class Limits:
     out_depth: int = 2               # folders below the output folder (files at depth <= this come back)
 
 
-def _tree_files(root: Path) -> list[Path]:
+def tree_files(root: str | Path) -> list[Path]:
+    root = Path(root)
+
     def git(*args: str) -> list[str]:
         out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", *args], check=True,
                              capture_output=True).stdout.decode()
@@ -45,12 +48,12 @@ def _tree_files(root: Path) -> list[Path]:
 
 
 def tree_bytes(root: str | Path) -> int:
-    return sum(f.stat().st_size for f in _tree_files(Path(root)))
+    return sum(f.stat().st_size for f in tree_files(Path(root)))
 
 
 def largest_tree_files(root: str | Path, n: int = 5) -> list[tuple[str, int]]:
     root = Path(root)
-    sizes = sorted(((str(f.relative_to(root)), f.stat().st_size) for f in _tree_files(root)), key=lambda x: -x[1])
+    sizes = sorted(((str(f.relative_to(root)), f.stat().st_size) for f in tree_files(root)), key=lambda x: -x[1])
     return sizes[:n]
 
 

@@ -15,11 +15,12 @@ No torch here.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from swiftserve.gpusession.park import sha256_file
 
 MANIFEST = "manifest.json"
 MANIFEST_RESERVE = 64 << 10          # bytes kept free in each part for its copy of the manifest
@@ -27,14 +28,6 @@ MANIFEST_RESERVE = 64 << 10          # bytes kept free in each part for its copy
 
 class PackError(RuntimeError):
     """A pack that cannot be built or trusted; the message says why."""
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def build_pack(out: str | Path, files: dict[str, Path], part_bytes: int, meta: dict | None = None) -> dict:

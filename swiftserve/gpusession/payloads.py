@@ -1,8 +1,8 @@
 """What a GPU pack carries, built on this machine (with its venv and network) for one without.
 
 - ``WHEELS``: the Python packages the project imports on the GPU path that the GPU image
-  lacks (pydantic for the KV-method options, gguf for turning the GGUF into a model
-  directory), downloaded by pip for CPython ``python_version`` on manylinux x86-64 at the
+  lacks (pydantic for the KV-method options; gguf, and accelerate with psutil, which
+  transformers needs to read a GGUF, for turning the GGUF into a model directory), downloaded by pip for CPython ``python_version`` on manylinux x86-64 at the
   versions installed here. There they are installed with ``pip install --no-index
   --target`` (``install_wheels``), never from a registry.
 - distillation windows: ``modelkit.distill_data.load_windows`` of a corpus (the same
@@ -22,7 +22,8 @@ import sys
 import tarfile
 from pathlib import Path
 
-WHEELS = ["pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions", "gguf"]
+WHEELS = ["pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions", "gguf",
+          "accelerate", "psutil"]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
 
 

@@ -61,7 +61,7 @@ class SessionConfig:
     distill_eval_every: int = 200
     distill_eval_windows: int = 16
     distill_save_every: int = 50
-    distill_init: str = "lstsq"
+    distill_init: str = "auto"          # auto: the carried shipped tensors of (l, groups) if any, else lstsq
     distill_init_windows: int = 256
     distill_dtype: str = "bfloat16"
     distill_compile: bool = True

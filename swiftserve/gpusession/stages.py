@@ -7,10 +7,15 @@ record is ``done`` with the same fingerprint is not run again) and what it measu
 go to ``<work>/logs/<stage>.log``.
 
 - ``env``: Python, torch, the accelerator; installs the pack's wheels into ``<work>/site``
-  when a module the GPU path imports is missing (run on every call: it sets PYTHONPATH).
+  when a module the GPU path imports (``NEEDED_MODULES``, or ``GGUF_MODULES`` for reading the
+  GGUF) is missing (run on every call: it sets PYTHONPATH).
 - ``model``: joins the pack's parts; a GGUF becomes a model directory through
   ``modelkit prepare --from-gguf`` (in ``<work>/cache``, where the tests' ``smollm2_dir``
-  finds it), a tar is unpacked; the carried windows become ``modelkit distill``'s corpus.
+  finds it), a tar is unpacked; the carried windows become ``modelkit distill``'s corpus;
+  the carried shipped tensors go to ``<work>/checkpoints/<path under checkpoints/>``, which
+  ``SWIFTSERVE_CHECKPOINTS`` adds to the places ``modelkit.shipped`` looks (the tree's
+  ``checkpoints/`` is parked while the session runs: it does not hold them), tensors carried
+  to resume from (``gpu-pack --resume``) to ``<work>/resume``.
 - ``tests``: ``pytest tests/gpu`` (junit counts); run again once the model has arrived.
 - ``bench``: ``benchmarks/gpu_bench.py``.
 - ``distill``: ``modelkit distill`` of the SwiftKV variant with ``--max-hours`` set from the
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import xml.etree.ElementTree as ET
@@ -31,6 +37,7 @@ from swiftserve.gpusession import payloads
 from swiftserve.gpusession.pack import PackError, assemble
 
 NEEDED_MODULES = ["torch", "pydantic", "safetensors", "transformers", "numpy", "pytest", "tqdm", "yaml"]
+GGUF_MODULES = ["gguf", "accelerate", "psutil"]      # transformers reading a GGUF (modelkit prepare --from-gguf)
 
 
 @dataclass
@@ -68,8 +75,10 @@ def probe_main() -> None:
     import platform
     import sys
 
-    missing = [m for m in NEEDED_MODULES if importlib.util.find_spec(m) is None]
-    out = {"python": sys.version.split()[0], "missing": missing}
+    def absent(names: list[str]) -> list[str]:
+        return [m for m in names if importlib.util.find_spec(m) is None]
+
+    out = {"python": sys.version.split()[0], "missing": absent(NEEDED_MODULES), "missing_gguf": absent(GGUF_MODULES)}
     import torch
 
     cuda = torch.cuda.is_available()
@@ -95,10 +104,11 @@ def stage_env(ctx: Context, timeout: float) -> dict:
         wheels = sorted(p for n, p in assemble(ctx.cfg.pack, ctx.work / "pack").files.items() if n.endswith(".whl"))
     except PackError as exc:
         wheels, info["pack_error"] = [], str(exc)
-    if info.get("missing") and wheels:
+    if (info.get("missing") or info.get("missing_gguf")) and wheels:
         payloads.install_wheels(wheels, site, ctx.cfg.python)
         ctx.env["PYTHONPATH"] = os.pathsep.join([str(ctx.cfg.root), str(site)])
-        info = _probe(ctx) | {"installed_wheels": [w.name for w in wheels]}
+        before = info.get("missing", []) + info.get("missing_gguf", [])
+        info = _probe(ctx) | {"missing_before": before, "installed_wheels": [w.name for w in wheels]}
     if ctx.cfg.device.startswith("cuda") and not info.get("cuda"):
         info["missing"] = info.get("missing", []) + ["a CUDA device"]
     status = "failed" if info.get("missing") else "done"
@@ -118,12 +128,17 @@ def stage_model(ctx: Context, timeout: float) -> dict:
         w = got.meta["windows"]
         rec["corpus"] = str(payloads.load_windows_into(npy, ctx.work / "corpus", w["seq_len"], w["chat_repeats"],
                                                          w["seed"]))
+    rec.update(place_carried(ctx, got))
     name = got.meta.get("model_file")
     if not name:
         return {**rec, "status": "done", "fingerprint": "no-model"}
     if name not in got.files:
         return {**rec, "status": "waiting", "reason": f"{name} needs parts {', '.join(rec['missing_parts'])}"}
     if name.endswith(".gguf"):
+        lacking = ctx.state.get("env", {}).get("missing_gguf")
+        if lacking:
+            return {**rec, "status": "failed", "error": f"reading the GGUF needs {', '.join(lacking)}: not in this "
+                    "Python and not among the pack's wheels (make gpu-pack carries them)"}
         cmd = [ctx.cfg.python, "-m", "modelkit", "prepare", "--from-gguf", str(got.files[name]), "--cache-dir",
                str(ctx.work / "cache"), "--quiet"]
         if ctx.run("model", cmd, timeout) != 0:
@@ -132,6 +147,37 @@ def stage_model(ctx: Context, timeout: float) -> dict:
     else:
         model_dir = payloads.untar_model(got.files[name], ctx.work / "models" / got.meta["model_name"])
     return {**rec, "status": "done", "model_dir": str(model_dir), "fingerprint": got.manifest["files"][name]["sha256"]}
+
+
+def _place(got, key: str, dest: Path) -> list[str]:
+    """The complete files the pack's ``meta[key]["files"]`` maps to paths, linked into ``dest``; those paths."""
+    placed = []
+    for pack_name, rel in got.meta.get(key, {}).get("files", {}).items():
+        if pack_name not in got.files:
+            continue
+        src, target = got.files[pack_name], dest / rel
+        if not (target.is_file() and os.path.samefile(src, target)):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(target.name + ".tmp")
+            tmp.unlink(missing_ok=True)
+            try:
+                os.link(src, tmp)                  # the joined file is sha256-checked and stays put
+            except OSError:
+                shutil.copyfile(src, tmp)
+            tmp.replace(target)
+        placed.append(rel)
+    return placed
+
+
+def place_carried(ctx: Context, got) -> dict:
+    """Shipped files into ``<work>/checkpoints`` (``SWIFTSERVE_CHECKPOINTS`` then lists it), tensors to
+    resume from into ``<work>/resume``; what was placed, by kind."""
+    placed = {"shipped": _place(got, "shipped", ctx.work / "checkpoints"),
+              "resume": _place(got, "resume", ctx.work / "resume")}
+    if placed["shipped"]:
+        ctx.env["SWIFTSERVE_CHECKPOINTS"] = os.pathsep.join([str(Path(ctx.cfg.root) / "checkpoints"),
+                                                             str(ctx.work / "checkpoints")])
+    return {k: v for k, v in placed.items() if v}
 
 
 def junit_counts(xml: Path) -> dict:

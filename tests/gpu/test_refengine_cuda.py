@@ -111,10 +111,15 @@ def test_smollm2_greedy_on_cuda_matches_transformers():
 
 
 def test_shipped_swiftkv_on_cuda_equals_cpu():
+    from modelkit import shipped
     from modelkit.prepare import resolve_model
 
     prepared_smollm2()
-    ckpt = resolve_model("SmolLM2-135M-Instruct-SwiftKV-AcrossKV2")
+    name = "SmolLM2-135M-Instruct-SwiftKV-AcrossKV2"
+    if name not in shipped.names():        # a GPU session's pack carries it; SWIFTSERVE_CHECKPOINTS says where
+        pytest.skip(f"{shipped.VARIANTS[name][0]} is in none of {[str(d) for d in shipped.checkpoint_dirs()]} "
+                    "(parked: `make gpu-unpark`; or carry it with `make gpu-pack`)")
+    ckpt = resolve_model(name)
     P = prompts(49152, lengths=(12, 200), seed=2)
     cpu = make_engine(ckpt, "cpu")
     toks = greedy(cpu, P, 16)
