@@ -189,6 +189,7 @@ def unpark(root: str | Path) -> dict:
         if identical_in_tree:
             (base / name).unlink()
         else:
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
             os.replace(base / name, root / name)
         restored.append(name)
     (base / MANIFEST).unlink()

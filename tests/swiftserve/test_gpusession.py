@@ -57,6 +57,7 @@ def test_park_and_unpark_round_trip(tmp_path):
     assert _status(tmp_path).count(" D ") == 2            # deleted as far as git knows; .gpu-park/ is ignored
     assert "2 file(s)" in park.guard(tmp_path) and "make gpu-unpark" in park.guard(tmp_path)
     assert park.park(tmp_path) == {"moved": [], "already": big, "bytes": res["bytes"]}
+    (tmp_path / "checkpoints" / "b").rmdir()                 # emptied by parking (git keeps no folders)
 
     restored = park.unpark(tmp_path)
     assert restored["restored"] == big and _status(tmp_path) == "" and not (tmp_path / ".gpu-park").exists()
