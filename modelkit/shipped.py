@@ -5,6 +5,8 @@
   SwiftKV variant, served at a chosen rate and rank mode (``ZACK_VARIANTS``).
 ``materialize(name)`` writes the servable directory into the cache once (base weights
 hard-linked) and returns it; a change of the shipped files or settings rewrites it.
+The files are looked up in ``checkpoint_dirs()``: the repository's ``checkpoints/``, or the
+folders of ``SWIFTSERVE_CHECKPOINTS`` (a GPU session adds the ones its pack carried there).
 """
 
 from __future__ import annotations
@@ -34,9 +36,30 @@ ZACK_VARIANTS: dict[str, tuple[str, str, float, str]] = {
 }
 
 
+def checkpoint_dirs() -> list[Path]:
+    from swiftserve import envs
+
+    return envs.checkpoint_dirs() or [CHECKPOINTS]
+
+
+def find(rel: str) -> Path | None:
+    """The first ``<dir>/rel`` of ``checkpoint_dirs()`` that is a file, or None."""
+    return next((d / rel for d in checkpoint_dirs() if (d / rel).is_file()), None)
+
+
+def _absent(key: str, what: str, rel: str) -> str:
+    """The error for a shipped file found nowhere (naming ``make gpu-unpark`` when it is parked)."""
+    from swiftserve.gpusession.park import parked_copy
+
+    dirs = ", ".join(map(str, checkpoint_dirs()))
+    parked = parked_copy(CHECKPOINTS / rel)
+    hint = (f"; it is parked in {parked.parent} by `make gpu-park`: run `make gpu-unpark`" if parked else "")
+    return f"{key}: {what} {rel} is in none of: {dirs}{hint}"
+
+
 def names() -> list[str]:
-    return ([n for n, (f, _, _) in VARIANTS.items() if (CHECKPOINTS / f).is_file()]
-            + [n for n, (d, _, _, _) in ZACK_VARIANTS.items() if (CHECKPOINTS / d / "zack.json").is_file()])
+    return ([n for n, (f, _, _) in VARIANTS.items() if find(f)]
+            + [n for n, (d, _, _, _) in ZACK_VARIANTS.items() if find(f"{d}/zack.json")])
 
 
 def is_shipped(name: str) -> bool:
@@ -52,10 +75,11 @@ def _materialize_zack(key: str) -> Path:
     from swiftserve import envs
 
     rel, base_name, rate, mode = ZACK_VARIANTS[key]
-    cal = CHECKPOINTS / rel
-    files = [cal / CALIBRATION_FILE, cal / ROTATIONS_FILE]
-    if not all(f.is_file() for f in files):
-        raise PrepareError(f"{key}: ZACK calibration {cal} is not in this checkout")
+    found = find(f"{rel}/{CALIBRATION_FILE}")
+    files = [found.parent / CALIBRATION_FILE, found.parent / ROTATIONS_FILE] if found else []
+    if not found or not files[1].is_file():
+        missing = f"{rel}/{ROTATIONS_FILE if found else CALIBRATION_FILE}"
+        raise PrepareError(_absent(key, "ZACK calibration file", missing))
     base = ensure_default_model() if base_name == "default" else materialize(base_name)
     out = default_model_dir().parent / key
     stamp = out / ".source-mtime"
@@ -82,9 +106,9 @@ def materialize(name: str) -> Path:
     if key in ZACK_VARIANTS:
         return _materialize_zack(key)
     rel, l, g = VARIANTS[key]
-    tensors_path = CHECKPOINTS / rel
-    if not tensors_path.is_file():
-        raise PrepareError(f"{key}: trained tensors {tensors_path} are not in this checkout")
+    tensors_path = find(rel)
+    if tensors_path is None:
+        raise PrepareError(_absent(key, "trained tensors", rel))
     base = ensure_default_model()
     out = default_model_dir().parent / key
     stamp = out / ".source-mtime"

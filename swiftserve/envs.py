@@ -23,6 +23,13 @@ def cache_dir() -> Path:
     return Path(_get("SWIFTSERVE_CACHE", str(default))).expanduser()
 
 
+def checkpoint_dirs() -> list[Path] | None:
+    """Where the shipped variants' files are looked up, in order (SWIFTSERVE_CHECKPOINTS, folders
+    separated like PATH); None = the repository's ``checkpoints/`` only (modelkit.shipped)."""
+    raw = _get("SWIFTSERVE_CHECKPOINTS")
+    return [Path(d).expanduser() for d in raw.split(os.pathsep) if d] if raw else None
+
+
 def log_level() -> str:
     return (_get("SWIFTSERVE_LOG_LEVEL", "info") or "info").lower()
 

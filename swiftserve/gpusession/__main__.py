@@ -1,0 +1,5 @@
+import sys
+
+from swiftserve.gpusession.cli import main
+
+sys.exit(main())

@@ -1,0 +1,231 @@
+"""``python -m swiftserve.gpusession {pack,check,self-test}`` (``make gpu-pack``, ``make gpu-check``,
+``make gpu-check-selftest``).
+
+- ``pack`` (here, in the project's venv, with network): the wheels the GPU image lacks, the
+  distillation windows of a corpus, the shipped SwiftKV tensors the session uses and
+  SmolLM2's GGUF, split into parts that each fit one command's carry next to this working
+  tree as it is on disk now (``limits.tree_bytes``; ``make gpu-park`` first takes the
+  checkpoint tensors out of it). Prints the tree size and the plan; exits 3 when the parts
+  cannot fit (nothing useful would travel) and says which files fill the tree.
+- ``check`` (there, plain ``python3``, no network): ``session.run_check``.
+- ``self-test`` (here, CPU): ``selftest.run_selftest``: every stage with tiny settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+from swiftserve import envs
+from swiftserve.gpusession import park, payloads
+from swiftserve.gpusession.limits import MIB, Limits, largest_tree_files, tree_bytes
+from swiftserve.gpusession.pack import PackError, build_pack
+from swiftserve.gpusession.session import ORDER, SessionConfig, run_check
+
+MIN_PART = 4 * MIB                # smaller parts: refuse (the model alone is ~94 MB)
+# SwiftKV tensors the session uses when it carries SmolLM2 (relative to checkpoints/): l15-g1 is where
+# its 50% distillation continues from, l15-g2 the AcrossKV checkpoint tests/gpu compares on CUDA.
+SHIPPED = ["smollm2-swiftkv/swiftkv-l15-g1.safetensors", "smollm2-swiftkv/swiftkv-l15-g2.safetensors"]
+
+
+def shipped_file(root: Path, rel: str) -> Path:
+    """``checkpoints/rel`` from the tree, or its parked copy (checked against the park manifest)."""
+    name = f"{park.SCOPE}/{rel}"
+    if (root / name).is_file():
+        return root / name
+    copy = park.park_dir(root) / name
+    entry = (park.read_manifest(root) or {}).get("files", {}).get(name)
+    if not copy.is_file() or entry is None:
+        raise PackError(f"{name} is neither in the tree nor parked in {park.PARK_DIR}/")
+    if park.sha256_file(copy) != entry["sha256"]:
+        raise PackError(f"{park.PARK_DIR}/{name} does not match the sha256 it was parked with")
+    return copy
+
+
+def shipped_pack_name(rel: str) -> str:
+    return "shipped." + rel.replace("/", "~")
+
+
+def plan_parts(root: Path, carry_mib: float, margin_mib: float, part_mib: float | None = None) -> dict:
+    """The tree that travels with every command now, the parking state, and the part size it leaves."""
+    tree = tree_bytes(root)
+    loose = park.parkable(root)
+    part = int(part_mib * MIB) if part_mib else int(carry_mib * MIB) - tree - int(margin_mib * MIB)
+    return {"tree_bytes": tree, "parked": park.parked_files(root), "parkable": loose,
+            "parkable_bytes": sum((root / n).stat().st_size for n in loose), "part_bytes": part}
+
+
+def make_pack(args) -> int:
+    root = Path(args.root).resolve()
+    out = root / args.out if not Path(args.out).is_absolute() else Path(args.out)
+    plan = plan_parts(root, args.carry_mib, args.margin_mib, args.part_mib)
+    tree, part = plan["tree_bytes"], plan["part_bytes"]
+    print(f"tree that travels with every command (tracked + untracked not ignored, on disk now): "
+          f"{tree / MIB:.1f} MiB", file=sys.stderr)
+    if plan["parkable"]:
+        print(f"checkpoints NOT parked: {len(plan['parkable'])} file(s), {plan['parkable_bytes'] / MIB:.1f} MiB of "
+              f"that tree are tensors under {park.SCOPE}/ (`make gpu-park` moves them out)", file=sys.stderr)
+    else:
+        print(f"no checkpoint tensors in the tree; {len(plan['parked'])} file(s) parked in {park.PARK_DIR}/",
+              file=sys.stderr)
+    print(f"parts of {part / MIB:.1f} MiB = carry limit {args.carry_mib:g} MiB - tree {tree / MIB:.1f} MiB - "
+          f"margin {args.margin_mib:g} MiB" + (" (--part-mib)" if args.part_mib else ""), file=sys.stderr)
+    if part < MIN_PART:
+        big = ", ".join(f"{n} ({b / MIB:.1f} MiB)" for n, b in largest_tree_files(root))
+        first = "run `make gpu-park` first, then `make gpu-pack`; " if plan["parkable"] else ""
+        print(f"cannot pack: {first}the working tree leaves {part / MIB:.1f} MiB per command (need at least "
+              f"{MIN_PART / MIB:g} MiB; the model alone is ~94 MB). Largest files in the tree: {big}", file=sys.stderr)
+        return 3
+    staging = out.with_name(out.name + ".staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    files: dict[str, Path] = {}
+    if args.wheels:
+        files.update({w.name: w for w in payloads.download_wheels(staging / "wheels", args.python_version)})
+    from modelkit.prepare import ensure_default_model, resolve_model
+
+    model_dir = ensure_default_model() if args.model in ("smollm2", "none") else resolve_model(args.model)
+    corpus = Path(args.corpus).expanduser()
+    if not corpus.is_dir():
+        print(f"no corpus at {corpus}: build one with `modelkit build-corpus --output {corpus}`", file=sys.stderr)
+        return 1
+    arrays = payloads.corpus_windows(corpus, model_dir, args.seq_len, args.chat_repeats, args.seed,
+                                     args.train_tokens, args.heldout_windows)
+    files.update(payloads.save_windows(arrays, staging))
+    shipped = SHIPPED if args.shipped is None and args.model == "smollm2" else (args.shipped or [])
+    try:
+        for rel in shipped:
+            files[shipped_pack_name(rel)] = shipped_file(root, rel)
+    except PackError as exc:
+        print(f"cannot pack: {exc}", file=sys.stderr)
+        return 1
+    windows = {"seq_len": args.seq_len, "chat_repeats": args.chat_repeats, "seed": args.seed, "corpus": str(corpus),
+               **{f"{k}_windows": len(v) for k, v in arrays.items()}}
+    resume = {}
+    if args.resume:
+        found = sorted(Path(args.resume).expanduser().glob("swiftkv-l*-g*.safetensors"))
+        if not found:
+            print(f"cannot pack: no swiftkv-l*-g*.safetensors in {args.resume}", file=sys.stderr)
+            return 1
+        resume = {f"resume.{f.name}": f.name for f in found}
+        files.update({f"resume.{f.name}": f for f in found})
+    meta = {"tree_bytes": tree, "parked": not plan["parkable"], "windows": windows, "model_file": None,
+            "model_name": model_dir.name,
+            "shipped": {"files": {shipped_pack_name(rel): rel for rel in shipped}, "base": model_dir.name},
+            "resume": {"files": resume}}
+    if args.model == "smollm2":
+        gguf = payloads.smollm2_gguf(staging)
+        files[gguf.name], meta["model_file"] = gguf, gguf.name
+    elif args.model != "none":
+        meta["model_file"] = f"{model_dir.name}.tar"
+        files[meta["model_file"]] = payloads.tar_model(model_dir, staging / meta["model_file"])
+    manifest = build_pack(out, files, part, meta)
+    shutil.rmtree(staging, ignore_errors=True)
+    n = manifest["parts"]
+    rel = out.relative_to(root) if out.is_relative_to(root) else out
+    print(f"{out}: {n} part(s), {sum(f['size'] for f in manifest['files'].values()) / MIB:.1f} MiB", file=sys.stderr)
+    for k in range(1, n + 1):
+        print(f"  command {k}: carry {rel}/part{k}, run `make gpu-check GPU_OUT=$OUT`", file=sys.stderr)
+    if plan["parkable"]:
+        print(f"These parts are sized for the tree as it is now, checkpoints unparked ({tree / MIB:.1f} MiB).",
+              file=sys.stderr)
+    else:
+        print(f"Every GPU command must run with the checkpoints parked, as now (tree {tree / MIB:.1f} MiB + a part "
+              f"<= {(tree + part) / MIB:.1f} MiB of the {args.carry_mib:g} MiB limit). After the session: "
+              "`make gpu-unpark`.", file=sys.stderr)
+    if n > args.max_calls:
+        print(f"{n} commands exceed --max-calls {args.max_calls}: slim the tree or carry less "
+              "(--train-tokens, --model none)", file=sys.stderr)
+        return 3
+    return 0
+
+
+def _check_config(args) -> SessionConfig:
+    lim = Limits(args.carry_mib, args.out_files, args.out_file_mib, args.out_total_mib)
+    return SessionConfig(root=Path(args.root), work=Path(args.work), out=Path(args.out), pack=Path(args.pack),
+                         python=args.python, device=args.device, budget_s=args.budget_s, stages=args.stages,
+                         redo=args.redo, tests=args.tests, bench_args=shlex.split(args.bench_args),
+                         distill_model=args.distill_model, distill_l=args.distill_l,
+                         distill_groups=args.distill_groups, distill_steps=args.distill_steps,
+                         distill_micro_batch=args.distill_micro_batch, distill_seq_len=args.distill_seq_len,
+                         distill_init=args.distill_init, distill_dtype=args.distill_dtype,
+                         distill_compile=args.compile, distill_max_s=args.distill_max_s, limits=lim)
+
+
+def _self_test(args) -> int:
+    from swiftserve.gpusession.selftest import main
+
+    return main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = SessionConfig()
+    p = argparse.ArgumentParser(prog="python -m swiftserve.gpusession", description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", default=".", help="the repository (default: the current directory)")
+    p.add_argument("--carry-mib", type=float, default=Limits.carry_mib, help="tree + carry per command (MiB)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    pk = sub.add_parser("pack", help="write the carry folder for a GPU machine without network (here)")
+    pk.add_argument("--out", default=".gpu-pack", help="pack folder, ignored by git (default: %(default)s)")
+    pk.add_argument("--model", default="smollm2", help="smollm2 (its GGUF), none, or a model directory (as a tar)")
+    pk.add_argument("--corpus", default=str(envs.cache_dir() / "corpus" / "smollm2-v2"),
+                    help="from `modelkit build-corpus` (default: %(default)s)")
+    pk.add_argument("--no-wheels", dest="wheels", action="store_false", help="carry no wheels")
+    pk.add_argument("--python-version", default="3.12", help="the GPU machine's Python, for the wheels")
+    for name, default in (("seq-len", 512), ("chat-repeats", 2), ("seed", 0), ("train-tokens", 4_000_000),
+                          ("heldout-windows", 16), ("max-calls", 3)):
+        pk.add_argument(f"--{name}", type=int, default=default, help="default: %(default)s")
+    pk.add_argument("--resume", default=None, metavar="DIR",
+                    help="carry the swiftkv-l*-g*.safetensors of DIR (an earlier session's output folder): "
+                         "the distillation starts from them")
+    pk.add_argument("--part-mib", type=float, default=None,
+                    help="part size (default: the carry limit less the tree and --margin-mib)")
+    pk.add_argument("--margin-mib", type=float, default=4.0,
+                    help="room kept in each command for changes to the tree (default: %(default)s)")
+    pk.add_argument("--shipped", nargs="*", default=None, metavar="REL",
+                    help="files under checkpoints/ to carry (read from .gpu-park/ when parked; default with "
+                         f"--model smollm2: {' '.join(SHIPPED)}; none otherwise)")
+    pk.set_defaults(func=make_pack)
+
+    ck = sub.add_parser("check", help="run the GPU session's stages within a time budget (there)")
+    ck.add_argument("--work", default=str(d.work), help="state kept between calls (default: %(default)s)")
+    ck.add_argument("--out", default=str(d.out), help="the folder to bring back (default: %(default)s)")
+    ck.add_argument("--pack", default=str(d.pack), help="the carried pack (default: %(default)s)")
+    ck.add_argument("--python", default=d.python, help="interpreter for the stages (default: this one)")
+    ck.add_argument("--device", default=d.device)
+    ck.add_argument("--budget-s", type=float, default=d.budget_s, help="this call's time (default: %(default)s)")
+    ck.add_argument("--stages", nargs="+", choices=ORDER, default=d.stages)
+    ck.add_argument("--redo", nargs="+", choices=ORDER, default=[], help="run even if done (distill: afresh)")
+    ck.add_argument("--tests", nargs="+", default=d.tests, help="pytest arguments (default: %(default)s)")
+    ck.add_argument("--bench-args", default="", help="arguments of benchmarks/gpu_bench.py, one string")
+    ck.add_argument("--distill-model", default=d.distill_model, help="auto, pack, random or a model directory")
+    ck.add_argument("--distill-l", type=int, default=d.distill_l, help="SwiftKV l (default %(default)s: 50%%)")
+    ck.add_argument("--distill-groups", type=int, nargs="+", default=d.distill_groups)
+    for name in ("steps", "micro_batch", "seq_len"):
+        ck.add_argument(f"--distill-{name.replace('_', '-')}", type=int, default=getattr(d, f"distill_{name}"),
+                        help="default: %(default)s")
+    ck.add_argument("--distill-init", default=d.distill_init,
+                    help="modelkit distill --init: original, lstsq, a folder of swiftkv-l{l}-g{g}.safetensors, or "
+                         "auto (default): the carried shipped tensors of l and the groups, else lstsq")
+    ck.add_argument("--distill-dtype", default=d.distill_dtype)
+    ck.add_argument("--no-compile", dest="compile", action="store_false", help="distil without torch.compile")
+    ck.add_argument("--distill-max-s", type=float, default=None, help="cap one call's training seconds")
+    for name, default in (("out-files", Limits.out_files), ("out-file-mib", Limits.out_file_mib),
+                          ("out-total-mib", Limits.out_total_mib)):
+        ck.add_argument(f"--{name}", type=type(default), default=default, help="output limit (default: %(default)s)")
+    ck.set_defaults(func=lambda a: run_check(_check_config(a)))
+
+    st = sub.add_parser("self-test", help="every stage with tiny settings on CPU (here)")
+    st.add_argument("--dir", default=None, help="keep the work, pack and output here (default: a temp dir)")
+    st.add_argument("--python", default=None, help="interpreter of the stages (default: this one)")
+    st.add_argument("--wheels-from-pack", default=None, metavar="PACK",
+                    help="carry the wheels of this `make gpu-pack` folder (e.g. .gpu-pack) in the tiny pack")
+    st.set_defaults(func=_self_test)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
