@@ -27,7 +27,7 @@ DEFAULT_PROMPTS = [[1, 504, 3575, 282, 4649, 314], [1, 9690, 198, 2683, 359, 253
 
 def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefill_len: int,
                 kv_gb: float, max_model_len: int, eager: bool | None = None, tp: int = 1, pp: int = 1,
-                kv_cache_dtype: str = "auto") -> dict:
+                kv_cache_dtype: str = "auto", dtype: str = "auto") -> dict:
     from refengine.config import EngineConfig
     from swiftserve_vllm import compat as V
     from worker.backends.vllm_settings import build_settings
@@ -36,7 +36,7 @@ def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefi
     device = V.platform_device()
     settings = build_settings(WorkerConfig(EngineConfig(model=model_dir, max_model_len=max_model_len,
                                                         kv_cache_memory_gb=kv_gb, max_num_seqs=16,
-                                                        kv_cache_dtype=kv_cache_dtype),
+                                                        kv_cache_dtype=kv_cache_dtype, dtype=dtype),
                                            engine="vllm", vllm_enforce_eager=eager, tensor_parallel_size=tp,
                                            pipeline_parallel_size=pp), device)
     os.environ.update(settings.env)
@@ -55,7 +55,7 @@ def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefi
                      use_tqdm=False)
         after = _counters(llm.apply_model(token_counters))
         lay = settings.layout
-        return {"model": model_dir, "device": device, "enforce_eager": kwargs["enforce_eager"],
+        return {"model": model_dir, "device": device, "dtype": kwargs["dtype"], "enforce_eager": kwargs["enforce_eager"],
                 "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "kv_cache_dtype": kv_cache_dtype,
                 "tokens": [list(o.outputs[0].token_ids) for o in outs],
                 "num_blocks": int(cc.num_gpu_blocks), "block_size": int(cc.block_size),
@@ -76,15 +76,15 @@ def _counters(per_rank: list[tuple[int, int]]) -> tuple[int, int]:
 
 
 def reference_tokens(model_dir: str, prompts: list[list[int]], max_tokens: int,
-                     kv_methods: dict | None = None) -> list[list[int]]:
-    """Greedy tokens of the reference engine (SwiftKV as the checkpoint says; ``kv_methods`` as
-    its ``--kv-methods``, e.g. how it is told to run a ZACK checkpoint's rotations)."""
+                     kv_methods: dict | None = None, dtype: str = "float32") -> list[list[int]]:
+    """Greedy tokens of the reference engine on the CPU (SwiftKV as the checkpoint says;
+    ``kv_methods`` as its ``--kv-methods``, e.g. how it is told to run a ZACK checkpoint's rotations)."""
     from refengine.config import EngineConfig
     from refengine.engine import LLMEngine
     from refengine.sampling_params import SamplingParams
 
-    eng = LLMEngine(EngineConfig(model=model_dir, dtype="float32", max_model_len=1024, kv_cache_memory_gb=0.2,
-                                 kv_methods=dict(kv_methods or {})))
+    eng = LLMEngine(EngineConfig(model=model_dir, dtype=dtype, device="cpu", max_model_len=1024,
+                                 kv_cache_memory_gb=0.2, kv_methods=dict(kv_methods or {})))
     return eng.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0))
 
 
@@ -101,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--pipeline-parallel-size", type=int, default=1)
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="model dtype of vLLM and of the --compare reference engine (auto: the worker's default "
+                        "for vLLM, i.e. float32 on CPU; the reference engine then runs float32)")
     p.add_argument("--compare", action="store_true", help="also run the reference engine / torch reference")
     p.add_argument("--ref-kv-methods", type=json.loads, default=None,
                    help="reference engine's KV methods as JSON (its --kv-methods), e.g. for its ZACK")
@@ -114,9 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.model:
         model_dir = str(resolve_model(name))
         r = probe_model(model_dir, prompts, args.max_tokens, args.prefill_len, args.kv_gb, args.max_model_len,
-                        args.eager, args.tensor_parallel_size, args.pipeline_parallel_size, args.kv_cache_dtype)
+                        args.eager, args.tensor_parallel_size, args.pipeline_parallel_size, args.kv_cache_dtype,
+                        args.dtype)
         if args.compare:
-            r["reference_tokens"] = reference_tokens(model_dir, prompts, args.max_tokens, args.ref_kv_methods)
+            ref_dtype = r["dtype"] if r["dtype"] != "auto" else "float32"
+            r["reference_tokens"] = reference_tokens(model_dir, prompts, args.max_tokens, args.ref_kv_methods,
+                                                     ref_dtype)
             r["reference_parity"] = r["reference_tokens"] == r["tokens"]
             if load_layout(model_dir).zack and not load_layout(model_dir).swiftkv:
                 from swiftserve_vllm.reference import zack_greedy
