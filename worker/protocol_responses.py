@@ -60,7 +60,8 @@ class ResponsesRequest(_Request):
     max_tool_calls: int | None = None
 
     def text_format(self) -> dict:
-        return (self.text or {}).get("format") or {"type": "text"}
+        fmt = (self.text or {}).get("format") or {"type": "text"}
+        return fmt if isinstance(fmt, dict) else {"type": fmt}
 
 
 def validate(req: ResponsesRequest) -> None:
@@ -98,8 +99,8 @@ def _content(value: Any, where: str) -> str:
         raise bad_request("content must be text or a list of text parts.", where)
     texts = []
     for j, part in enumerate(value):
-        if not isinstance(part, dict) or part.get("type") not in TEXT_PARTS or not isinstance(part.get("text"), str):
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(kind, str) or kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
             raise bad_request(f"Content part {kind!r} is not supported (text parts only).", f"{where}.{j}")
         texts.append(part["text"])
     return "\n".join(texts)
@@ -113,10 +114,10 @@ def messages(req: ResponsesRequest) -> list[dict[str, str]]:
     if not req.input:
         raise bad_request("input must not be empty.", "input")
     for i, item in enumerate(req.input):
-        if item.get("type", "message") != "message":
+        if item.get("type", "message") != "message":       # function calls, reasoning, references
             raise bad_request(f"Input items of type {item.get('type')!r} are not supported (messages only).",
                               f"input.{i}")
-        role = ROLES.get(item.get("role"))
+        role = ROLES.get(item["role"]) if isinstance(item.get("role"), str) else None
         if role is None:
             raise bad_request(f"Input message role must be one of {sorted(ROLES)}.", f"input.{i}.role")
         out.append({"role": role, "content": _content(item.get("content"), f"input.{i}.content")})
