@@ -58,6 +58,11 @@ def offline_env() -> None:
         os.environ[name] = "1"
 
 
+# Set when a test module imports this (collection), before anything reads them: the hub
+# libraries read these variables once, at their own import.
+offline_env()
+
+
 def run_lm_eval(url: str, model: str, tokenizer_dir, tmp: Path, batch_size: int = 4):
     """-> (lm-eval's results dict, the LM object). ``url``: the server's base (no /v1)."""
     offline_env()
