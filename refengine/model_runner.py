@@ -233,7 +233,7 @@ class ModelRunner:
             if lo + 1 > len(r.prompt_lps):           # scoring requests compute their prompt from position 0
                 raise RuntimeError(f"prompt logprobs of {r.request_id!r}: position {lo} follows a gap")
             entries = score_rows(self.model.lm_head, hidden[at:at + n], r.token_ids[lo + 1:lo + 1 + n],
-                                 r.params.prompt_logprobs)
+                                 r.params.prompt_logprobs, r.params.prompt_logprob_ranks)
             r.prompt_lps[lo + 1:] = entries          # by position: a re-run step writes the same entries
         if not sampling:
             return {}, {}

@@ -28,6 +28,7 @@ class SamplingParams:
     # None: no prompt logprobs; k: each prompt token's logprob (+ rank) and the top-k alternatives,
     # computed in the prefill pass (the first prompt token has none).
     prompt_logprobs: int | None = None
+    prompt_logprob_ranks: bool = False  # also each prompt token's rank (vLLM's prompt_logprobs shape shows it)
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, added to its logit) before sampling
     # Applied at the edge by the detokenizer, not by the engine:
     stop: tuple[str, ...] = field(default=())

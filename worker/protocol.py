@@ -286,6 +286,7 @@ def to_sampling_params(req: AnyRequest, *, prompt_len: int, max_model_len: int, 
         ignore_eos=req.ignore_eos,
         logprobs=req.logprobs_k(),
         prompt_logprobs=req.engine_prompt_logprobs(),
+        prompt_logprob_ranks=req.prompt_logprobs is not None,      # vLLM's shape reports ranks; echo does not
         logit_bias=bias,
         stop=tuple(req.stop_list()),
         include_stop_str_in_output=req.include_stop_str_in_output,

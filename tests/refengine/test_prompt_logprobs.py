@@ -60,7 +60,7 @@ def test_prompt_logprobs_match_transformers_and_score(base, smollm2_dir):
     greedy = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
     (plain,), _ = run(base, [PROMPT], [greedy])
     (toks,), (plp,) = run(base, [PROMPT], [SamplingParams(max_tokens=3, temperature=0, ignore_eos=True,
-                                                          prompt_logprobs=4)])
+                                                          prompt_logprobs=4, prompt_logprob_ranks=True)])
     assert toks == plain                                   # asking changes nothing else
     hf = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
     with torch.no_grad():
@@ -84,7 +84,7 @@ def test_mixed_batch_and_prefix_cache(base):
     run(base, [PROMPT], [greedy])                          # PROMPT's blocks are now in the prefix cache
     (t_a, t_b), (p_a, p_b) = run(base, [PROMPT, OTHER], [want, greedy])
     assert p_b is None and t_b == alone_other
-    assert len(p_a) == len(PROMPT) and all(e.top == [] for e in p_a[1:])
+    assert len(p_a) == len(PROMPT) and all(e.top == [] and e.rank is None for e in p_a[1:])    # no ranks asked
     check_against_score(base, PROMPT, p_a)                 # every position computed despite the cache hit
 
 

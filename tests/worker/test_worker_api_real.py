@@ -108,6 +108,13 @@ def test_echo_scoring_through_the_sdk(sdk, engine, smollm2_dir):
         assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and len(lp.tokens) == len(ids)
         assert max(abs(a - s[0]) for a, s in zip(lp.token_logprobs[1:], score)) < 1e-3
         assert all(len(t) <= 3 for t in lp.top_logprobs[1:])
+    plp = sdk.completions.create(model="smol", prompt=ids, max_tokens=1, extra_body={"prompt_logprobs": 1}
+                                 ).choices[0].model_extra["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == len(ids)
+    for entry, t, s in zip(plp[1:], ids[1:], score):        # vLLM's shape: the token's rank, then the best
+        mine = entry[str(t)]
+        assert abs(mine["logprob"] - s[0]) < 1e-3 and mine["rank"] >= 1 and mine["decoded_token"]
+        assert (mine["rank"] == 1) == (s[1] == t)
     gen = sdk.completions.create(model="smol", prompt=prompt, max_tokens=3, echo=True, logprobs=1, temperature=0)
     c = gen.choices[0]
     assert c.text.startswith(prompt) and len(c.logprobs.tokens) == len(ids) + 3
