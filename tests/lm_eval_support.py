@@ -1,6 +1,6 @@
 """lm-evaluation-harness against a served endpoint, offline, on SwiftServe's own tiny tasks.
 
-``run_lm_eval(url, model, tokenizer_dir, tmp)`` writes two task YAMLs pointing at
+``run_lm_eval(url, model, tokenizer_dir, tmp)`` writes two task configs pointing at
 ``tests/data/lm_eval`` (``swiftserve_mc``: multiple choice, i.e. loglikelihood requests
 sent as ``echo`` + ``logprobs`` with batched token-id prompts; ``swiftserve_gen``:
 generate_until), builds lm-eval's ``local-completions`` model on ``url`` and evaluates
@@ -15,42 +15,32 @@ can score exactly those ids with the engine's own ``score()``.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parent / "data" / "lm_eval"
 
-MC_YAML = """task: swiftserve_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}/mc.jsonl
-test_split: test
-output_type: multiple_choice
-doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{answer}}}}"
-target_delimiter: ""
-metric_list:
-  - metric: acc
-"""
+# lm-eval reads task YAML; JSON is YAML, so the configs are written from these dicts.
+MEAN = {"aggregation": "mean", "higher_is_better": True}
+TASKS = {
+    "swiftserve_mc": {"data": "mc.jsonl", "output_type": "multiple_choice",
+                      "doc_to_text": "Question: {{question}}\nAnswer:", "doc_to_choice": "{{choices}}",
+                      "doc_to_target": "{{answer}}", "target_delimiter": "", "metric_list": [{"metric": "acc", **MEAN}]},
+    "swiftserve_gen": {"data": "gen.jsonl", "output_type": "generate_until", "doc_to_text": "{{prompt}}",
+                       "doc_to_target": "{{target}}", "metric_list": [{"metric": "exact_match", **MEAN}],
+                       "generation_kwargs": {"until": ["\n"], "max_gen_toks": 8, "temperature": 0}},
+}
 
-GEN_YAML = """task: swiftserve_gen
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}/gen.jsonl
-test_split: test
-output_type: generate_until
-doc_to_text: "{{{{prompt}}}}"
-doc_to_target: "{{{{target}}}}"
-generation_kwargs:
-  until: ["\\n"]
-  max_gen_toks: 8
-  temperature: 0
-metric_list:
-  - metric: exact_match
-"""
+
+def write_tasks(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, spec in TASKS.items():
+        spec = dict(spec)
+        files = {"data_files": {"test": str(DATA / spec.pop("data"))}}
+        config = {"task": name, "dataset_path": "json", "dataset_kwargs": files, "test_split": "test", **spec}
+        (folder / f"{name}.yaml").write_text(json.dumps(config, indent=1))
+    return folder
 
 
 def offline_env() -> None:
@@ -70,14 +60,11 @@ def run_lm_eval(url: str, model: str, tokenizer_dir, tmp: Path, batch_size: int 
     from lm_eval.models.openai_completions import LocalCompletionsAPI
     from lm_eval.tasks import TaskManager
 
-    tasks = tmp / "lm_eval_tasks"
-    tasks.mkdir(parents=True, exist_ok=True)
-    (tasks / "swiftserve_mc.yaml").write_text(MC_YAML.format(data=DATA))
-    (tasks / "swiftserve_gen.yaml").write_text(GEN_YAML.format(data=DATA))
+    tasks = write_tasks(tmp / "lm_eval_tasks")
     lm = LocalCompletionsAPI(base_url=url + "/v1/completions", model=model, tokenizer_backend="huggingface",
                              tokenizer=str(tokenizer_dir), tokenized_requests=True, batch_size=batch_size,
                              num_concurrent=1, max_retries=1, timeout=300)
-    results = simple_evaluate(model=lm, tasks=["swiftserve_mc", "swiftserve_gen"],
+    results = simple_evaluate(model=lm, tasks=list(TASKS),
                               task_manager=TaskManager(include_path=str(tasks), include_defaults=False),
                               log_samples=True, bootstrap_iters=0, random_seed=0)
     return results, lm
