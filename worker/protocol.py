@@ -176,7 +176,7 @@ def validate_request(req: AnyRequest, max_logprobs: int = 20) -> None:
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options can only be set when stream is true.", "stream_options")
     for key in req.logit_bias or {}:
-        if not key.isdigit():
+        if not (key.isascii() and key.isdigit() and len(key) <= 12):      # int() takes no "²", no 5000 digits
             raise bad_request(f"logit_bias keys must be token ids (non-negative integers), got {key!r}.", "logit_bias")
     if req.prompt_logprobs is not None:
         if req.prompt_logprobs > max_logprobs:

@@ -51,6 +51,8 @@ CASES = [
     (CMPL, {"prompt": "x", "min_tokens": 10, "max_tokens": 5}, 400, "min_tokens"),
     (CMPL, {"prompt": "x", "logit_bias": {"a": 1.0}}, 400, "logit_bias"),
     (CMPL, {"prompt": "x", "logit_bias": {"-5": 1.0}}, 400, "logit_bias"),
+    (CMPL, {"prompt": "x", "logit_bias": {"\u00b2": 1.0}}, 400, "logit_bias"),
+    (CMPL, {"prompt": "x", "logit_bias": {"9" * 5000: 1.0}}, 400, "logit_bias"),
     (CMPL, {"prompt": "x", "logit_bias": {"5": 100.5}}, 400, "logit_bias.5"),
     (CMPL, {"prompt": "x", "logit_bias": {"5": "up"}}, 400, "logit_bias.5"),
     (CMPL, {"prompt": "x", "logit_bias": {"500": 1.0}}, 400, "logit_bias"),            # vocabulary is 500
