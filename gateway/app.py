@@ -68,10 +68,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 class FastPath:
-    """ASGI: ``POST /v1/completions`` and ``/v1/chat/completions`` straight to ``handler``
+    """ASGI: the proxied ``POST`` routes (``PATHS``) straight to ``handler``
     (an unexpected exception is a JSON 500, as in the app's handler); the rest to ``app``."""
 
-    PATHS = ("/v1/completions", "/v1/chat/completions")
+    PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/tokenize", "/detokenize")
 
     def __init__(self, app, handler) -> None:
         self.app, self.handler = app, handler
@@ -169,18 +169,18 @@ def build_app(config: GatewayConfig) -> FastAPI:
                 return _rejected(metrics, exc)
         return None
 
-    # The two proxied routes skip FastAPI's middleware and routing layers (per-request and
+    # The proxied routes skip FastAPI's middleware and routing layers (per-request and
     # per-chunk cost); the routes below stay for the OpenAPI schema.
     inner_stack = app.build_middleware_stack
     app.build_middleware_stack = lambda: FastPath(inner_stack(), proxy)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await proxy(request, "/v1/completions")
+    def proxied(path: str):
+        async def route(request: Request):
+            return await proxy(request, path)
+        return route
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        return await proxy(request, "/v1/chat/completions")
+    for path in FastPath.PATHS:
+        app.add_api_route(path, proxied(path), methods=["POST"], name=path.strip("/").replace("/", "_"))
 
     @app.get("/v1/models")
     async def models(request: Request):

@@ -116,12 +116,16 @@ def _count(value, default: float) -> float:
 
 
 def requested_tokens(body: dict) -> float:
-    return _count(body.get("max_tokens"), 0) or _count(body.get("max_completion_tokens"), 0) or 16.0
+    return (_count(body.get("max_tokens"), 0) or _count(body.get("max_completion_tokens"), 0)
+            or _count(body.get("max_output_tokens"), 0) or 16.0)
 
 
 def estimate_tokens(body: dict) -> float:
     """Prompt characters / 4 (or token ids) + max_tokens; any JSON body gives a number."""
     prompt, msgs = body.get("prompt"), body.get("messages")
+    if "input" in body:                                      # /v1/responses: text or message items
+        inp = body["input"]
+        prompt, msgs = (inp, None) if isinstance(inp, str) else (prompt, inp)
     if isinstance(msgs, list):
         n = sum(_chars(m.get("content")) for m in msgs if isinstance(m, dict)) / 4
     elif isinstance(prompt, list) and prompt and isinstance(prompt[0], int):

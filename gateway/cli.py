@@ -16,7 +16,9 @@ def parse_args(argv=None) -> GatewayConfig:
     d, h = GatewayConfig(), HealthPolicy()
     p = argparse.ArgumentParser(prog="swiftserve-gateway",
                                 description="OpenAI-compatible gateway routing each request to a worker by cached prompt "
-                                            "prefix and load (works with SwiftServe workers and stock `vllm serve`).")
+                                            "prefix and load (works with SwiftServe workers and stock `vllm serve`). "
+                                            "Proxies /v1/completions, /v1/chat/completions, /v1/responses, /tokenize "
+                                            "and /detokenize.")
     g = p.add_argument_group("workers (at least one source)")
     g.add_argument("--workers", default=",".join(envs.worker_urls()),
                    help="comma-separated worker base URLs (default: $SWIFTSERVE_WORKERS)")

@@ -6,7 +6,9 @@ body (a client trickling bytes gets a 408 instead of holding a connection foreve
 ``parse_body`` turns the bytes into a JSON object with the fields routing needs.
 Each failure is an ``EdgeError`` that the app answers with an OpenAI-style 4xx; no
 input reaches a 500. The worker validates every field; the gateway checks only what
-it must read itself (``model``, ``messages`` / ``prompt``).
+it must read itself: ``model`` (optional on /tokenize and /detokenize, as in vLLM) and the
+input its path needs (``messages``, ``prompt``, ``input`` for /v1/responses, ``prompt`` or
+``messages`` for /tokenize, ``tokens`` for /detokenize).
 """
 
 from __future__ import annotations
@@ -68,11 +70,23 @@ def parse_body(path: str, raw: bytes) -> dict:
             raise EdgeError(400, "bad_json", "We could not parse the JSON body of your request.") from None
     if not isinstance(body, dict):
         raise EdgeError(400, "bad_json", "The request body must be a JSON object.")
-    if not isinstance(body.get("model"), str) or not body.get("model"):
+    tokenizer_path = path in ("/tokenize", "/detokenize")
+    model = body.get("model")
+    if (not tokenizer_path or model is not None) and (not isinstance(model, str) or not model):
         raise EdgeError(400, "invalid_request", "Missing or invalid required parameter: 'model'.", "model")
     if path.endswith("/chat/completions"):
-        if not isinstance(body.get("messages"), list) or not body["messages"]:
-            raise EdgeError(400, "invalid_request", "Missing or invalid required parameter: 'messages'.", "messages")
+        _require(isinstance(body.get("messages"), list) and body["messages"], "messages")
+    elif path == "/v1/responses":
+        _require(isinstance(body.get("input"), (str, list)) and body["input"] not in ("", []), "input")
+    elif path == "/detokenize":
+        _require(isinstance(body.get("tokens"), list), "tokens")
+    elif path == "/tokenize":
+        _require(body.get("prompt") is not None or body.get("messages") is not None, "prompt")
     elif body.get("prompt") in (None, "", []):
-        raise EdgeError(400, "invalid_request", "Missing or invalid required parameter: 'prompt'.", "prompt")
+        _require(False, "prompt")
     return body
+
+
+def _require(ok, param: str) -> None:
+    if not ok:
+        raise EdgeError(400, "invalid_request", f"Missing or invalid required parameter: '{param}'.", param)

@@ -4,7 +4,9 @@ Contract:
 
 * ``prompt_bytes(path, body) -> bytes``: what a worker will prefill, rendered the same
   way for every request (chat: tools, then each message as ``<role>content``, content
-  parts joined, UTF-8; completions: the prompt string, or the first prompt of a batch;
+  parts joined, UTF-8; /v1/responses: ``instructions`` as a system message, then ``input``
+  as one user message or as its message items; completions and /tokenize: the prompt
+  string, or the first prompt of a batch;
   token ids as 4 bytes each, so a 128-byte block is 32 tokens). It only has to be
   *consistent*, not identical to the worker's chat template: equal prefixes render to
   equal prefixes.
@@ -47,7 +49,13 @@ def _content_text(content) -> str:
 
 
 def render_prompt(path: str, body: dict) -> str:
-    if path.endswith("/chat/completions"):
+    if path == "/v1/responses":
+        inp = body.get("input")
+        msgs = [{"role": "user", "content": inp}] if isinstance(inp, str) else inp if isinstance(inp, list) else []
+        if isinstance(body.get("instructions"), str):
+            msgs = [{"role": "system", "content": body["instructions"]}, *msgs]
+        return render_prompt("/v1/chat/completions", {"messages": msgs})
+    if path.endswith("/chat/completions") or (path == "/tokenize" and "messages" in body):
         parts = []
         if body.get("tools"):
             parts.append("<tools>" + json.dumps(body["tools"], sort_keys=True, default=str) + "\n")

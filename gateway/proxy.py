@@ -14,7 +14,8 @@ OpenAI-style error, and the worker's in-flight count returns to zero.
 * An SSE stream passes through event by event, bytes unchanged (an event is sent once
   its blank line has arrived, and only if its ``data:`` is JSON or ``[DONE]``). If the
   worker fails after the first byte (connection lost, no byte for ``first_byte_timeout``,
-  an event that is not JSON, the stream ends without ``data: [DONE]``, or it exceeds
+  an event that is not JSON, the stream ends without ``data: [DONE]`` (or, for
+  /v1/responses, without its terminal ``response.completed|incomplete|failed`` event), or it exceeds
   ``max_response_bytes``), the client gets one error event
   ``data: {"error": {...}}`` and ``data: [DONE]``, and the stream ends cleanly (the
   same in-band form the worker uses for its own errors). Nothing is retried after the
@@ -42,7 +43,7 @@ from yarl import URL
 
 from gateway.admission import Rejected
 from gateway.errors import error
-from gateway.streaming import DONE_EVENTS, SSEStream, StreamStats, error_event, event_end, is_json, valid_prefix
+from gateway.streaming import SSEStream, StreamStats, error_event, event_end, is_json, stream_ended, valid_prefix
 
 log = logging.getLogger(__name__)
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding", "date",
@@ -238,7 +239,7 @@ class Forwarder:
                             if good:
                                 await send({"type": "http.response.body", "body": out[:good], "more_body": True})
                             raise AttemptFailed("bad_event", "the worker sent an event that is not JSON")
-                        ended = out.endswith(DONE_EVENTS)
+                        ended = stream_ended(out)
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                     chunk = await resp.content.readany()
                 if not ended:

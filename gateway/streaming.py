@@ -11,7 +11,10 @@ Failures after the first byte (the pump raises ``StreamFailure``-like exceptions
 by the caller) become one in-band error event followed by ``data: [DONE]``.
 
 ``StreamStats`` looks for markers in the raw bytes as they pass: the first event
-carrying generated text (TTFT), the last one (TPOT), ``usage.completion_tokens``.
+carrying generated text (TTFT), the last one (TPOT), ``usage.completion_tokens`` (or the
+Responses API's ``output_tokens``). A stream ends with ``data: [DONE]``, or for the
+Responses API with its terminal ``response.completed|incomplete|failed`` event
+(``stream_ended``).
 """
 
 from __future__ import annotations
@@ -24,10 +27,22 @@ import time
 import orjson
 from starlette.responses import Response
 
-TEXT = re.compile(rb'"(?:text|content)"\s*:\s*"(?!")')
-USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+TEXT = re.compile(rb'"(?:text|content|delta)"\s*:\s*"(?!")')
+USAGE = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
 DONE_EVENTS = (b"data: [DONE]\n\n", b"data: [DONE]\r\n\r\n")
 _BLOCKS = re.compile(rb"(?<=\n\n)|(?<=\r\n\r\n)")
+# The Responses API ends a stream with its terminal event instead of [DONE].
+TERMINAL = re.compile(rb"event: response\.(?:completed|incomplete|failed)\r?\n")
+
+
+def stream_ended(events: bytes) -> bool:
+    """True when ``events`` (complete SSE events) ends with an event that ends a stream."""
+    if events.endswith(DONE_EVENTS):
+        return True
+    body = events.rstrip(b"\r\n")
+    lf, crlf = body.rfind(b"\n\n"), body.rfind(b"\r\n\r\n")
+    start = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+    return TERMINAL.match(body, start) is not None
 
 
 def error_event(message: str, code: str) -> bytes:
@@ -80,7 +95,7 @@ class StreamStats:
             now = time.monotonic()
             self.first_token = self.first_token or now
             self.last_token = now
-        if b"completion_tokens" in data:
+        if b"completion_tokens" in data or b"output_tokens" in data:     # chat/completions, Responses
             for m in USAGE.finditer(data):
                 self.completion_tokens = int(m.group(1))
         self._tail = data[-64:]          # a marker may straddle two chunks

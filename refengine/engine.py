@@ -7,7 +7,8 @@ Requests that finish, abort or are preempted are forgotten by the methods.
 
 Not thread-safe: one thread owns it (``AsyncEngine`` runs it on a background
 thread). Callers speak token ids and ``SamplingParams``; out come
-``RequestOutput`` increments (one token per request per step).
+``RequestOutput`` increments (one token per request per step; the first one carries the
+prompt logprobs when ``params.prompt_logprobs`` asked for them).
 
 Isolation: ``add_request`` validates every id and option (``ValueError``). If a step's
 batch fails anyway, each of its requests is run alone; one that fails alone is
@@ -77,8 +78,12 @@ class LLMEngine:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if any(t < 0 or t >= vocab for t in params.stop_token_ids):
             raise ValueError(f"stop_token_ids must be in [0, {vocab})")
-        if params.logprobs is not None and not 0 <= params.logprobs <= vocab:
-            raise ValueError(f"logprobs must be in [0, {vocab}]")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(params, name)
+            if k is not None and not 0 <= k <= vocab:
+                raise ValueError(f"{name} must be in [0, {vocab}]")
+        if any(not 0 <= t < vocab for t, _ in params.logit_bias):
+            raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         req = Request(request_id, prompt_token_ids, params, self.eos_token_ids, self.max_model_len, arrival_time)
         req.forced_ids = forced_ids
         self.scheduler.add(req)
@@ -113,7 +118,10 @@ class LLMEngine:
                 self.prompt_tokens_total += req.num_prompt_tokens
             self.generation_tokens_total += 1
             lp = logprobs.get(req.request_id)
-            outputs.append(self._output(req, [req.token_ids[-1]], [lp] if lp is not None else None))
+            out = self._output(req, [req.token_ids[-1]], [lp] if lp is not None else None)
+            if req.num_output_tokens == 1 and req.prompt_lps is not None:
+                out.prompt_logprobs = req.prompt_lps     # complete: the prompt's last chunk just sampled
+            outputs.append(out)
             if req.status.finished:
                 self.runner.release(req.request_id)
         return outputs

@@ -8,7 +8,8 @@ block (after the methods' fixed reservations). ``execute(SchedulerOutput)`` turn
 scheduler's token counts and block tables into batch tensors (input ids, true
 positions for RoPE, slot mapping and attention over *cache* offsets, which differ
 once an eviction method dropped tokens), runs one forward pass and samples one
-token for every request whose chunk reached its last known token. ``after_step``
+token for every request whose chunk reached its last known token; prompt logprobs
+come from the same pass (``refengine.prompt_logprobs``). ``after_step``
 gives KV methods the step after the scheduler's update and collects their edits;
 ``forget`` drops their per-request state.
 """
@@ -34,6 +35,7 @@ from refengine.fused_ops import resolve_fused_ops
 from refengine.paged_kernel import resolve_decode_kernel, resolve_prefill_kernel
 from refengine.dummy_weights import DummyWeights
 from refengine.weights import OverlayWeights, WeightSource
+from refengine.prompt_logprobs import head_rows, score_rows, scored_positions
 from refengine.sampler import SampleRow, sample
 from refengine.scheduler import SchedulerOutput
 
@@ -195,32 +197,47 @@ class ModelRunner:
         # by the tokens an eviction method dropped from the request's cache.
         chunks = [(c.cache_start, c.num_tokens, c.block_table) for c in sched.chunks]
         seq_ids = [c.request.request_id for c in sched.chunks]
-        ids, pos, logit_rows, sampling = [], [], [], []
+        ids, pos, head_idx, tails, sampling, sample_at, scoring = [], [], [], [], [], [], []
         row = 0
         for c in sched.chunks:
-            ids.extend(c.request.token_ids[c.start:c.start + c.num_tokens])
-            pos.extend(range(c.start, c.start + c.num_tokens))
+            r, end = c.request, c.start + c.num_tokens
+            ids.extend(r.token_ids[c.start:end])
+            pos.extend(range(c.start, end))
+            # Rows that go on to the LM head: a suffix [lo, end) of the chunk (prompt logprobs, sampling).
+            lo = head_rows(c.start, end, r.num_prompt_tokens, r.prompt_lps, c.needs_logits)
+            if lo < end:
+                n_scored = scored_positions(lo, end, r.num_prompt_tokens, r.prompt_lps)
+                if n_scored:
+                    scoring.append((r, lo, len(head_idx), n_scored))
+                if c.needs_logits:
+                    sample_at.append(len(head_idx) + end - 1 - lo)
+                    sampling.append(c)
+                head_idx.extend(range(row + lo - c.start, row + c.num_tokens))
+                tails.append((c.cache_start + lo - c.start, end - lo, c.block_table, r.request_id))
             row += c.num_tokens
-            if c.needs_logits:
-                logit_rows.append(row - 1)
-                sampling.append(c)
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         positions = torch.tensor(pos, dtype=torch.long, device=dev)
         slots = slot_mapping(chunks, bs, dev)
         attn_all = build_attn_batch(chunks, bs, dev, seq_ids=seq_ids, decode_kernel=self.decode_kernel,
                                     prefill_kernel=self.prefill_kernel)
-        logits_idx = torch.tensor(logit_rows, dtype=torch.long, device=dev)
+        logits_idx = torch.tensor(head_idx, dtype=torch.long, device=dev)
         attn_logits = None
         if self.model.use_swiftkv:
-            # Later layers: one query per sampling sequence, at its last position.
-            attn_logits = build_attn_batch([(c.cache_start + c.num_tokens - 1, 1, c.block_table) for c in sampling],
-                                           bs, dev, seq_ids=[c.request.request_id for c in sampling],
-                                           decode_kernel=self.decode_kernel)
+            # Later layers: the head rows of each sequence, causal over its cache (one query when it only samples).
+            attn_logits = build_attn_batch([t[:3] for t in tails], bs, dev, seq_ids=[t[3] for t in tails],
+                                           decode_kernel=self.decode_kernel, prefill_kernel=self.prefill_kernel)
         for m in self.kv_methods:
             m.begin_step(sched, self.kv)
-        logits = self.model(input_ids, positions, self.kv, attn_all, slots, logits_idx, attn_logits)
+        hidden = self.model(input_ids, positions, self.kv, attn_all, slots, logits_idx, attn_logits)   # [N, D]
+        for r, lo, at, n in scoring:
+            if lo + 1 > len(r.prompt_lps):           # scoring requests compute their prompt from position 0
+                raise RuntimeError(f"prompt logprobs of {r.request_id!r}: position {lo} follows a gap")
+            entries = score_rows(self.model.lm_head, hidden[at:at + n], r.token_ids[lo + 1:lo + 1 + n],
+                                 r.params.prompt_logprobs, r.params.prompt_logprob_ranks)
+            r.prompt_lps[lo + 1:] = entries          # by position: a re-run step writes the same entries
         if not sampling:
             return {}, {}
+        logits = self.model.lm_head(hidden[sample_at] if scoring else hidden)
         rows = []
         for c in sampling:
             r = c.request

@@ -14,6 +14,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)  # (token_id, logprob), best first
+    rank: int | None = None     # 1 + how many tokens were more likely (prompt logprobs report it)
 
 
 @dataclass
@@ -44,6 +45,9 @@ class RequestOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     timings: RequestTimings | None = None       # filled on the final increment
+    # On the first increment of a request that asked for them: one entry per prompt token,
+    # the first None (nothing predicts it).
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass

@@ -36,7 +36,7 @@ class Request:
     __slots__ = (
         "request_id", "token_ids", "num_prompt_tokens", "params", "eos_token_ids",
         "num_computed_tokens", "status", "stop_reason", "timings", "num_preemptions",
-        "max_model_len", "forced_ids", "score_log", "num_evicted", "prefilled",
+        "max_model_len", "forced_ids", "score_log", "num_evicted", "prefilled", "prompt_lps",
     )
 
     def __init__(
@@ -67,6 +67,9 @@ class Request:
         # (logprob of the forced token, argmax token, full logprob row or None).
         self.forced_ids: list[int] | None = None
         self.score_log: list[tuple] = []
+        # Prompt logprobs (params.prompt_logprobs): entry i is prompt token i's, filled from the
+        # prefill rows as chunks compute them; entry 0 is None (no position predicts it).
+        self.prompt_lps: list | None = [None] if params.prompt_logprobs is not None else None
 
     @property
     def num_tokens(self) -> int:
@@ -76,6 +79,12 @@ class Request:
     def num_cached_tokens(self) -> int:
         """Entries per head in the cache (= positions computed, minus evicted ones)."""
         return self.num_computed_tokens - self.num_evicted
+
+    @property
+    def needs_prompt_scores(self) -> bool:
+        """Prompt logprobs asked for and not all computed yet (the prefill must compute every
+        position from scratch: no prefix-cache hits)."""
+        return self.prompt_lps is not None and len(self.prompt_lps) < self.num_prompt_tokens
 
     @property
     def num_output_tokens(self) -> int:

@@ -1,11 +1,12 @@
-"""Batch sampling: penalties, temperature, top-k, top-p, min-p, per-request seeds, logprobs.
+"""Batch sampling: logit bias, penalties, temperature, top-k, top-p, min-p, per-request seeds, logprobs.
 
 Input: logits ``[N, vocab]`` (one row per request that samples this step) and the
 rows' parameters. Greedy rows take the argmax of the processed logits. Random rows
 use inverse-CDF sampling with one uniform number per row (float64 cumulative sums),
 drawn from the request's own ``torch.Generator`` when it has a seed, so a seeded
 request gives the same tokens whatever else is in the batch. Logprobs are of the raw model distribution (before
-penalties and temperature), as vLLM reports them by default.
+logit bias, penalties and temperature), as vLLM reports them by default. ``logit_bias`` (OpenAI's: token id ->
+value added to its logit) is one indexed add over the whole batch.
 
 Top-p is exact without sorting the whole vocabulary: the nucleus is searched in the
 row's ``NUCLEUS_PROBE`` most likely tokens, and only a row whose nucleus is larger
@@ -32,6 +33,19 @@ class SampleRow:
     num_prompt_tokens: int
     generator: torch.Generator | None
     blocked_ids: tuple[int, ...]    # ids masked out (EOS/stop ids before min_tokens)
+
+
+def _apply_logit_bias(logits: torch.Tensor, rows: list[SampleRow]) -> None:
+    """Add every row's ``logit_bias`` in one indexed add over the batch ``[N, V]``."""
+    r_idx, t_idx, vals = [], [], []
+    for i, r in enumerate(rows):
+        for t, b in r.params.logit_bias:
+            r_idx.append(i)
+            t_idx.append(t)
+            vals.append(b)
+    dev = logits.device
+    logits.index_put_((torch.tensor(r_idx, device=dev), torch.tensor(t_idx, device=dev)),
+                      torch.tensor(vals, dtype=logits.dtype, device=dev), accumulate=True)
 
 
 def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> None:
@@ -90,9 +104,12 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], default_gen: torch.Gener
            ) -> tuple[list[int], list[TokenLogprob | None]]:
     logits = logits.float()
     raw = logits
-    if any(r.params.repetition_penalty != 1.0 or r.params.presence_penalty or r.params.frequency_penalty
-           or r.blocked_ids for r in rows):
+    biased = any(r.params.logit_bias for r in rows)
+    if biased or any(r.params.repetition_penalty != 1.0 or r.params.presence_penalty or r.params.frequency_penalty
+                     or r.blocked_ids for r in rows):
         logits = logits.clone()
+        if biased:
+            _apply_logit_bias(logits, rows)     # first, as vLLM: penalties see the biased logits
         _apply_penalties(logits, rows)
     tokens = logits.argmax(-1).tolist()           # greedy rows keep these
     rand = [i for i, r in enumerate(rows) if not r.params.greedy]

@@ -25,6 +25,11 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None       # None: no logprobs; k: chosen token + top-k alternatives
+    # None: no prompt logprobs; k: each prompt token's logprob (+ rank) and the top-k alternatives,
+    # computed in the prefill pass (the first prompt token has none).
+    prompt_logprobs: int | None = None
+    prompt_logprob_ranks: bool = False  # also each prompt token's rank (vLLM's prompt_logprobs shape shows it)
+    logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, added to its logit) before sampling
     # Applied at the edge by the detokenizer, not by the engine:
     stop: tuple[str, ...] = field(default=())
     include_stop_str_in_output: bool = False
@@ -45,3 +50,5 @@ class SamplingParams:
             raise ValueError("top_k must be >= 0 (0 disables)")
         if self.repetition_penalty <= 0:
             raise ValueError("repetition_penalty must be > 0")
+        if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
+            raise ValueError("prompt_logprobs must be >= 0")

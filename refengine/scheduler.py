@@ -13,7 +13,9 @@ Prefix caching: a request admitted from scratch first takes the cached blocks of
 prompt (``BlockManager.lookup``); its ``num_computed_tokens`` starts at the cached
 length, and its computed full blocks are registered after each step (``commit``). A
 request whose next uncached block is being computed by another one (``n > 1`` copies
-of a prompt) waits until that block is cached instead of computing it again.
+of a prompt) waits until that block is cached instead of computing it again. A request
+that wants prompt logprobs takes no cached blocks until they are all computed: they come
+from its own prefill rows.
 With fewer budget tokens than running requests, the next step resumes after the last
 request served; ``long_prefill_cap`` bounds one request's share of a step's budget.
 
@@ -157,8 +159,11 @@ class Scheduler:
             skipped: list[Request] = []
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 req = self.waiting[0]
-                hits = self.bm.lookup(req.request_id, req.token_ids) if req.num_computed_tokens == 0 else []
-                if self.bm.in_flight(req.request_id, req.token_ids, len(hits)):
+                # Prompt logprobs come from the prefill's own rows: such a request computes its prompt.
+                scoring = req.needs_prompt_scores
+                hits = self.bm.lookup(req.request_id, req.token_ids) if req.num_computed_tokens == 0 \
+                    and not scoring else []
+                if not scoring and self.bm.in_flight(req.request_id, req.token_ids, len(hits)):
                     skipped.append(self.waiting.popleft())  # its next block is being computed: a hit soon
                     continue
                 cached = len(hits) * self.bm.block_size

@@ -6,6 +6,8 @@ because ``tests/conftest.py`` lives there (pytest's default ``prepend`` import m
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import time
@@ -40,3 +42,16 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, log=None) -> 
             pass
         time.sleep(0.5)
     raise AssertionError(f"{url} not healthy after {timeout} s{tail()}")
+
+
+def stop_groups(procs: list[subprocess.Popen], timeout: float = 60) -> None:
+    """SIGTERM the process group of each process still running (started with
+    ``start_new_session=True``), then SIGKILL a group that outlives ``timeout``."""
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)

@@ -1,6 +1,7 @@
 """``build_app(config, engine, tokenizer)``: the worker's FastAPI app (vllm serve's surface).
 
-Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/responses``
+(stateless Responses API), ``POST /tokenize`` and ``POST /detokenize`` (vLLM's shapes), ``GET /v1/models``
 (with ``max_model_len``), ``GET /health`` (200 when the engine is healthy and the worker is not
 draining, else 503), ``GET /load`` (running / waiting / in-flight / KV usage, for routers; its
 ``server_load`` is vLLM's field: generation HTTP requests in flight), ``GET /get_load`` (the
@@ -31,6 +32,9 @@ from worker.protocol import ChatCompletionRequest, ChatCompletionResponse, Compl
 from worker.serving import ServingState
 from worker.serving_chat import create_chat_completion
 from worker.serving_completions import create_completion
+from worker.protocol_responses import ResponsesRequest
+from worker.serving_responses import create_response
+from worker.serving_tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 
 
 def build_app(config: WorkerConfig, engine, tokenizer) -> FastAPI:
@@ -64,6 +68,18 @@ def build_app(config: WorkerConfig, engine, tokenizer) -> FastAPI:
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse)
     async def chat_completions(request: ChatCompletionRequest, raw_request: Request):
         return await create_chat_completion(raw_request.app.state.serving, request, raw_request)
+
+    @app.post("/v1/responses")
+    async def responses(request: ResponsesRequest, raw_request: Request):
+        return await create_response(raw_request.app.state.serving, request, raw_request)
+
+    @app.post("/tokenize")
+    async def tokenize_route(request: TokenizeRequest, raw_request: Request):
+        return await tokenize(raw_request.app.state.serving, request)
+
+    @app.post("/detokenize")
+    async def detokenize_route(request: DetokenizeRequest, raw_request: Request):
+        return await detokenize(raw_request.app.state.serving, request)
 
     @app.get("/v1/models")
     async def models(raw_request: Request):

@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="swiftserve-worker",
         description="Serve one model with an OpenAI-compatible API (/v1/completions, /v1/chat/completions, "
-                    "/v1/models, /health, /load, /metrics, /version), like `vllm serve`.",
+                    "/v1/responses, /tokenize, /detokenize, /v1/models, /health, /load, /metrics, /version), "
+                    "like `vllm serve`. Scoring (echo, prompt_logprobs) and logit_bias: docs/api.md.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("server")
     g.add_argument("--model", default="default",
@@ -77,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "with --overload-status (0 = unlimited)")
     g.add_argument("--overload-status", type=int, choices=OVERLOAD_STATUSES, default=429,
                    help="HTTP status returned when --max-concurrent-requests is reached")
-    g.add_argument("--max-logprobs", type=int, default=20, help="largest logprobs / top_logprobs accepted")
+    g.add_argument("--max-logprobs", type=int, default=20,
+                   help="largest logprobs / top_logprobs / prompt_logprobs accepted")
     g.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024,
                    help="larger request bodies are refused with 413")
     g.add_argument("--max-choices-per-request", type=int, default=256,

@@ -2,8 +2,11 @@
 
 Completions: ``{tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}``
 where each ``top_logprobs`` dict holds the k best alternatives plus the sampled
-token (OpenAI: "up to logprobs+1 elements"). Chat: ``content: [{token, logprob,
-bytes, top_logprobs: [{token, logprob, bytes}] * k}]``.
+token (OpenAI: "up to logprobs+1 elements"); with ``echo`` the prompt's tokens come
+first, the first one with ``null`` logprob and top (nothing predicts it), as OpenAI.
+Chat: ``content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}] * k}]``.
+vLLM's ``prompt_logprobs``: per prompt token ``null`` (the first) or ``{token_id:
+{logprob, rank, decoded_token}}`` holding the token itself and the k best.
 
 A token's string is ``decode([id])`` with special tokens kept. A byte-level BPE
 token that is only part of a UTF-8 character decodes to U+FFFD; its ``bytes`` are
@@ -17,7 +20,7 @@ import math
 from functools import lru_cache
 
 from refengine.outputs import TokenLogprob
-from worker.protocol import ChatLogprobToken, CompletionLogprobs, TopLogprob
+from worker.protocol import ChatLogprobToken, CompletionLogprobs, PromptLogprob, PromptLogprobs, TopLogprob
 
 MIN_LOGPROB = -9999.0
 
@@ -94,3 +97,34 @@ def chat_logprobs(texts: TokenTexts, lps: list[TokenLogprob], k: int) -> list[Ch
         entries.append(ChatLogprobToken(token=texts.text(lp.token_id), logprob=clamp(lp.logprob),
                                         bytes=texts.bytes(lp.token_id), top_logprobs=tops))
     return entries
+
+
+def echo_logprobs(texts: TokenTexts, prompt_ids: list[int], plps: list[TokenLogprob | None],
+                  k: int) -> tuple[CompletionLogprobs, int]:
+    """The prompt's part of an echoed completion's logprobs; returns it and the offset after it."""
+    first = texts.text(prompt_ids[0])
+    out, offset = completion_logprobs(texts, plps[1:], k, len(first))
+    out.tokens.insert(0, first)
+    out.token_logprobs.insert(0, None)
+    out.top_logprobs.insert(0, None)
+    out.text_offset.insert(0, 0)
+    return out, offset
+
+
+def extend_logprobs(into: CompletionLogprobs, block: CompletionLogprobs) -> None:
+    for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+        getattr(into, name).extend(getattr(block, name))
+
+
+def prompt_logprobs_out(texts: TokenTexts, plps: list[TokenLogprob | None], k: int) -> PromptLogprobs:
+    out: list = []
+    for e in plps:
+        if e is None:
+            out.append(None)
+            continue
+        entry = {e.token_id: PromptLogprob(logprob=clamp(e.logprob), rank=e.rank, decoded_token=texts.text(e.token_id))}
+        for rank, (tid, v) in enumerate(e.top[:k], start=1):
+            if tid not in entry:
+                entry[tid] = PromptLogprob(logprob=clamp(v), rank=rank, decoded_token=texts.text(tid))
+        out.append(entry)
+    return out

@@ -10,12 +10,16 @@ ranges) are checked in ``to_sampling_params``, called once per request.
 
 Defaults follow vLLM: completions ``max_tokens`` defaults to 16 and an explicit
 ``null`` means "the rest of the context"; chat defaults to the rest of the context.
+Scoring: completions ``echo`` with ``logprobs`` asks for the prompt tokens' logprobs
+(engine ``prompt_logprobs = logprobs``), ``max_tokens: 0`` with ``echo`` scores without
+generating (the engine samples one token that the edge drops, as vLLM), and
+``prompt_logprobs`` (vLLM's field) returns them in vLLM's shape on both endpoints.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -80,9 +84,9 @@ class _SamplingRequest(_Request):
     skip_special_tokens: bool = True
     truncate_prompt_tokens: int | None = Field(None, ge=1)   # keep only the last k prompt tokens
     user: str | None = None                          # accepted for compatibility; identifies the caller only
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None   # token id -> bias
+    prompt_logprobs: int | None = Field(None, ge=0)  # vLLM extension; upper bound: WorkerConfig.max_logprobs
     # Declared so that they are refused rather than silently ignored:
-    logit_bias: dict[str, float] | None = None
-    prompt_logprobs: int | None = None
     guided_json: Any = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
@@ -105,7 +109,7 @@ class _SamplingRequest(_Request):
 
 class CompletionRequest(_SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=0)        # 0 only with echo: score the prompt, generate nothing
     logprobs: int | None = Field(None, ge=0)        # upper bound: WorkerConfig.max_logprobs
     echo: bool | None = False
     suffix: str | None = None
@@ -117,6 +121,17 @@ class CompletionRequest(_SamplingRequest):
 
     def logprobs_k(self) -> int | None:
         return self.logprobs
+
+    @property
+    def score_only(self) -> bool:
+        return bool(self.echo) and self.max_tokens == 0
+
+    def engine_prompt_logprobs(self) -> int | None:
+        """Top-k the engine computes for prompt tokens: enough for ``prompt_logprobs`` and for
+        ``echo`` with ``logprobs`` (each formatter keeps its own k)."""
+        ks = [self.prompt_logprobs, self.logprobs if self.echo else None]
+        ks = [k for k in ks if k is not None]
+        return max(ks) if ks else None
 
 
 class ChatMessage(BaseModel):
@@ -149,6 +164,9 @@ class ChatCompletionRequest(_SamplingRequest):
     def logprobs_k(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
+    def engine_prompt_logprobs(self) -> int | None:
+        return self.prompt_logprobs
+
 
 AnyRequest = CompletionRequest | ChatCompletionRequest
 
@@ -157,10 +175,15 @@ def validate_request(req: AnyRequest, max_logprobs: int = 20) -> None:
     """Refuse (400) values we accept syntactically but do not support. Needs no tokenizer."""
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options can only be set when stream is true.", "stream_options")
-    if req.logit_bias:
-        raise bad_request("logit_bias is not supported.", "logit_bias")
+    for key in req.logit_bias or {}:
+        if not (key.isascii() and key.isdigit() and len(key) <= 12):      # int() takes no "²", no 5000 digits
+            raise bad_request(f"logit_bias keys must be token ids (non-negative integers), got {key!r}.", "logit_bias")
     if req.prompt_logprobs is not None:
-        raise bad_request("prompt_logprobs is not supported.", "prompt_logprobs")
+        if req.prompt_logprobs > max_logprobs:
+            raise bad_request(f"prompt_logprobs must be <= {max_logprobs}.", "prompt_logprobs")
+        if req.stream:
+            raise bad_request("prompt_logprobs are not available when stream is true (use echo with logprobs "
+                              "on /v1/completions).", "prompt_logprobs")
     for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar"):
         if getattr(req, name) is not None:
             raise bad_request(f"{name} (guided decoding) is not supported.", name)
@@ -179,8 +202,9 @@ def validate_request(req: AnyRequest, max_logprobs: int = 20) -> None:
             raise bad_request(f"best_of ({req.best_of}) != n ({req.n}) is not supported.", "best_of")
         if req.suffix is not None:
             raise bad_request("suffix is not supported.", "suffix")
-        if req.echo and req.logprobs is not None:
-            raise bad_request("echo together with logprobs needs prompt logprobs, which are not supported.", "echo")
+        if req.max_tokens == 0 and not req.echo:
+            raise bad_request("max_tokens 0 generates nothing: it is only allowed with echo (to score the "
+                              "prompt).", "max_tokens")
         if req.logprobs is not None and req.logprobs > max_logprobs:
             raise bad_request(f"logprobs must be <= {max_logprobs}.", "logprobs")
         _check_prompt_shape(req.prompt)
@@ -231,6 +255,8 @@ def to_sampling_params(req: AnyRequest, *, prompt_len: int, max_model_len: int, 
     requested = req.requested_max_tokens()
     if requested is None:
         max_tokens = max_model_len - prompt_len
+    elif requested == 0:
+        max_tokens = 1          # echo only: the engine needs to sample one token; the edge drops it
     else:
         if prompt_len + requested > max_model_len:
             raise bad_request(
@@ -242,6 +268,9 @@ def to_sampling_params(req: AnyRequest, *, prompt_len: int, max_model_len: int, 
     if any(t >= vocab_size for t in stop_ids):
         raise bad_request(f"stop_token_ids must be < the vocabulary size {vocab_size}.", "stop_token_ids")
     top_k = req.top_k if req.top_k is not None else 0
+    bias = tuple(sorted((int(t), float(b)) for t, b in (req.logit_bias or {}).items()))
+    if any(t >= vocab_size for t, _ in bias):
+        raise bad_request(f"logit_bias token ids must be < the vocabulary size {vocab_size}.", "logit_bias")
     return SamplingParams(
         max_tokens=max_tokens,
         min_tokens=min(req.min_tokens, max_tokens),
@@ -256,6 +285,9 @@ def to_sampling_params(req: AnyRequest, *, prompt_len: int, max_model_len: int, 
         stop_token_ids=stop_ids,
         ignore_eos=req.ignore_eos,
         logprobs=req.logprobs_k(),
+        prompt_logprobs=req.engine_prompt_logprobs(),
+        prompt_logprob_ranks=req.prompt_logprobs is not None,      # vLLM's shape reports ranks; echo does not
+        logit_bias=bias,
         stop=tuple(req.stop_list()),
         include_stop_str_in_output=req.include_stop_str_in_output,
     )
@@ -290,12 +322,23 @@ class CompletionLogprobs(_Response):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(_Response):
+    """vLLM's per-token entry of ``prompt_logprobs`` (keyed by token id)."""
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+
+
 class CompletionChoice(_Response):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(_Response):
@@ -354,6 +397,7 @@ class ChatCompletionResponse(_Response):
     choices: list[ChatChoice]
     usage: UsageInfo
     system_fingerprint: str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class DeltaMessage(_Response):

@@ -7,8 +7,9 @@ stay off the event loop).
 
 One *choice* is one engine request. ``run_choice`` turns its ``RequestOutput``
 stream into ``ChoiceEvent``s: text deltas (``OutputText``: incremental
-detokenisation + stop strings), logprobs, and exactly one final event carrying
-``finish_reason``. On a stop-string hit it closes the engine stream and aborts the
+detokenisation + stop strings), logprobs, prompt logprobs (first event), and exactly
+one final event carrying ``finish_reason``. A ``score_only`` choice (echo with
+``max_tokens: 0``) reports no generated text or token and ``finish_reason="length"``. On a stop-string hit it closes the engine stream and aborts the
 engine request, reporting ``finish_reason="stop"`` and ``stop_reason=<the string>``.
 The engine's EOS / stop token is not part of the text unless
 ``include_stop_str_in_output`` (as vLLM).
@@ -35,7 +36,7 @@ from refengine.outputs import RequestFailed, TokenLogprob
 from refengine.sampling_params import SamplingParams
 from worker.config import WorkerConfig
 from worker.detokenizer import OutputText
-from worker.errors import APIError, model_not_found
+from worker.errors import APIError, bad_request, model_not_found
 from worker.logprobs import TokenTexts
 from worker.metrics import RequestTracker, WorkerMetrics
 
@@ -75,6 +76,19 @@ class ServingState:
         if not self.engine.healthy():
             raise APIError(503, "The engine is not running.", code="engine_unavailable")
 
+    def check_chat_template(self, req) -> None:
+        if req.chat_template is not None and not self.config.trust_request_chat_template:
+            raise bad_request("chat_template in a request is refused: this worker runs only its model's template "
+                              "(start it with --trust-request-chat-template to allow it).", "chat_template")
+
+    def check_prompt_logprobs(self, req) -> None:
+        """Refuse (400) a request that needs prompt logprobs from an engine that cannot give them."""
+        if req.engine_prompt_logprobs() is None:
+            return
+        reason = getattr(self.engine, "prompt_logprobs_refusal", None)
+        if reason:
+            raise bad_request(reason, "prompt_logprobs" if req.prompt_logprobs is not None else "echo")
+
     def admit(self) -> None:
         """Take one in-flight slot or refuse at once (429 or 503, configured)."""
         if self.draining:
@@ -108,6 +122,7 @@ class ChoiceEvent:
     stop_reason: int | str | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    prompt_logprobs: list[TokenLogprob | None] | None = None     # on the choice's first event, when asked
 
 
 @dataclass
@@ -117,6 +132,7 @@ class ChoiceSpec:
     prompt_token_ids: list[int]
     params: SamplingParams
     skip_special_tokens: bool = True
+    score_only: bool = False        # echo with max_tokens 0: the engine's one sampled token is dropped
 
 
 async def run_choice(state: ServingState, spec: ChoiceSpec, tracker: RequestTracker) -> AsyncIterator[ChoiceEvent]:
@@ -136,7 +152,9 @@ async def run_choice(state: ServingState, spec: ChoiceSpec, tracker: RequestTrac
             delta = text.add_tokens(text_ids)
             ev = ChoiceEvent(spec.index, delta.text, list(out.new_logprobs or []),
                              num_prompt_tokens=out.num_prompt_tokens or n_prompt,
-                             num_output_tokens=out.num_output_tokens)
+                             num_output_tokens=out.num_output_tokens, prompt_logprobs=out.prompt_logprobs)
+            if spec.score_only:         # max_tokens 0: nothing generated is reported (its one token ends it)
+                ev.text, ev.logprobs, ev.num_output_tokens = "", [], 0
             if delta.stop_string is not None and not out.finished:
                 done = True
                 # Free the engine first, then report: the stop string is the finish.
@@ -148,7 +166,9 @@ async def run_choice(state: ServingState, spec: ChoiceSpec, tracker: RequestTrac
                 return
             if out.finished:
                 done = True
-                if delta.stop_string is not None:
+                if spec.score_only:
+                    ev.finish_reason = "length"
+                elif delta.stop_string is not None:
                     ev.finish_reason, ev.stop_reason = "stop", delta.stop_string
                 else:
                     ev.text += text.finish().text
@@ -157,7 +177,7 @@ async def run_choice(state: ServingState, spec: ChoiceSpec, tracker: RequestTrac
                 tracker.on_finish(ev.finish_reason, out.timings)
                 yield ev
                 return
-            if ev.text or ev.logprobs:
+            if ev.text or ev.logprobs or ev.prompt_logprobs:
                 yield ev
         # The contract says a stream ends with a finished increment; treat anything else as an abort.
         done = True
@@ -222,7 +242,7 @@ def engine_error(exc: BaseException) -> APIError:
         return APIError(400, str(exc))
     if isinstance(exc, RequestFailed):
         return APIError(500, f"Internal error while generating: {exc}", code="engine_request_failed")
-    log.error("engine error: %r", exc)
+    log.error("engine error: %r", exc, exc_info=exc)
     return APIError(503, f"The engine failed: {exc}", code="engine_error")
 
 

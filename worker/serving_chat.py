@@ -6,7 +6,9 @@ and encoded without adding special tokens (the template has them). Text content
 parts are joined with newlines; other part types are refused. Streaming follows
 OpenAI: each choice's first chunk is ``delta: {role: "assistant", content: ""}``,
 its last one carries ``finish_reason``; with ``include_usage`` a final chunk has
-``choices: []`` and the usage; then ``[DONE]``.
+``choices: []`` and the usage; then ``[DONE]``. ``prompt_logprobs`` (vLLM's extension,
+not with streaming) puts the rendered prompt's token logprobs at the response's top
+level, in vLLM's shape.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 from fastapi import Request, Response
 
 from worker.errors import APIError, bad_request
-from worker.logprobs import chat_logprobs
+from worker.logprobs import chat_logprobs, prompt_logprobs_out
 from worker.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionRequest, ChatCompletionResponse,
                              ChatMessageOut, UsageInfo, child_seed, now, to_sampling_params, validate_request)
 from worker.serving import (SSE_DONE, ChoiceSpec, ChoiceStreams, ClientDisconnected, GuardedStreamingResponse,
@@ -29,7 +31,7 @@ _RESERVED_KWARGS = {"conversation", "tokenize", "add_generation_prompt", "contin
                     "return_assistant_tokens_mask"}
 
 
-def conversation(req: ChatCompletionRequest) -> list[dict]:
+def conversation(req) -> list[dict]:
     msgs = []
     for i, m in enumerate(req.messages):
         d = m.model_dump(exclude_none=True)
@@ -50,8 +52,8 @@ def conversation(req: ChatCompletionRequest) -> list[dict]:
     return msgs
 
 
-def _render(tokenizer, msgs, req: ChatCompletionRequest) -> list[int]:
-    """Runs in the executor."""
+def render_chat(tokenizer, msgs, req) -> list[int]:
+    """Runs in the executor. ``req``: the chat request (or /tokenize's, which has the same template fields)."""
     kwargs = dict(req.chat_template_kwargs or {})
     bad = _RESERVED_KWARGS & kwargs.keys()
     if bad:
@@ -67,25 +69,35 @@ def _render(tokenizer, msgs, req: ChatCompletionRequest) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=req.add_special_tokens))
 
 
+def check_chat(state: ServingState, req: ChatCompletionRequest) -> list[dict]:
+    """The checks that need no tokenizer (before admission); returns the conversation."""
+    validate_request(req, state.config.max_logprobs)
+    state.check_chat_template(req)
+    state.check_engine()
+    state.check_prompt_logprobs(req)
+    return conversation(req)
+
+
+async def chat_prompt(state: ServingState, req: ChatCompletionRequest, msgs: list[dict]):
+    """After admission: the template in the executor, truncation, and the one conversion to
+    engine parameters. -> (prompt token ids, SamplingParams)."""
+    ids = await state.run_sync(render_chat, state.tokenizer, msgs, req)
+    if req.truncate_prompt_tokens is not None and len(ids) > req.truncate_prompt_tokens:
+        ids = ids[-req.truncate_prompt_tokens:]
+    if not ids:
+        raise bad_request("The rendered prompt is empty.", "messages")
+    return ids, to_sampling_params(req, prompt_len=len(ids), max_model_len=state.engine.max_model_len,
+                                   vocab_size=state.vocab_size)
+
+
 async def create_chat_completion(state: ServingState, req: ChatCompletionRequest, raw: Request) -> Response:
     state.check_model(req.model)
-    validate_request(req, state.config.max_logprobs)
-    if req.chat_template is not None and not state.config.trust_request_chat_template:
-        raise bad_request("chat_template in a request is refused: this worker runs only its model's template "
-                          "(start it with --trust-request-chat-template to allow it).", "chat_template")
-    state.check_engine()
-    msgs = conversation(req)
+    msgs = check_chat(state, req)
     arrival = monotonic()
     state.admit()
     handed_over = False
     try:
-        ids = await state.run_sync(_render, state.tokenizer, msgs, req)
-        if req.truncate_prompt_tokens is not None and len(ids) > req.truncate_prompt_tokens:
-            ids = ids[-req.truncate_prompt_tokens:]
-        if not ids:
-            raise bad_request("The rendered prompt is empty.", "messages")
-        base = to_sampling_params(req, prompt_len=len(ids), max_model_len=state.engine.max_model_len,
-                                  vocab_size=state.vocab_size)
+        ids, base = await chat_prompt(state, req, msgs)
         request_id = new_id("chatcmpl")
         specs = [ChoiceSpec(i, f"{request_id}-{i}", ids,
                             dataclasses.replace(base, seed=child_seed(base.seed, i)) if i else base,
@@ -109,10 +121,13 @@ async def _full(state, req, request_id, specs, prompt_tokens, arrival) -> ChatCo
                                    logprobs=ChatChoiceLogprobs(content=[]) if k is not None else None)
                for s in specs}
     out_tokens = {s.index: 0 for s in specs}
+    prompt_lps = None
     events = ChoiceStreams(state, specs, arrival).events()
     try:
         async for ev in events:
             c = choices[ev.index]
+            if ev.prompt_logprobs is not None and prompt_lps is None:     # the same for every choice
+                prompt_lps = prompt_logprobs_out(state.token_texts, ev.prompt_logprobs, req.prompt_logprobs)
             c.message.content += ev.text
             out_tokens[ev.index] = ev.num_output_tokens
             if k is not None and ev.logprobs:
@@ -126,7 +141,8 @@ async def _full(state, req, request_id, specs, prompt_tokens, arrival) -> ChatCo
     n = sum(out_tokens.values())
     return ChatCompletionResponse(
         id=request_id, model=state.config.model_name, choices=[choices[i] for i in sorted(choices)],
-        usage=UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=n, total_tokens=prompt_tokens + n))
+        usage=UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=n, total_tokens=prompt_tokens + n),
+        prompt_logprobs=prompt_lps)
 
 
 def _dumps(obj: dict) -> str:

@@ -1,6 +1,15 @@
 """``POST /v1/completions``: prompts (text, batch of texts, token ids, batch of token
 ids) -> n choices each, streamed as SSE or returned whole.
 
+Scoring: ``echo`` puts the prompt text before the completion; with ``logprobs`` the
+prompt tokens' logprobs (from the engine's prefill pass, first entry ``null``) come
+before the generated ones in the same block, and ``text_offset`` counts from the
+start of the echoed text. ``max_tokens: 0`` with ``echo`` returns the prompt only
+(``completion_tokens`` 0, ``finish_reason`` "length"). ``prompt_logprobs`` (vLLM's
+field, not with streaming) adds vLLM's per-token dicts to each choice. A stream
+sends a choice's echoed prompt first: at once without logprobs, else with its
+logprobs once the engine has computed them.
+
 Choice ``index`` is ``prompt_index * n + i`` (as vLLM). ``usage.prompt_tokens``
 counts each prompt once, ``completion_tokens`` every generated token of every
 choice (including the EOS / stop token, as vLLM). Flow: cheap checks ->
@@ -16,7 +25,7 @@ import json
 from fastapi import Request, Response
 
 from worker.errors import APIError, bad_request
-from worker.logprobs import completion_logprobs
+from worker.logprobs import completion_logprobs, echo_logprobs, extend_logprobs, prompt_logprobs_out
 from worker.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
                              UsageInfo, child_seed, now, to_sampling_params, validate_request)
 from worker.serving import (SSE_DONE, ChoiceSpec, ChoiceStreams, ClientDisconnected, GuardedStreamingResponse,
@@ -62,6 +71,7 @@ async def create_completion(state: ServingState, req: CompletionRequest, raw: Re
         raise bad_request(f"{n_prompts} prompts x n={req.n} = {n_prompts * req.n} choices exceed this worker's "
                           f"limit of {limit} per request.", "n")
     state.check_engine()
+    state.check_prompt_logprobs(req)
     arrival = monotonic()
     state.admit()
     handed_over = False
@@ -81,7 +91,8 @@ async def create_completion(state: ServingState, req: CompletionRequest, raw: Re
             for i in range(req.n):
                 index = p_idx * req.n + i
                 params = dataclasses.replace(base, seed=child_seed(base.seed, i)) if i else base
-                specs.append(ChoiceSpec(index, f"{request_id}-{index}", ids, params, req.skip_special_tokens))
+                specs.append(ChoiceSpec(index, f"{request_id}-{index}", ids, params, req.skip_special_tokens,
+                                        req.score_only))
         echo = {s.index: prompts[s.index // req.n][1] for s in specs} if req.echo else {}
         prompt_tokens = sum(len(ids) for ids, _ in prompts)
         if req.stream:
@@ -97,8 +108,16 @@ async def create_completion(state: ServingState, req: CompletionRequest, raw: Re
             state.release()
 
 
+def _echo_block(state, req, spec, plps):
+    """(logprobs of the echoed prompt, text offset after it) or (None, 0) when not echoing them."""
+    if not req.echo or req.logprobs is None:
+        return None, 0
+    return echo_logprobs(state.token_texts, spec.prompt_token_ids, plps, req.logprobs)
+
+
 async def _full(state, req, request_id, specs, echo, prompt_tokens, arrival) -> CompletionResponse:
     k = req.logprobs
+    by_index = {s.index: s for s in specs}
     choices = {s.index: CompletionChoice(index=s.index, text=echo.get(s.index) or "",
                                          logprobs=CompletionLogprobs() if k is not None else None) for s in specs}
     offsets = {s.index: 0 for s in specs}
@@ -107,12 +126,18 @@ async def _full(state, req, request_id, specs, echo, prompt_tokens, arrival) -> 
     try:
         async for ev in events:
             c = choices[ev.index]
+            if ev.prompt_logprobs is not None:          # first event: the prompt's part comes first
+                block, offsets[ev.index] = _echo_block(state, req, by_index[ev.index], ev.prompt_logprobs)
+                if block is not None:
+                    extend_logprobs(c.logprobs, block)
+                if req.prompt_logprobs is not None:
+                    c.prompt_logprobs = prompt_logprobs_out(state.token_texts, ev.prompt_logprobs,
+                                                            req.prompt_logprobs)
             c.text += ev.text
             out_tokens[ev.index] = ev.num_output_tokens
             if k is not None and ev.logprobs:
                 block, offsets[ev.index] = completion_logprobs(state.token_texts, ev.logprobs, k, offsets[ev.index])
-                for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
-                    getattr(c.logprobs, name).extend(getattr(block, name))
+                extend_logprobs(c.logprobs, block)
             if ev.finish_reason is not None:
                 c.finish_reason, c.stop_reason = ev.finish_reason, ev.stop_reason
     except Exception as exc:  # noqa: BLE001 - mapped to an OpenAI error
@@ -149,14 +174,18 @@ async def _stream(state, req, request_id, specs, echo, prompt_tokens, arrival):
             obj["usage"] = None
         return _dumps(obj)
 
+    by_index = {s.index: s for s in specs}
     streams = ChoiceStreams(state, specs, arrival)
     events = streams.events()
     try:
         for s in specs:
-            if echo.get(s.index):
+            if echo.get(s.index) and k is None:
                 yield chunk(s.index, echo[s.index])
         async for ev in events:
             out_tokens[ev.index] = ev.num_output_tokens
+            if ev.prompt_logprobs is not None and echo.get(ev.index) is not None and k is not None:
+                block, offsets[ev.index] = _echo_block(state, req, by_index[ev.index], ev.prompt_logprobs)
+                yield chunk(ev.index, echo[ev.index], block.model_dump())
             lp = None
             if k is not None and ev.logprobs:
                 block, offsets[ev.index] = completion_logprobs(state.token_texts, ev.logprobs, k, offsets[ev.index])

@@ -1,7 +1,9 @@
 """Llama-family decoder (Llama, Mistral, Qwen2) with SwiftKV, over the paged KV cache.
 
 Forward of one engine step (all shapes flattened over the step's tokens):
-  input_ids [T], positions [T] -> logits [N, vocab] for the N tokens that need them.
+  input_ids [T], positions [T] -> final-normed hidden states [N, hidden] of the N tokens
+  that need logits (``logits_idx``); ``lm_head`` turns them into logits [N, vocab], which the
+  runner does in slices when N is large (prompt logprobs), so memory stays bounded.
 
 SwiftKV (``num_key_value_layers = l < L``), as in the papers and Snowflake's checkpoints:
   - layers 0..l-1 run normally on all T tokens;
@@ -9,7 +11,10 @@ SwiftKV (``num_key_value_layers = l < L``), as in the papers and Snowflake's che
     GEMM ``x @ W_kv_all^T`` yields K and V for every later cache slot (RoPE on K);
     they are written to the cache for all T tokens;
   - only the N tokens that need logits continue through layers l..L-1, each with
-    its ``q_proj_swiftkv`` query, attention against the cache, o_proj and MLP.
+    its ``q_proj_swiftkv`` query, attention against the cache, o_proj and MLP. These
+    are the last token of each sampling sequence, plus every prompt position of a
+    request that asked for prompt logprobs (``attn_logits`` then has several causal
+    query rows for that sequence): that request pays the later layers on its prompt.
   AcrossKV (``key_value_group_size = g``): consecutive later layers share one cache
   slot and one K/V projection (the group's first layer holds the weights).
 
@@ -150,7 +155,7 @@ class LlamaModel(nn.Module):
             h = self._swiftkv_tail(h, positions, cos, sin, kv, slots, logits_idx, attn_logits)
         else:
             h = h[logits_idx]
-        return self.lm_head(self.ops.rms_norm(h, self.norm, self.spec.rms_norm_eps))
+        return self.ops.rms_norm(h, self.norm, self.spec.rms_norm_eps)
 
     def _swiftkv_tail(self, h, positions, cos, sin, kv: KVCache, slots, logits_idx, attn_logits):
         T, d = h.shape[0], self.spec.head_dim

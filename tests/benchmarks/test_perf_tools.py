@@ -164,3 +164,13 @@ def test_server_commands_get_every_option_they_read(script, monkeypatch, tmp_pat
     read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and getattr(n.value, "id", "") == "args"}
     assert "dtype" in read and all(hasattr(captured["args"], a) for a in read), read
     assert captured["args"].dtype == "bfloat16"
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_api_scoring_measures_both_prefills(smollm2_dir):
+    """benchmarks/api_scoring.py's prefill half on a short prompt: both kinds run, and the
+    echo kind really returns prompt logprobs (asserted inside)."""
+    out = load("api_scoring").prefill_times(str(smollm2_dir), 48, 1)
+    assert out["plain_ms"] > 0 and out["echo_ms"] > 0 and out["ratio"] == out["echo_ms"] / out["plain_ms"]
+    assert len(out["runs_ms"]["plain"]) == len(out["runs_ms"]["echo"]) == 1

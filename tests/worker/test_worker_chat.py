@@ -28,7 +28,8 @@ def the_prompt(engine):
 def test_non_streaming_shape(client_for):
     client, engine = client_for()
     body = post(client, max_tokens=4).json()
-    assert set(body) == {"id", "object", "created", "model", "choices", "usage", "system_fingerprint"}
+    assert set(body) == {"id", "object", "created", "model", "choices", "usage", "system_fingerprint",
+                         "prompt_logprobs"}
     assert body["id"].startswith("chatcmpl-") and body["object"] == "chat.completion"
     (c,) = body["choices"]
     assert set(c) == {"index", "message", "logprobs", "finish_reason", "stop_reason"}

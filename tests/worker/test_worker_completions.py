@@ -32,7 +32,7 @@ def test_non_streaming_shape_and_usage(client):
     assert body["id"].startswith("cmpl-") and len(body["id"]) > 10
     assert body["object"] == "text_completion" and body["model"] == "fake-model"
     (choice,) = body["choices"]
-    assert set(choice) == {"index", "text", "logprobs", "finish_reason", "stop_reason"}
+    assert set(choice) == {"index", "text", "logprobs", "finish_reason", "stop_reason", "prompt_logprobs"}
     reply = enc(" Hello world, this is a test.")
     assert choice["text"] == make_tokenizer().decode(reply[:5])
     assert choice["finish_reason"] == "length" and choice["logprobs"] is None

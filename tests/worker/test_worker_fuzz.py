@@ -122,6 +122,9 @@ OPTIONS = st.fixed_dictionaries({}, optional={
     "stream": st.booleans(),
     "echo": st.booleans(),
     "truncate_prompt_tokens": st.sampled_from([1, 3, 10**6]),
+    "prompt_logprobs": st.sampled_from([0, 1, 20]),
+    "logit_bias": st.dictionaries(st.sampled_from(["0", "2", "49151", "49152"]), st.sampled_from([-100, 0.5, 100]),
+                                  max_size=3),
 })
 PROMPTS = st.one_of(st.sampled_from(["Hello", "The capital of France is", "é🎉" * 5]),
                     st.lists(st.sampled_from([0, 1, 2, 100, 49151, 49152, 10**10]), min_size=1, max_size=6))
@@ -155,8 +158,6 @@ def test_real_engine_survives_extreme_options(options, prompt, chat, real_server
             body.pop("top_logprobs")
     else:
         body["prompt"] = prompt
-    if "echo" in body and "logprobs" in body:
-        body.pop("echo")
     r = httpx.post(real_server.url + (CHAT if chat else CMPL), content=json.dumps(body),
                    headers={"content-type": "application/json"}, timeout=120)
     tally.saw(r.status_code)

@@ -3,7 +3,8 @@
 vLLM runs its engine core in its own process; this client lives on the worker's event
 loop and only converts: our ``SamplingParams`` -> vLLM's (DELTA outputs, no
 detokenisation: stop strings stay at the edge like for the reference engine), vLLM's
-outputs -> our ``RequestOutput`` increments, and vLLM's scheduler/iteration stats ->
+outputs -> our ``RequestOutput`` increments (prompt logprobs, which vLLM's DELTA mode sends whole at the
+end of prefill, on the first one), and vLLM's scheduler/iteration stats ->
 our ``EngineStats`` (so ``/load`` and ``/metrics`` carry the same names for both
 engines). Leaving ``generate`` early (client disconnect) aborts the request in vLLM.
 ``start`` checks the supported vLLM range before anything else; the engine's settings
@@ -137,6 +138,19 @@ class VllmEngineClient:
     def healthy(self) -> bool:
         return self.engine is not None and self._dead is None and not self.engine.errored
 
+    @property
+    def prompt_logprobs_refusal(self) -> str | None:
+        """Why this engine cannot return prompt logprobs (None: it can). vLLM's fast prefill (our
+        SwiftKV path) skips the later layers for prompt tokens and vLLM refuses them then (not for
+        prompt_logprobs=0, whose values would be wrong): refused here for every k."""
+        cache = getattr(getattr(self.engine, "vllm_config", None), "cache_config", None)
+        if cache is not None and getattr(cache, "kv_sharing_fast_prefill", False):
+            return ("Prompt logprobs (prompt_logprobs, or echo with logprobs) are not available on this vLLM "
+                    "worker: its SwiftKV model runs with kv_sharing_fast_prefill, where prompt tokens skip the "
+                    "later layers. Use the reference engine (it runs those layers for such requests) or serve "
+                    "the model without SwiftKV.")
+        return None
+
     def stats(self) -> EngineStats:
         return self._stats
 
@@ -149,6 +163,7 @@ class VllmEngineClient:
             top_k=p.top_k, min_p=p.min_p, seed=p.seed, presence_penalty=p.presence_penalty,
             frequency_penalty=p.frequency_penalty, repetition_penalty=p.repetition_penalty,
             stop_token_ids=list(p.stop_token_ids), ignore_eos=p.ignore_eos, logprobs=p.logprobs,
+            prompt_logprobs=p.prompt_logprobs, logit_bias=dict(p.logit_bias) or None,
             detokenize=False, output_kind=V.RequestOutputKind.DELTA)
 
     async def generate(self, request_id: str, prompt_token_ids: list[int],
@@ -174,7 +189,8 @@ class VllmEngineClient:
                     request_id=request_id, new_token_ids=new_ids, num_prompt_tokens=num_prompt,
                     num_output_tokens=num_out, new_logprobs=_logprobs(new_ids, c.logprobs, params.logprobs),
                     finished=finished, finish_reason=c.finish_reason if finished else None,
-                    stop_reason=c.stop_reason if finished else None, timings=timings)
+                    stop_reason=c.stop_reason if finished else None, timings=timings,
+                    prompt_logprobs=_prompt_logprobs(prompt_token_ids, out.prompt_logprobs, params.prompt_logprobs))
                 if finished:
                     return
         finally:
@@ -191,11 +207,19 @@ def _logprobs(new_ids: list[int], vllm_logprobs, k: int | None) -> list[TokenLog
     """vLLM's per-position {token_id: Logprob(logprob, rank)} -> ours (chosen + top-k, best first)."""
     if k is None or vllm_logprobs is None:
         return None
-    out = []
-    for tok, entry in zip(new_ids, vllm_logprobs):
-        chosen = entry.get(tok)
-        top = sorted(((t, lp.logprob) for t, lp in entry.items() if lp.rank is not None and lp.rank <= k),
-                     key=lambda x: -x[1])[:k]
-        out.append(TokenLogprob(token_id=tok, logprob=float(chosen.logprob) if chosen else float("-inf"),
-                                top=[(int(t), float(v)) for t, v in top]))
-    return out
+    return [_entry(tok, entry, k) for tok, entry in zip(new_ids, vllm_logprobs)]
+
+
+def _entry(tok: int, entry: dict, k: int) -> TokenLogprob:
+    chosen = entry.get(tok)
+    top = sorted(((t, lp.logprob) for t, lp in entry.items() if lp.rank is not None and lp.rank <= k),
+                 key=lambda x: -x[1])[:k]
+    return TokenLogprob(token_id=tok, logprob=float(chosen.logprob) if chosen else float("-inf"),
+                        top=[(int(t), float(v)) for t, v in top], rank=chosen.rank if chosen else None)
+
+
+def _prompt_logprobs(prompt: list[int], vllm_plps, k: int | None) -> list[TokenLogprob | None] | None:
+    """vLLM's prompt logprobs (first increment; entry 0 None) -> ours, one per prompt token."""
+    if k is None or not vllm_plps:
+        return None
+    return [None if entry is None else _entry(tok, entry, k) for tok, entry in zip(prompt, vllm_plps)]

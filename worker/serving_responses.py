@@ -1,0 +1,171 @@
+"""``POST /v1/responses``: the Responses API over the chat path, without server-side state.
+
+Flow: checks (``protocol_responses.validate``) -> ``to_chat`` -> the chat request's own
+checks -> admission -> chat template in the executor -> ``to_sampling_params`` once ->
+one engine request (``ChoiceStreams``, as a chat choice). The answer is one assistant
+``message`` output item holding one ``output_text`` part; ``usage`` counts input and
+output tokens. ``finish_reason == "length"`` makes the response ``incomplete`` with
+``incomplete_details.reason = "max_output_tokens"``.
+
+Streaming sends OpenAI's event sequence as ``event: <type>`` + ``data: <json>`` SSE
+events, each with a ``sequence_number``: ``response.created``, ``response.in_progress``,
+``response.output_item.added``, ``response.content_part.added``,
+``response.output_text.delta`` per text piece, ``response.output_text.done``,
+``response.content_part.done``, ``response.output_item.done``, then
+``response.completed`` (or ``response.incomplete``); an engine failure after the first
+byte ends the stream with ``response.failed`` carrying the error. No ``[DONE]``
+follows, as in OpenAI's API: the terminal event ends the stream.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse
+
+from worker.errors import APIError
+from worker.protocol import now
+from worker.protocol_responses import ResponsesRequest, to_chat, validate
+from worker.serving import (ChoiceSpec, ChoiceStreams, ClientDisconnected, GuardedStreamingResponse, ServingState,
+                            engine_error, monotonic, new_id, until_disconnect)
+from worker.serving_chat import chat_prompt, check_chat
+
+# The chat path names its own parameters in errors; a Responses client sent these instead.
+_PARAMS = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens", "messages": "input"}
+
+
+class ResponseView:
+    """Builds the Response object and its message item for one request."""
+
+    def __init__(self, req: ResponsesRequest, model: str, input_tokens: int) -> None:
+        self.req, self.model, self.input_tokens = req, model, input_tokens
+        self.id, self.msg_id = new_id("resp"), new_id("msg")
+        self.created = now()
+
+    def part(self, text: str) -> dict:
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+    def message(self, status: str, text: str | None) -> dict:
+        content = [] if text is None else [self.part(text)]
+        return {"type": "message", "id": self.msg_id, "status": status, "role": "assistant", "content": content}
+
+    def response(self, status: str, text: str | None = None, output_tokens: int = 0, finish: str | None = None,
+                 error: dict | None = None) -> dict:
+        r = self.req
+        done = status in ("completed", "incomplete")
+        return {
+            "id": self.id, "object": "response", "created_at": self.created, "status": status,
+            "model": self.model, "output": [self.message(status, text)] if done else [],
+            "error": error,
+            "incomplete_details": {"reason": "max_output_tokens"} if finish == "length" else None,
+            "instructions": r.instructions, "max_output_tokens": r.max_output_tokens,
+            "temperature": 1.0 if r.temperature is None else r.temperature,
+            "top_p": 1.0 if r.top_p is None else r.top_p,
+            "text": {"format": {"type": "text"}}, "tools": [], "tool_choice": r.tool_choice or "auto",
+            "parallel_tool_calls": True if r.parallel_tool_calls is None else r.parallel_tool_calls,
+            "previous_response_id": None, "store": False, "truncation": "disabled", "background": False,
+            "reasoning": None, "metadata": r.metadata or {}, "user": r.user, "service_tier": "default",
+            "usage": self.usage(output_tokens) if done else None,
+        }
+
+    def usage(self, output_tokens: int) -> dict:
+        return {"input_tokens": self.input_tokens, "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": self.input_tokens + output_tokens}
+
+
+def _status(finish: str | None) -> str:
+    return "incomplete" if finish == "length" else "completed"
+
+
+@contextmanager
+def _responses_params():
+    """Errors raised by the chat path name the Responses API's parameters."""
+    try:
+        yield
+    except APIError as exc:
+        exc.param = _PARAMS.get(exc.param, exc.param)
+        raise
+
+
+async def create_response(state: ServingState, req: ResponsesRequest, raw: Request) -> Response:
+    state.check_model(req.model)
+    validate(req)
+    with _responses_params():
+        chat = to_chat(req)
+        msgs = check_chat(state, chat)
+    arrival = monotonic()
+    state.admit()
+    handed_over = False
+    try:
+        with _responses_params():
+            ids, params = await chat_prompt(state, chat, msgs)
+        view = ResponseView(req, state.config.model_name, len(ids))
+        spec = ChoiceSpec(0, view.id, ids, params)
+        if req.stream:
+            body = _stream(state, view, spec, arrival)
+            handed_over = True
+            return GuardedStreamingResponse(body, on_close=state.release)
+        try:
+            return JSONResponse(await until_disconnect(raw, _full(state, view, spec, arrival)))
+        except ClientDisconnected:
+            return Response(status_code=499)
+    finally:
+        if not handed_over:
+            state.release()
+
+
+async def _full(state, view: ResponseView, spec: ChoiceSpec, arrival) -> dict:
+    text, n, finish = "", 0, None
+    events = ChoiceStreams(state, [spec], arrival).events()
+    try:
+        async for ev in events:
+            text += ev.text
+            n = ev.num_output_tokens
+            finish = ev.finish_reason or finish
+    except Exception as exc:  # noqa: BLE001 - mapped to an OpenAI error
+        raise engine_error(exc) from exc
+    finally:
+        await events.aclose()
+    return view.response(_status(finish), text, n, finish)
+
+
+async def _stream(state, view: ResponseView, spec: ChoiceSpec, arrival):
+    seq = 0
+
+    def event(kind: str, **fields) -> str:
+        nonlocal seq
+        payload = json.dumps({"type": kind, "sequence_number": seq, **fields}, ensure_ascii=False,
+                             separators=(",", ":"))
+        seq += 1
+        return f"event: {kind}\ndata: {payload}\n\n"
+
+    where = {"item_id": view.msg_id, "output_index": 0, "content_index": 0}
+    text, n, finish = "", 0, None
+    streams = ChoiceStreams(state, [spec], arrival)
+    events = streams.events()
+    try:
+        yield event("response.created", response=view.response("in_progress"))
+        yield event("response.in_progress", response=view.response("in_progress"))
+        yield event("response.output_item.added", output_index=0, item=view.message("in_progress", None))
+        yield event("response.content_part.added", part=view.part(""), **where)
+        async for ev in events:
+            n = ev.num_output_tokens
+            finish = ev.finish_reason or finish
+            if ev.text:
+                text += ev.text
+                yield event("response.output_text.delta", delta=ev.text, logprobs=[], **where)
+        status = _status(finish)
+        yield event("response.output_text.done", text=text, logprobs=[], **where)
+        yield event("response.content_part.done", part=view.part(text), **where)
+        yield event("response.output_item.done", output_index=0, item=view.message(status, text))
+        yield event(f"response.{status}", response=view.response(status, text, n, finish))
+    except Exception as exc:  # noqa: BLE001 - the status line is gone: the failure is the last event
+        err = exc if isinstance(exc, APIError) else engine_error(exc)
+        yield event("response.failed", response=view.response("failed", error={"code": str(err.code or err.type),
+                                                                               "message": err.message}))
+    finally:
+        streams.cancel()
+        await events.aclose()
