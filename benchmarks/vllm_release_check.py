@@ -41,12 +41,14 @@ def installed(python: str) -> tuple[str, str, str]:
 
 def run_tests(python: str, extra: list[str]) -> dict:
     env = {**os.environ, "SWIFTSERVE_TEST_VLLM_PY": python}
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/swiftserve_vllm",
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "tests/swiftserve_vllm",
                         *extra], cwd=ROOT, env=env, capture_output=True, text=True)
-    tail = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else p.stderr[-500:]
+    lines = p.stdout.strip().splitlines()
+    tail = lines[-1] if lines else p.stderr[-500:]
+    failures = [x for x in lines if x.startswith(("FAILED ", "ERROR "))]
     counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|error)", tail)}
     return {"passed": p.returncode == 0 and counts.get("passed", 0) > 0 and not counts.get("skipped"),
-            "counts": counts, "pytest_summary": tail,
+            "counts": counts, "pytest_summary": tail, "failures": failures,
             "checked": "tests/swiftserve_vllm on CPU: compiled greedy parity of SwiftKV g=1/g=2 and ZACK with the "
                        "reference engine, TP=2, PP=2, devcheck, the served worker stack with FP8 KV"}
 
