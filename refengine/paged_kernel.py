@@ -13,10 +13,12 @@ None (the plain-PyTorch gather + SDPA paths of ``refengine.attention``):
 
 The kernel reads K and V in place from dense block pools: ``kernel(q [B, kvh, g, d],
 k_pool [N, bs, kvh, d], v_pool [N, bs, kvh, dv], table [B, max_blocks], lens [B], scale)
--> [B, kvh, g, dv]`` in q's dtype (computed in float32). The prefill kernel
-(``prefill(q [n, H, d] float32, k_pool, v_pool, blocks [nblk], start, scale, out [n, H, dv])``)
+-> [B, kvh, g, dv]`` in q's dtype (computed in float32); optional ``starts [B]``: the first entry
+each sequence sees (a sliding window). The prefill kernel
+(``prefill(q [n, H, d] float32, k_pool, v_pool, blocks [nblk], start, scale, out [n, H, dv], window)``)
 reads them in place too and writes the chunk's causal attention into ``out`` (query row i sits
-at cache index ``start + i``); both take float32 or bfloat16 pools.
+at cache index ``start + i`` and, with ``window`` W > 0, sees only the last W keys up to itself);
+both take float32 or bfloat16 pools.
 """
 
 from __future__ import annotations
@@ -69,16 +71,17 @@ class PagedDecodeKernel:
         self._prefill = module.paged_prefill
 
     def __call__(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, table: torch.Tensor,
-                 lens: torch.Tensor, scale: float) -> torch.Tensor:
+                 lens: torch.Tensor, scale: float, starts: torch.Tensor | None = None) -> torch.Tensor:
         with named("swiftserve::paged_decode"):
-            out = self._op(q.float(), k_pool, v_pool, table, lens, float(scale))
+            out = self._op(q.float(), k_pool, v_pool, table, lens, float(scale), starts)
         return out if q.dtype == torch.float32 else out.to(q.dtype)
 
     def prefill(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, blocks: torch.Tensor,
-                start: int, scale: float, out: torch.Tensor) -> None:
-        """Causal attention of a chunk's queries ``q [n, H, d]`` into ``out [n, H, dv]`` (float32 views)."""
+                start: int, scale: float, out: torch.Tensor, window: int = 0) -> None:
+        """Causal attention of a chunk's queries ``q [n, H, d]`` into ``out [n, H, dv]`` (float32 views);
+        ``window`` > 0: each query sees only the last ``window`` keys up to its own."""
         with named("swiftserve::paged_prefill"):
-            self._prefill(q, k_pool, v_pool, blocks, int(start), float(scale), out)
+            self._prefill(q, k_pool, v_pool, blocks, int(start), float(scale), out, int(window))
 
 
 def _ninja_on_path() -> None:
