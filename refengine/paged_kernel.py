@@ -50,14 +50,16 @@ SOURCES = [CSRC / f for f in ("paged_decode.cpp", "paged_prefill.cpp", "fused_op
 def _build_tag() -> str:
     """The build uses -march=native: key it by the CPU's feature flags, so a cache directory
     shared by different machines never loads code built for other instructions. The headers
-    are in the key too (torch's rebuild check hashes only the sources)."""
+    and the sources are in the key too: torch's rebuild check hashes only the sources, and
+    checkouts of different versions sharing one cache directory would otherwise rebuild over
+    each other's build at every start."""
     try:
         flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
     except OSError:
         flags = ""
     h = hashlib.sha1(flags.encode())
-    for header in sorted(CSRC.glob("*.h")):
-        h.update(header.read_bytes())
+    for f in sorted(CSRC.glob("*.h")) + sorted(CSRC.glob("*.cpp")):
+        h.update(f.read_bytes())
     return h.hexdigest()[:8]
 
 
