@@ -28,8 +28,7 @@ from test_families_parity import _model
 ATOL = 2e-4
 SWIFTKV_FAMILIES = ["llama", "qwen2", "qwen3", "gemma3"]
 # (kind of test_families_parity._model, l, g): Gemma 3's layers are sliding, sliding, global, sliding.
-CASES = [("llama", 1, 2), ("qwen2-window", 1, 1), ("qwen3", 1, 2), ("qwen3-window", 2, 1), ("gemma3", 1, 1),
-         ("gemma3", 3, 1)]
+CASES = [("llama", 1, 2), ("qwen2-window", 1, 1), ("qwen3", 1, 2), ("gemma3", 1, 1), ("gemma3", 3, 1)]
 
 
 class FromZ(nn.Module):
@@ -82,7 +81,7 @@ def test_swiftkv_matches_transformers_reference(kind, l, g, tmp_path):
     out = write_swiftkv_checkpoint(tmp_path / "base", tmp_path / "swiftkv", l, g, noisy)
     ref = reference(hf, noisy, l, g)
     torch.manual_seed(1)
-    prompts = [torch.randint(3, 512, (n,)).tolist() for n in (7, 90)]
+    prompts = [torch.randint(3, 512, (n,)).tolist() for n in (7, 64)]
     eng = LLMEngine(EngineConfig(model=str(out), max_model_len=512, num_kv_blocks=64, block_size=8,
                                  max_num_batched_tokens=32))
     assert eng.runner.model.use_swiftkv and eng.runner.model.num_kv_layers == l
