@@ -141,8 +141,8 @@ class ModelRunner:
         need = [blocks_per_request(w, max_model_len, chunk, config.block_size) for w in self.table_windows]
         if not free:
             counts = [config.num_kv_blocks or max(0, budget // per_block)]
-        elif config.num_kv_blocks:              # the global group's count; windows in proportion
-            counts = [max(n, config.num_kv_blocks * n // need[0]) for n in need]
+        elif config.num_kv_blocks:              # the first (global) group's count; windows in proportion
+            counts = [config.num_kv_blocks * n // need[0] for n in need]
         else:
             counts = split_blocks(budget, windows, self.cache_spec.window_bytes_per_block(), max_model_len, chunk,
                                   config.block_size)

@@ -172,7 +172,8 @@ def dense_window_reference(q, k, v, q_pos, window, scale):
 
 @needs_compiler
 @pytest.mark.parametrize("window", [1, 5, 16, 64, 100, 1000])
-@pytest.mark.parametrize("kvh,g,d,dv", [(2, 2, 64, 64), (1, 4, 16, 32), (1, 2, 24, 8), (1, 4, 256, 256)])
+@pytest.mark.parametrize("kvh,g,d,dv", [(2, 2, 64, 64), (1, 4, 16, 32), (1, 2, 24, 8), (2, 2, 24, 32), (1, 4, 256, 256),
+                                         (1, 4, 233, 239), (1, 4, 229, 240)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernels_with_a_sliding_window_match_sdpa(kernel, window, kvh, g, d, dv, dtype):
     """Windows shorter than a block, equal to a key tile, longer than the context; whole prompts,
