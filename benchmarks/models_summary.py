@@ -1,7 +1,8 @@
 """results/models/summary.json from the runs that measured each figure.
 
     python benchmarks/models_summary.py --junit results/models/tests.xml \
-        --sliding results/models/sliding_window_kv.json --zack results/models/zack_gemma3_sweep.json \
+        --sliding results/models/sliding_window_kv.json \
+        --zack results/models/zack_gemma3_sweep.json results/models/zack_gemma3_sweep_fine.json \
         --out results/models/summary.json
 
 - ``parity_families``: families whose test of ``tests/refengine/test_families_parity.py`` passed
@@ -12,7 +13,7 @@
 - ``gemma3_270m_served``: ``tests/swiftserve/test_stack_gemma3.py`` passed (not skipped);
 - ``sliding_window_kv_bytes_ratio_4k``: ``ratio_freed_over_kept`` of benchmarks/sliding_window_kv.py;
 - ``zack_gemma3_rate_at_99pct_ppl`` / ``..._task``: the highest swept ZACK rate of the
-  ``modelkit eval`` sweep whose perplexity ratio (baseline / model) is >= 0.99, resp. whose task
+  ``modelkit eval`` sweeps whose perplexity ratio (baseline / model) is >= 0.99, resp. whose task
   accuracy relative to the baseline's is >= 0.99 (point estimates; 0.0 when no swept rate keeps it).
 """
 
@@ -66,12 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--junit", required=True)
     ap.add_argument("--sliding", required=True)
-    ap.add_argument("--zack", required=True)
+    ap.add_argument("--zack", required=True, nargs="+", help="modelkit eval sweep JSON files (merged)")
     ap.add_argument("--vllm", default="llama", help="comma-separated families the vLLM plugin's SwiftKV serves")
     ap.add_argument("--out", default="results/models/summary.json")
     args = ap.parse_args(argv)
     junit = Path(args.junit)
-    zack = json.loads(Path(args.zack).read_text())["results"]
+    zack = {k: v for f in args.zack for k, v in json.loads(Path(f).read_text())["results"].items()}
     doc = {
         "parity_families": passed_families(junit, "test_families_parity"),
         "gemma3_270m_served": test_passed(junit, "test_stack_gemma3", "test_swiftserve_up_serves_gemma3_270m"),
