@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks import cpu_peak  # noqa: E402
-from benchmarks.common import command_line, median_ms, write_json  # noqa: E402
+from benchmarks.common import add_attention_shape_args, command_line, median_ms, write_json  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,12 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from refengine.paged_kernel import build
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--heads", type=int, default=9)
-    ap.add_argument("--kv-heads", type=int, default=3)
-    ap.add_argument("--head-dim", type=int, default=64)
-    ap.add_argument("--prefill-len", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--context", type=int, default=200)
+    add_attention_shape_args(ap)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())

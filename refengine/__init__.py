@@ -4,9 +4,11 @@ Layout (one job per module):
   sampling_params, outputs   plain dataclasses shared with the HTTP edge (no torch)
   config                     EngineConfig, the one config object of an engine process
   model_config               HF config.json -> ModelSpec (incl. SwiftKV fields)
+  model_families             what Qwen3 / Gemma 3 / windowed families switch on (no torch)
   block_manager, scheduler   token-count scheduling and paged-KV bookkeeping (no torch)
-  kv_cache                   the KV cache interface and its storage implementations
-  attention, models/         paged attention and the Llama-family model
+  block_groups               per-window block tables that free what the window left (no torch)
+  kv/                        the KV cache, its storage and the KV methods
+  attention, models/         paged attention (sliding windows included) and the decoder of every family
   sampler, model_runner      batch tensors, forward, sampling
   engine                     LLMEngine.step() = schedule -> run -> update
   async_engine               the engine on a background thread, asyncio streams

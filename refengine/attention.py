@@ -17,6 +17,12 @@ Queries are the step's flattened tokens ``q [T, heads, head_dim]``.
 GQA: prefills use SDPA's ``enable_gqa``; decodes fold each KV head's query heads
 into query rows (no repeat of K/V in memory either way).
 
+Sliding windows (``build_attn_batch(..., window=W)``): a query at cache index ``p`` sees keys
+``p-W+1 .. p``. Only the blocks from the one holding the first key a sequence's queries see
+are passed (earlier ones may have been freed: ``refengine.block_groups``), so offsets in
+``PrefillSeq`` / ``DecodeGroup`` count from the first passed block (``k0``). The masks carry
+the window's lower bound; the kernels take it as ``window`` (prefill) and ``starts`` (decode).
+
 Lengths and offsets here are *cache* entries (``ScheduledChunk.cache_start``), which
 differ from token positions once an eviction method dropped tokens; RoPE positions
 never reach this module. ``seq_rows(batch)`` names each sequence's query rows (by
@@ -35,10 +41,11 @@ import torch.nn.functional as F
 class PrefillSeq:
     q_start: int
     q_end: int
-    blocks: torch.Tensor                 # [nblk] block ids holding keys 0..ctx-1
-    ctx: int
+    blocks: torch.Tensor                 # [nblk] block ids holding keys k0..k0+ctx-1
+    ctx: int                             # keys from the first passed block to the last query's
     mask: torch.Tensor | None            # [n, ctx] bool (True = attend) or None for plain causal
     seq_id: str | None = None            # request id
+    k0: int = 0                          # cache index of the first passed block's first key (windows)
 
 
 @dataclass
@@ -51,6 +58,7 @@ class DecodeGroup:
     seq_ids: list = field(default_factory=list)     # request id per row
     rows: list[int] = field(default_factory=list)   # q_rows as a list
     lens: torch.Tensor | None = None                 # [B] int64 lengths (the decode kernel's input)
+    starts: torch.Tensor | None = None               # [B] int64 first key each row sees (window); None: 0
 
 
 @dataclass
@@ -60,6 +68,7 @@ class AttnBatch:
     num_tokens: int
     decode_kernel: object | None = None  # refengine.paged_kernel.PagedDecodeKernel, or None: gather + SDPA
     prefill_kernel: object | None = None  # the same kernels' module for prefills, or None: gather + SDPA
+    window: int | None = None            # sliding window of the layers reading this batch
 
 
 def _sdpa(q, k, v, mask, causal, scale):
@@ -84,7 +93,8 @@ def paged_attention(q: torch.Tensor, cache, batch: AttnBatch, scale: float) -> t
         qc = q.float().contiguous()
         for p in batch.prefills:                                # in place: [N, bs, kvh, d] pools
             batch.prefill_kernel.prefill(qc[p.q_start:p.q_end], pools[0], pools[1], p.blocks,
-                                         p.ctx - (p.q_end - p.q_start), scale, out[p.q_start:p.q_end])
+                                         p.ctx - (p.q_end - p.q_start), scale, out[p.q_start:p.q_end],
+                                         batch.window or 0)
         out = out.to(q.dtype)
     for p in batch.prefills if pools is None else ():
         k, v = cache.gather(p.blocks)                           # [nblk, bs, kvh, d]
@@ -103,7 +113,7 @@ def paged_attention(q: torch.Tensor, cache, batch: AttnBatch, scale: float) -> t
         if pools is not None:                                   # in place: [N, bs, kvh, d] pools
             kvh = pools[0].shape[2]
             qd = q[d.q_rows].view(B, kvh, q.shape[1] // kvh, q.shape[2])
-            o = batch.decode_kernel(qd, pools[0], pools[1], d.blocks, d.lens, scale)   # [B, kvh, g, dv]
+            o = batch.decode_kernel(qd, pools[0], pools[1], d.blocks, d.lens, scale, d.starts)   # [B, kvh, g, dv]
             if out is None:
                 out = q.new_empty(q.shape[0], q.shape[1], pools[1].shape[-1])
             out[d.q_rows] = o.reshape(B, q.shape[1], -1)
@@ -128,7 +138,7 @@ def paged_attention(q: torch.Tensor, cache, batch: AttnBatch, scale: float) -> t
 
 def seq_rows(batch: AttnBatch) -> list[tuple[str | None, int, int, int]]:
     """``(seq_id, first query row, number of rows, cache index of the first row)`` per sequence."""
-    out = [(p.seq_id, p.q_start, p.q_end - p.q_start, p.ctx - (p.q_end - p.q_start)) for p in batch.prefills]
+    out = [(p.seq_id, p.q_start, p.q_end - p.q_start, p.k0 + p.ctx - (p.q_end - p.q_start)) for p in batch.prefills]
     d = batch.decode
     if d is not None:
         ids = d.seq_ids or [None] * len(d.rows)
@@ -138,50 +148,62 @@ def seq_rows(batch: AttnBatch) -> list[tuple[str | None, int, int, int]]:
 
 def build_attn_batch(chunks: list[tuple[int, int, list[int]]], block_size: int, device: torch.device,
                      q_offsets: list[int] | None = None, seq_ids: list[str] | None = None,
-                     decode_kernel=None, prefill_kernel=None) -> AttnBatch:
+                     decode_kernel=None, prefill_kernel=None, window: int | None = None) -> AttnBatch:
     """Describe a step's attention from ``(cache_start, num_tokens, block_table)`` per sequence.
 
     ``q_offsets[i]`` is the first row of sequence i in the flattened queries
     (default: cumulative ``num_tokens``). Sequences with one query join the decode group.
     ``seq_ids`` (request ids) label the sequences for methods that observe queries.
     ``decode_kernel`` (``refengine.paged_kernel``) is used by the decode group over dense pools,
-    ``prefill_kernel`` by the prefills.
+    ``prefill_kernel`` by the prefills. ``window``: the layers' sliding window (None: global).
     """
     prefills: list[PrefillSeq] = []
     dec_rows: list[int] = []
     dec_ids: list = []
-    dec_tables: list[tuple[int, list[int]]] = []
+    dec_tables: list[tuple[int, int, list[int]]] = []
     row = 0
     for i, (start, n, table) in enumerate(chunks):
         q0 = q_offsets[i] if q_offsets is not None else row
         sid = seq_ids[i] if seq_ids is not None else None
         row = q0 + n
         ctx = start + n
+        # First block holding a key some query of the chunk sees (0 without a window).
+        first = max(0, start - window + 1) // block_size if window else 0
+        k0 = first * block_size
         if n == 1:
             dec_rows.append(q0)
             dec_ids.append(sid)
-            dec_tables.append((ctx, table))
+            dec_tables.append((ctx - k0, max(0, ctx - window) - k0 if window else 0,
+                               table[first:-(-ctx // block_size)]))
             continue
-        blocks = torch.tensor(table[:-(-ctx // block_size)], dtype=torch.long, device=device)
+        blocks = torch.tensor(table[first:-(-ctx // block_size)], dtype=torch.long, device=device)
         mask = None
-        if start > 0:
-            qpos = torch.arange(start, ctx, device=device).unsqueeze(1)
-            mask = torch.arange(ctx, device=device).unsqueeze(0) <= qpos
-        prefills.append(PrefillSeq(q0, q0 + n, blocks, ctx, mask, sid))
+        if start > 0 or window:
+            qpos = torch.arange(start - k0, ctx - k0, device=device).unsqueeze(1)   # [n, 1] relative
+            keys = torch.arange(ctx - k0, device=device).unsqueeze(0)              # [1, ctx - k0]
+            mask = keys <= qpos
+            if window:
+                mask &= keys > qpos - window
+        prefills.append(PrefillSeq(q0, q0 + n, blocks, ctx - k0, mask, sid, k0))
     decode = None
     if dec_rows:
-        lengths = [c for c, _ in dec_tables]
+        lengths = [c for c, _, _ in dec_tables]
         max_blocks = -(-max(lengths) // block_size)
-        rows = [table[:-(-ctx // block_size)] for ctx, table in dec_tables]
-        blocks = torch.tensor([r + [0] * (max_blocks - len(r)) for r in rows], dtype=torch.long, device=device)
+        blocks = torch.tensor([r + [0] * (max_blocks - len(r)) for _, _, r in dec_tables], dtype=torch.long,
+                              device=device)
         lens = torch.tensor(lengths, dtype=torch.long, device=device)
+        lows = [lo for _, lo, _ in dec_tables]
+        starts = torch.tensor(lows, dtype=torch.long, device=device) if any(lows) else None
         mask = None
-        if any(c != max_blocks * block_size for c in lengths):
-            span = torch.arange(max_blocks * block_size, device=device)
-            mask = (span.unsqueeze(0) < lens.unsqueeze(1))[:, None, None, :]
+        if starts is not None or any(c != max_blocks * block_size for c in lengths):
+            span = torch.arange(max_blocks * block_size, device=device).unsqueeze(0)
+            mask = span < lens.unsqueeze(1)
+            if starts is not None:
+                mask &= span >= starts.unsqueeze(1)
+            mask = mask[:, None, None, :]
         decode = DecodeGroup(torch.tensor(dec_rows, dtype=torch.long, device=device), blocks, mask, lengths,
-                             dec_ids if seq_ids is not None else [], dec_rows, lens)
-    return AttnBatch(prefills, decode, row, decode_kernel, prefill_kernel)
+                             dec_ids if seq_ids is not None else [], dec_rows, lens, starts)
+    return AttnBatch(prefills, decode, row, decode_kernel, prefill_kernel, window)
 
 
 def slot_mapping(chunks: list[tuple[int, int, list[int]]], block_size: int, device: torch.device) -> torch.Tensor:

@@ -22,6 +22,12 @@ of its head, unregistered blocks at the very front), allocation takes from the
 front, and taking a registered block drops its hash. ``truncate`` (eviction compacts a
 request's entries in place) is refused while prefix caching is on: registered block
 contents must never change.
+
+Sliding windows (``refengine.block_groups``): a manager that serves only windowed layers
+drops the blocks a request's window has left (``drop_front``): their table entries become
+``NULL_BLOCK`` (the table stays positional: entry ``i`` still means positions
+``i*block_size ..``) and they return to the free list. Such a manager runs without prefix
+caching.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
+
+NULL_BLOCK = -1        # a table entry whose block was freed (outside a sliding window); never read
 
 
 class BlockManager:
@@ -72,6 +80,14 @@ class BlockManager:
 
     def table(self, request_id: str) -> list[int]:
         return self._tables.get(request_id, [])
+
+    def tables(self, request_id: str) -> list[list[int]]:
+        """One table per table group (a single group here; see ``refengine.block_groups``)."""
+        return [self.table(request_id)]
+
+    @property
+    def groups(self) -> list["BlockManager"]:
+        return [self]
 
     def can_ever_fit(self, num_tokens: int) -> bool:
         return self.blocks_needed(num_tokens) <= self.num_blocks
@@ -186,6 +202,20 @@ class BlockManager:
             self.free(request_id)
         return freed
 
+    def drop_front(self, request_id: str, num_blocks: int) -> int:
+        """Free the request's first ``num_blocks`` table entries (a window has left them); returns
+        how many blocks were freed now. Refused with prefix caching (shared blocks)."""
+        if self.enable_prefix_caching:
+            raise RuntimeError("drop_front (sliding windows) cannot run with prefix caching")
+        table = self._tables.get(request_id)
+        if not table:
+            return 0
+        n = min(num_blocks, len(table))
+        gone = [b for b in table[:n] if b != NULL_BLOCK]
+        table[:n] = [NULL_BLOCK] * n
+        self._release(gone)
+        return len(gone)
+
     def free(self, request_id: str) -> None:
         for h in self._chains.pop(request_id, []):
             if self._pending.get(h) == request_id:
@@ -197,6 +227,8 @@ class BlockManager:
 
     def _release(self, blocks) -> None:
         for b in blocks:
+            if b == NULL_BLOCK:
+                continue
             self._ref[b] -= 1
             if self._ref[b] == 0:
                 self._free[b] = None

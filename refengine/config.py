@@ -34,4 +34,6 @@ class EngineConfig:
     prefill_kernel: str = "auto"                # CPU prefill attention (fp32/bf16): same choices as decode_kernel
     fused_ops: str = "auto"                     # CPU fp32 RMSNorm/RoPE/SiLU-mul/residual: same choices (refengine.fused_ops)
     malloc_tuning: bool = True                  # CPU: keep freed activations in glibc's heap (refengine.host_malloc)
+    free_window_blocks: bool = True             # sliding-window layers keep block tables of their own and free what
+                                                # their window left (False: one table, every block kept)
     huge_pages: bool = True                     # spawned engine process: glibc maps malloc memory for THP (refengine.host_malloc)

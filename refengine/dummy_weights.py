@@ -3,8 +3,9 @@
 Same interface as ``WeightSource`` (``name in w``, ``names()``, ``get(name, dtype, device)``,
 ``close()``) and the same tensor names as an HF Llama checkpoint, plus the SwiftKV
 extras (``norm_swiftkv``, ``q/k/v_proj_swiftkv`` of every layer >= l) when the spec is a
-SwiftKV one. Tensors are drawn on the target device (no host copy of an 8B model):
-matrices ~ N(0, 0.02^2), norm weights 1, biases 0. Each tensor has its own seed derived
+SwiftKV one, and each family's extra norms (QK-norm, Gemma's sandwich norms). Tensors are
+drawn on the target device (no host copy of an 8B model): matrices ~ N(0, 0.02^2), norm
+weights of effective scale 1 (0 for Gemma's ``1 + w`` norms), biases 0. Each tensor has its own seed derived
 from its name, so a tensor is the same whichever order the model asks for it.
 """
 
@@ -34,6 +35,12 @@ def _shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
                  "mlp.gate_proj.weight": (I, H), "mlp.up_proj.weight": (I, H), "mlp.down_proj.weight": (H, I)}
         if spec.qkv_bias:
             layer.update({"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)})
+        if spec.o_bias:
+            layer["self_attn.o_proj.bias"] = (H,)
+        if spec.qk_norm:
+            layer.update({"self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,)})
+        if spec.sandwich_norm:
+            layer.update({"pre_feedforward_layernorm.weight": (H,), "post_feedforward_layernorm.weight": (H,)})
         if swift and i >= spec.num_key_value_layers:
             layer["self_attn.q_proj_swiftkv.weight"] = (q, H)
             if (i - spec.num_key_value_layers) % spec.key_value_group_size == 0:
@@ -46,6 +53,7 @@ class DummyWeights:
     def __init__(self, spec: ModelSpec, seed: int = 0) -> None:
         self._shapes = _shapes(spec)
         self.seed = seed
+        self.norm_one = 1.0 - spec.norm_offset     # a norm weight whose effective scale is 1
 
     def __contains__(self, name: str) -> bool:
         return name in self._shapes
@@ -58,7 +66,7 @@ class DummyWeights:
             raise KeyError(f"no tensor {name!r} in a model of this shape")
         shape, dtype = self._shapes[name], dtype or torch.float32
         if name.endswith("norm.weight") or name.endswith("layernorm.weight") or "norm_swiftkv" in name:
-            return torch.ones(shape, dtype=dtype, device=device)
+            return torch.full(shape, self.norm_one, dtype=dtype, device=device)
         if name.endswith(".bias"):
             return torch.zeros(shape, dtype=dtype, device=device)
         g = torch.Generator(device=device).manual_seed(self.seed * 1_000_003 + zlib.crc32(name.encode()))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 
+from refengine.block_groups import WindowedBlocks
 from refengine.block_manager import BlockManager
 from refengine.config import EngineConfig
 from refengine.model_config import load_model_spec
@@ -49,12 +50,18 @@ class LLMEngine:
                              f"max_position_embeddings={limit}")
         self.max_model_len = config.max_model_len or min(limit, DEFAULT_MAX_MODEL_LEN)
         self.runner = ModelRunner(config, self.spec, self.max_model_len)
-        salt = self.runner.prefix_cache_salt() if config.enable_prefix_caching else None
-        if config.enable_prefix_caching and salt is None:
+        windowed = len(self.runner.table_windows) > 1 or self.runner.table_windows[0] is not None
+        salt = self.runner.prefix_cache_salt() if config.enable_prefix_caching and not windowed else None
+        if config.enable_prefix_caching and windowed:
+            log.info("prefix caching off: sliding-window layers free the blocks their window left")
+        elif config.enable_prefix_caching and salt is None:
             log.info("prefix caching off: a KV method (%s) stores blocks that are not a function of their prefix",
                      ", ".join(m.name for m in self.runner.kv_methods if not m.prefix_cacheable))
-        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
-                                          enable_prefix_caching=salt is not None, salt=salt or b"")
+        if windowed:
+            self.block_manager = WindowedBlocks(self.runner.table_windows, self.runner.table_blocks, config.block_size)
+        else:
+            self.block_manager = BlockManager(self.runner.num_blocks, config.block_size,
+                                              enable_prefix_caching=salt is not None, salt=salt or b"")
         cap = config.long_prefill_token_threshold
         cap = max(config.block_size, config.max_num_batched_tokens // 2) if cap is None else cap
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, cap)
@@ -219,6 +226,7 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         bm, r = self.block_manager, self.runner
+        table_bytes, host_bytes = r.table_bytes_per_block(), r.table_bytes_per_block(host=True)
         return EngineStats(
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
@@ -235,9 +243,10 @@ class LLMEngine:
             prefix_caching=bm.enable_prefix_caching,
             prefix_cache_queries=bm.prefix_queries,
             prefix_cache_hits=bm.prefix_hits,
-            extra={"kv_bytes_used": float(bm.num_used * r.kv.bytes_per_block),
+            extra={"kv_bytes_used": float(sum(g.num_used * b for g, b in zip(bm.groups, table_bytes))),
                    "kv_host_bytes_per_token": float(r.kv.host_bytes_per_token),
-                   "kv_host_bytes_used": float(bm.num_used * r.kv.host_bytes_per_block),
+                   "kv_host_bytes_used": float(sum(g.num_used * b for g, b in zip(bm.groups, host_bytes))),
+                   "kv_window_blocks_freed": float(getattr(bm, "blocks_dropped", 0)),
                    "kv_host_bytes_total": float(r.kv.host_bytes_total),
                    "kv_reserved_bytes": float(r.reserved_bytes),
                    "prefix_cached_blocks": float(bm.num_cached_blocks),

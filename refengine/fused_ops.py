@@ -9,7 +9,8 @@ ops on CPU when they build, else torch with a warning; "cpp" = the C++ ops or an
 - ``add_rms_norm(h, r, w, eps) -> (h + r, rms_norm(h + r))``: the sum may be written into
   ``r``'s storage (the caller passes a fresh projection output and does not read it again);
 - ``rope(x [T, heads, d], cos, sin)``: rotary embedding (neox layout), possibly in place on x;
-- ``silu_mul(gu [T, 2m])``: ``silu(gu[:, :m]) * gu[:, m:]``.
+- ``silu_mul(gu [T, 2m])``: ``silu(gu[:, :m]) * gu[:, m:]``; ``gelu_mul``: the same with
+  tanh-approximated gelu (Gemma's GeGLU; torch in both).
 
 The C++ ops take CPU float32 rows with contiguous elements and fall back to torch for anything
 else (bf16 models, CUDA, odd strides), so a model can always call them. They carry no autograd:
@@ -50,6 +51,12 @@ class TorchOps:
     def silu_mul(gu: torch.Tensor) -> torch.Tensor:
         gate, up = gu.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+    @staticmethod
+    def gelu_mul(gu: torch.Tensor) -> torch.Tensor:
+        """GeGLU (Gemma): gelu with the tanh approximation of the gate, times up."""
+        gate, up = gu.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
 
 
 def _rows(*xs: torch.Tensor) -> bool:

@@ -1,11 +1,13 @@
 """HF ``config.json`` -> ModelSpec: the facts about a Llama-family model the engine needs.
 
-Supported: Llama (1/2/3/3.1 incl. ``llama3`` RoPE scaling), Mistral (no sliding window
-beyond the context), Qwen2 (q/k/v biases), tied embeddings, GQA, and Snowflake's
-SwiftKV variant (``model_type: llama_swiftkv``; fields ``swiftkv``,
-``num_key_value_layers``, ``key_value_group_size``). Both the transformers<5
-(``rope_theta`` + ``rope_scaling``) and >=5 (``rope_parameters``) spellings are read.
-No torch here.
+Supported: Llama (1/2/3/3.1 incl. ``llama3`` RoPE scaling), Mistral and Qwen2 (q/k/v
+biases; both with or without sliding windows), Qwen3 (QK-norm), Gemma 3 text
+(``gemma3_text``: sliding-window layers with their own RoPE base, QK-norm, GeGLU,
+``(1 + w)`` norms, scaled embeddings; see ``refengine.model_families``), tied embeddings,
+GQA, and the SwiftKV variant of each (``model_type: <family>_swiftkv``; fields
+``swiftkv``, ``num_key_value_layers``, ``key_value_group_size``; Snowflake's
+``llama_swiftkv``). Both the transformers<5 (``rope_theta`` + ``rope_scaling``) and >=5
+(``rope_parameters``) spellings are read. No torch here.
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPPORTED_MODEL_TYPES = {"llama", "llama_swiftkv", "mistral", "qwen2", "qwen2_swiftkv"}
+from refengine.model_families import FamilyError, family_fields, global_rope
+
+SUPPORTED_MODEL_TYPES = {"llama", "llama_swiftkv", "mistral", "qwen2", "qwen2_swiftkv", "qwen3", "qwen3_swiftkv",
+                         "gemma3_text", "gemma3_text_swiftkv"}
 
 
 class ModelConfigError(ValueError):
@@ -46,7 +51,19 @@ class ModelSpec:
     swiftkv: bool = False
     num_key_value_layers: int = 0
     key_value_group_size: int = 1
+    # Family switches (refengine.model_families; the defaults are Llama's).
+    qk_norm: bool = False
+    norm_offset: float = 0.0
+    embed_scale: float = 1.0
+    sandwich_norm: bool = False
+    attn_scale: float | None = None            # None: head_dim ** -0.5
+    layer_windows: tuple = ()                  # per layer: sliding window or None; () = no window anywhere
+    local_rope_theta: float | None = None      # RoPE base of windowed layers (None: the global one)
+    final_logit_softcapping: float | None = None
     raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def window(self, layer: int) -> int | None:
+        return self.layer_windows[layer] if self.layer_windows else None
 
     @property
     def is_swiftkv_checkpoint(self) -> bool:
@@ -92,12 +109,14 @@ def parse_model_config(cfg: dict, generation_cfg: dict | None = None) -> ModelSp
     layers = int(cfg["num_hidden_layers"])
     if heads % kv_heads:
         raise ModelConfigError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
-    window = cfg.get("sliding_window")
-    if window and cfg.get("use_sliding_window", model_type == "mistral"):
-        max_pos = int(cfg.get("max_position_embeddings", 4096))
-        if int(window) < max_pos:
-            raise ModelConfigError(f"sliding_window={window} < context {max_pos} is not supported yet")
-    theta, scaling = _rope(cfg)
+    if model_type == "gemma3" or "text_config" in cfg:
+        raise ModelConfigError("multimodal Gemma 3 (model_type 'gemma3') is not supported; serve a text-only "
+                               "checkpoint (model_type 'gemma3_text')")
+    try:
+        family = family_fields(model_type, cfg, layers, head_dim, hidden)
+    except FamilyError as exc:
+        raise ModelConfigError(str(exc)) from None
+    theta, scaling = _rope(global_rope(model_type, cfg))
     if scaling and scaling["rope_type"] not in ("linear", "llama3", "yarn", "dynamic"):
         raise ModelConfigError(f"rope scaling {scaling['rope_type']!r} is not supported")
     is_qwen = model_type.startswith("qwen2")
@@ -111,6 +130,14 @@ def parse_model_config(cfg: dict, generation_cfg: dict | None = None) -> ModelSp
         raise ModelConfigError(f"num_key_value_layers={kv_layers} must be in [1, {layers}]")
     if group < 1:
         raise ModelConfigError("key_value_group_size must be >= 1")
+    wins = family["layer_windows"]
+    if swiftkv and wins and group > 1:
+        for lead in range(kv_layers, layers, group):
+            kinds = {wins[i] for i in range(lead, min(lead + group, layers))}
+            if len(kinds) > 1:
+                raise ModelConfigError(f"AcrossKV group of layers {lead}..{min(lead + group, layers) - 1} mixes "
+                                       "sliding-window and global layers (different windows and RoPE bases cannot "
+                                       "share one K/V); choose a group size that keeps layer types apart")
     return ModelSpec(
         model_type=model_type,
         vocab_size=int(cfg["vocab_size"]),
@@ -128,13 +155,14 @@ def parse_model_config(cfg: dict, generation_cfg: dict | None = None) -> ModelSp
         qkv_bias=bool(cfg.get("attention_bias", False)) or is_qwen,
         o_bias=bool(cfg.get("attention_bias", False)) and not is_qwen,
         mlp_bias=bool(cfg.get("mlp_bias", False)),
-        hidden_act=cfg.get("hidden_act", "silu"),
+        hidden_act=family.pop("hidden_act", cfg.get("hidden_act", "silu")),
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=eos,
         swiftkv=swiftkv and kv_layers < layers,
         num_key_value_layers=kv_layers if swiftkv else layers,
         key_value_group_size=group if swiftkv else 1,
         raw=cfg,
+        **family,
     )
 
 

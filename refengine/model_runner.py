@@ -12,6 +12,12 @@ token for every request whose chunk reached its last known token; prompt logprob
 come from the same pass (``refengine.prompt_logprobs``). ``after_step``
 gives KV methods the step after the scheduler's update and collects their edits;
 ``forget`` drops their per-request state.
+
+Sliding windows: the cache's attention groups (one per distinct window, global first) map to
+*table groups* (``table_of``): with ``free_window_blocks`` each window has its own block table
+and pool (``refengine.block_groups`` sizes them: ``table_windows`` / ``table_blocks`` per table
+group), otherwise every group reads the one table. Each attention group gets its own
+``AttnBatch`` (with its window) and slot mapping per step.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import logging
 import torch
 
 from refengine.attention import build_attn_batch, slot_mapping
+from refengine.block_groups import blocks_per_request, split_blocks
 from refengine.config import EngineConfig
 from refengine.kv import registry
 from refengine.kv.base import Truncate
@@ -128,13 +135,29 @@ class ModelRunner:
         self.reserved_bytes = sum(m.reserved_bytes(self.cache_spec, limits) for m in self.kv_methods)
         per_block = self.cache_spec.device_bytes_per_block
         budget = int(config.kv_cache_memory_gb * (1 << 30)) - self.reserved_bytes
-        num_blocks = config.num_kv_blocks or max(0, budget // per_block)
-        if num_blocks * config.block_size < max_model_len:
-            raise ValueError(
-                f"KV cache of {num_blocks} blocks x {config.block_size} tokens cannot hold one request of "
-                f"max_model_len={max_model_len}; raise --kv-cache-memory-gb or lower --max-model-len")
-        self.num_blocks = num_blocks
-        self.kv = KVCache(self.cache_spec, self.kv_methods, num_blocks, config.block_size, self.dtype, self.device)
+        windows = self.cache_spec.windows
+        free = config.free_window_blocks and any(w is not None for w in windows)
+        self.table_windows = windows if free else [None]
+        self.table_of = list(range(len(windows))) if free else [0] * len(windows)
+        chunk = config.long_prefill_token_threshold or config.max_num_batched_tokens
+        need = [blocks_per_request(w, max_model_len, chunk, config.block_size) for w in self.table_windows]
+        if not free:
+            counts = [config.num_kv_blocks or max(0, budget // per_block)]
+        elif config.num_kv_blocks:              # the first (global) group's count; windows in proportion
+            counts = [config.num_kv_blocks * n // need[0] for n in need]
+        else:
+            counts = split_blocks(budget, windows, self.cache_spec.window_bytes_per_block(), max_model_len, chunk,
+                                  config.block_size)
+        for n, want, w in zip(counts, need, self.table_windows):
+            if n < want:
+                raise ValueError(
+                    f"KV cache of {n} blocks x {config.block_size} tokens {'for window ' + str(w) if w else ''} "
+                    f"cannot hold one request of max_model_len={max_model_len}; raise --kv-cache-memory-gb or "
+                    "lower --max-model-len")
+        self.table_blocks = counts               # per table group
+        self.num_blocks = counts[0]              # the global (first) group
+        self.kv = KVCache(self.cache_spec, self.kv_methods, [counts[t] for t in self.table_of], config.block_size,
+                          self.dtype, self.device)
         if (self.kv.bytes_per_block, self.kv.host_bytes_per_block) != (per_block, self.cache_spec.host_bytes_per_block):
             raise RuntimeError(f"KV storage allocated {self.kv.bytes_per_block} device + "   # the spec is the contract
                                f"{self.kv.host_bytes_per_block} host bytes/block, planned {per_block} + "
@@ -143,16 +166,25 @@ class ModelRunner:
         self._gens: dict[str, torch.Generator] = {}
         self.want_dist = False                   # scoring: keep full logprob rows (evaluation only)
         log.info("model %s on %s/%s (%s, decode attention: %s, prefill attention: %s, element-wise ops: %s): "
-                 "swiftkv=%s (l=%d, g=%d), KV methods %s, %d KV blocks, %.1f bytes/token (%.2fx smaller than %d)",
+                 "swiftkv=%s (l=%d, g=%d), KV methods %s, KV blocks %s, %.1f bytes/token (%.2fx smaller than %d)",
                  config.model,
                  self.device, self.dtype, self.packing, "C++ kernel" if self.decode_kernel else "gather + SDPA",
                  "C++ kernel" if self.prefill_kernel else "gather + SDPA", self.model.ops.name, self.model.use_swiftkv,
-                 self.model.num_kv_layers, self.model.group_size, self.kv_methods or "none", num_blocks,
+                 self.model.num_kv_layers, self.model.group_size, self.kv_methods or "none",
+                 " + ".join(f"{n} ({'window ' + str(w) if w else 'global'})" for n, w in zip(counts, self.table_windows)),
                  self.bytes_per_token, self.bytes_per_token_baseline / self.bytes_per_token,
                  self.bytes_per_token_baseline)
         huge = anon_huge_mib()
         if huge is not None:                     # what --no-huge-pages / GLIBC_TUNABLES gave this process
             log.info("transparent huge pages: %.0f MiB of this process's anonymous memory", huge)
+
+    def table_bytes_per_block(self, host: bool = False) -> list[int]:
+        """Device (or host) bytes per block of each table group's slots."""
+        out = [0] * len(self.table_windows)
+        for s in self.kv.slots:
+            t = self.table_of[self.kv.windows.index(s.group.window)]
+            out[t] += s.host_bytes_per_block if host else s.device_bytes_per_block
+        return out
 
     def prefix_cache_salt(self) -> bytes | None:
         """Everything besides the tokens that decides what a block stores, or None when a KV method
@@ -195,7 +227,6 @@ class ModelRunner:
         dev, bs = self.device, self.config.block_size
         # Cache offsets (slot mapping, attention lengths) vs true positions (RoPE): they differ
         # by the tokens an eviction method dropped from the request's cache.
-        chunks = [(c.cache_start, c.num_tokens, c.block_table) for c in sched.chunks]
         seq_ids = [c.request.request_id for c in sched.chunks]
         ids, pos, head_idx, tails, sampling, sample_at, scoring = [], [], [], [], [], [], []
         row = 0
@@ -213,31 +244,39 @@ class ModelRunner:
                     sample_at.append(len(head_idx) + end - 1 - lo)
                     sampling.append(c)
                 head_idx.extend(range(row + lo - c.start, row + c.num_tokens))
-                tails.append((c.cache_start + lo - c.start, end - lo, c.block_table, r.request_id))
+                tails.append((c.cache_start + lo - c.start, end - lo, c))
             row += c.num_tokens
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         positions = torch.tensor(pos, dtype=torch.long, device=dev)
-        slots = slot_mapping(chunks, bs, dev)
-        attn_all = build_attn_batch(chunks, bs, dev, seq_ids=seq_ids, decode_kernel=self.decode_kernel,
-                                    prefill_kernel=self.prefill_kernel)
+        # Per table group: the step's slot mapping; per attention group (window): its batch.
+        table_slots = [slot_mapping([(c.cache_start, c.num_tokens, c.block_tables[t]) for c in sched.chunks], bs, dev)
+                       for t in range(len(self.table_windows))]
+        slots = [table_slots[t] for t in self.table_of]
+        attn_all = [build_attn_batch([(c.cache_start, c.num_tokens, c.block_tables[t]) for c in sched.chunks], bs, dev,
+                                     seq_ids=seq_ids, decode_kernel=self.decode_kernel,
+                                     prefill_kernel=self.prefill_kernel, window=w)
+                    for t, w in zip(self.table_of, self.kv.windows)]
         logits_idx = torch.tensor(head_idx, dtype=torch.long, device=dev)
         attn_logits = None
         if self.model.use_swiftkv:
             # Later layers: the head rows of each sequence, causal over its cache (one query when it only samples).
-            attn_logits = build_attn_batch([t[:3] for t in tails], bs, dev, seq_ids=[t[3] for t in tails],
-                                           decode_kernel=self.decode_kernel, prefill_kernel=self.prefill_kernel)
+            attn_logits = [build_attn_batch([(start, n, c.block_tables[t]) for start, n, c in tails], bs, dev,
+                                            seq_ids=[c.request.request_id for _, _, c in tails],
+                                            decode_kernel=self.decode_kernel, prefill_kernel=self.prefill_kernel,
+                                            window=w)
+                           for t, w in zip(self.table_of, self.kv.windows)]
         for m in self.kv_methods:
             m.begin_step(sched, self.kv)
         hidden = self.model(input_ids, positions, self.kv, attn_all, slots, logits_idx, attn_logits)   # [N, D]
         for r, lo, at, n in scoring:
             if lo + 1 > len(r.prompt_lps):           # scoring requests compute their prompt from position 0
                 raise RuntimeError(f"prompt logprobs of {r.request_id!r}: position {lo} follows a gap")
-            entries = score_rows(self.model.lm_head, hidden[at:at + n], r.token_ids[lo + 1:lo + 1 + n],
+            entries = score_rows(self.model.logits, hidden[at:at + n], r.token_ids[lo + 1:lo + 1 + n],
                                  r.params.prompt_logprobs, r.params.prompt_logprob_ranks)
             r.prompt_lps[lo + 1:] = entries          # by position: a re-run step writes the same entries
         if not sampling:
             return {}, {}
-        logits = self.model.lm_head(hidden[sample_at] if scoring else hidden)
+        logits = self.model.logits(hidden[sample_at] if scoring else hidden)
         rows = []
         for c in sampling:
             r = c.request

@@ -13,10 +13,12 @@ None (the plain-PyTorch gather + SDPA paths of ``refengine.attention``):
 
 The kernel reads K and V in place from dense block pools: ``kernel(q [B, kvh, g, d],
 k_pool [N, bs, kvh, d], v_pool [N, bs, kvh, dv], table [B, max_blocks], lens [B], scale)
--> [B, kvh, g, dv]`` in q's dtype (computed in float32). The prefill kernel
-(``prefill(q [n, H, d] float32, k_pool, v_pool, blocks [nblk], start, scale, out [n, H, dv])``)
+-> [B, kvh, g, dv]`` in q's dtype (computed in float32); optional ``starts [B]``: the first entry
+each sequence sees (a sliding window). The prefill kernel
+(``prefill(q [n, H, d] float32, k_pool, v_pool, blocks [nblk], start, scale, out [n, H, dv], window)``)
 reads them in place too and writes the chunk's causal attention into ``out`` (query row i sits
-at cache index ``start + i``); both take float32 or bfloat16 pools.
+at cache index ``start + i`` and, with ``window`` W > 0, sees only the last W keys up to itself);
+both take float32 or bfloat16 pools.
 """
 
 from __future__ import annotations
@@ -48,14 +50,16 @@ SOURCES = [CSRC / f for f in ("paged_decode.cpp", "paged_prefill.cpp", "fused_op
 def _build_tag() -> str:
     """The build uses -march=native: key it by the CPU's feature flags, so a cache directory
     shared by different machines never loads code built for other instructions. The headers
-    are in the key too (torch's rebuild check hashes only the sources)."""
+    and the sources are in the key too: torch's rebuild check hashes only the sources, and
+    checkouts of different versions sharing one cache directory would otherwise rebuild over
+    each other's build at every start."""
     try:
         flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
     except OSError:
         flags = ""
     h = hashlib.sha1(flags.encode())
-    for header in sorted(CSRC.glob("*.h")):
-        h.update(header.read_bytes())
+    for f in sorted(CSRC.glob("*.h")) + sorted(CSRC.glob("*.cpp")):
+        h.update(f.read_bytes())
     return h.hexdigest()[:8]
 
 
@@ -69,16 +73,17 @@ class PagedDecodeKernel:
         self._prefill = module.paged_prefill
 
     def __call__(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, table: torch.Tensor,
-                 lens: torch.Tensor, scale: float) -> torch.Tensor:
+                 lens: torch.Tensor, scale: float, starts: torch.Tensor | None = None) -> torch.Tensor:
         with named("swiftserve::paged_decode"):
-            out = self._op(q.float(), k_pool, v_pool, table, lens, float(scale))
+            out = self._op(q.float(), k_pool, v_pool, table, lens, float(scale), starts)
         return out if q.dtype == torch.float32 else out.to(q.dtype)
 
     def prefill(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, blocks: torch.Tensor,
-                start: int, scale: float, out: torch.Tensor) -> None:
-        """Causal attention of a chunk's queries ``q [n, H, d]`` into ``out [n, H, dv]`` (float32 views)."""
+                start: int, scale: float, out: torch.Tensor, window: int = 0) -> None:
+        """Causal attention of a chunk's queries ``q [n, H, d]`` into ``out [n, H, dv]`` (float32 views);
+        ``window`` > 0: each query sees only the last ``window`` keys up to its own."""
         with named("swiftserve::paged_prefill"):
-            self._prefill(q, k_pool, v_pool, blocks, int(start), float(scale), out)
+            self._prefill(q, k_pool, v_pool, blocks, int(start), float(scale), out, int(window))
 
 
 def _ninja_on_path() -> None:

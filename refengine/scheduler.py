@@ -19,6 +19,9 @@ from its own prefill rows.
 With fewer budget tokens than running requests, the next step resumes after the last
 request served; ``long_prefill_cap`` bounds one request's share of a step's budget.
 
+Sliding windows: the block manager may keep one table per window (``refengine.block_groups``);
+chunks carry all of them (``block_tables``) and ``commit`` after a step lets windows slide.
+
 Blocks are counted in cache entries, not positions: after an eviction KV method
 dropped tokens (``truncate``, applied between steps), a request needs blocks for
 ``num_cached_tokens`` entries while its chunks keep their true positions
@@ -44,10 +47,13 @@ class ScheduledChunk:
     block_table: list[int]
     cache_start: int = -1   # cache entry of position ``start`` (= start - num_evicted); -1: same as start
     ends_prefill: bool = False  # the first token sampled since the cache was (re)built comes from this chunk
+    block_tables: list | None = None   # one table per table group (refengine.block_groups); None: [block_table]
 
     def __post_init__(self) -> None:
         if self.cache_start < 0:
             self.cache_start = self.start
+        if self.block_tables is None:
+            self.block_tables = [self.block_table]
 
     @property
     def needs_logits(self) -> bool:
@@ -186,7 +192,8 @@ class Scheduler:
     def _chunk(self, req: Request, n: int) -> ScheduledChunk:
         start = req.num_computed_tokens
         return ScheduledChunk(req, start, n, self.bm.table(req.request_id), req.num_cached_tokens,
-                              ends_prefill=not req.prefilled and start + n == req.num_tokens)
+                              ends_prefill=not req.prefilled and start + n == req.num_tokens,
+                              block_tables=self.bm.tables(req.request_id))
 
     def truncate(self, request_id: str, num_cached: int) -> list[int]:
         """An eviction method compacted the request's cache to its first ``num_cached`` entries:

@@ -4,9 +4,9 @@
 #include <torch/extension.h>
 
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor table,
-                           torch::Tensor lens, double scale);
+                           torch::Tensor lens, double scale, c10::optional<torch::Tensor> starts);
 void paged_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor blocks, int64_t start,
-                   double scale, torch::Tensor out);
+                   double scale, torch::Tensor out, int64_t window);
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
 torch::Tensor add_rms_norm_(torch::Tensor x, torch::Tensor r, torch::Tensor w, double eps);
 void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
@@ -14,8 +14,11 @@ torch::Tensor silu_mul(torch::Tensor gu);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto nogil = py::call_guard<py::gil_scoped_release>();
-  m.def("paged_decode", &paged_decode, "paged decode attention over a block pool (CPU)", nogil);
-  m.def("paged_prefill", &paged_prefill, "causal prefill attention over a block pool (CPU), into out", nogil);
+  m.def("paged_decode", &paged_decode, "paged decode attention over a block pool (CPU)", py::arg("q"), py::arg("k"),
+        py::arg("v"), py::arg("table"), py::arg("lens"), py::arg("scale"), py::arg("starts") = py::none(), nogil);
+  m.def("paged_prefill", &paged_prefill, "causal (optionally windowed) prefill attention over a block pool (CPU), "
+        "into out", py::arg("q"), py::arg("k"), py::arg("v"), py::arg("blocks"), py::arg("start"), py::arg("scale"),
+        py::arg("out"), py::arg("window") = 0, nogil);
   m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows (CPU)", nogil);
   m.def("add_rms_norm_", &add_rms_norm_, "x += r, then RMSNorm of x (CPU, float32)", nogil);
   m.def("rope_", &rope_, "rotary embedding in place, neox layout (CPU, float32)", nogil);

@@ -6,6 +6,7 @@
 //   v      [N, bs, kvh, dv]  same dtype as k
 //   table  [B, max_blocks]   int64 block ids; sequence b uses the first ceil(lens[b] / bs)
 //   lens   [B]               int64 cache entries of sequence b (>= 1)
+//   starts [B] or None       int64 first entry sequence b sees (a sliding window); None: 0
 //   -> out [B, kvh, g, dv]   float32
 //
 // Work is split over (sequence, KV head) pairs with ATen's parallel_for (OpenMP). When dv is
@@ -25,13 +26,13 @@
 // paged_prefill.cpp's vectorised kernels: decode_vec when d and dv are multiples of 16 (K and V
 // read in place), else decode_tiles when dv is (K packed transposed per 64-key tile).
 template <typename T>
-void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, const int64_t* lens, float* out,
-                int64_t B, int64_t kvh, int64_t g, int64_t d, int64_t dv, int64_t bs, int64_t max_blocks,
-                float scale);
+void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, const int64_t* lens,
+                const int64_t* starts, float* out, int64_t B, int64_t kvh, int64_t g, int64_t d, int64_t dv,
+                int64_t bs, int64_t max_blocks, float scale);
 template <typename T>
-void decode_tiles(const float* q, const T* k, const T* v, const int64_t* table, const int64_t* lens, float* out,
-                  int64_t B, int64_t kvh, int64_t g, int64_t d, int64_t dv, int64_t bs, int64_t max_blocks,
-                  float scale);
+void decode_tiles(const float* q, const T* k, const T* v, const int64_t* table, const int64_t* lens,
+                  const int64_t* starts, float* out, int64_t B, int64_t kvh, int64_t g, int64_t d, int64_t dv,
+                  int64_t bs, int64_t max_blocks, float scale);
 
 namespace {
 
@@ -50,19 +51,19 @@ inline void axpy(float w, const T* __restrict x, float* __restrict y, int64_t n)
 }
 
 template <typename T>
-void decode(const float* q, const T* k, const T* v, const int64_t* table, const int64_t* lens, float* out,
-            int64_t B, int64_t kvh, int64_t g, int64_t d, int64_t dv, int64_t bs, int64_t max_blocks,
-            float scale) {
+void decode(const float* q, const T* k, const T* v, const int64_t* table, const int64_t* lens,
+            const int64_t* starts, float* out, int64_t B, int64_t kvh, int64_t g, int64_t d, int64_t dv, int64_t bs,
+            int64_t max_blocks, float scale) {
   at::parallel_for(0, B * kvh, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> s;
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / kvh, h = bh % kvh;
-      const int64_t len = lens[b];
+      const int64_t len = lens[b], lo = starts ? starts[b] : 0;   // keys lo .. len-1 (a window)
       const int64_t* blocks = table + b * max_blocks;
       const float* qb = q + bh * g * d;
       float* ob = out + bh * g * dv;
       s.assign(g * len, 0.f);
-      for (int64_t t = 0; t < len; ++t) {
+      for (int64_t t = lo; t < len; ++t) {
         const int64_t row = blocks[t / bs] * bs + t % bs;          // flat cache entry
         const T* kt = k + (row * kvh + h) * d;
         for (int64_t j = 0; j < g; ++j) s[j * len + t] = scale * dot(qb + j * d, kt, d);
@@ -70,17 +71,17 @@ void decode(const float* q, const T* k, const T* v, const int64_t* table, const 
       for (int64_t j = 0; j < g; ++j) {
         float* sj = s.data() + j * len;
         float m = -std::numeric_limits<float>::infinity();
-        for (int64_t t = 0; t < len; ++t) m = std::max(m, sj[t]);
+        for (int64_t t = lo; t < len; ++t) m = std::max(m, sj[t]);
         float sum = 0.f;
-        for (int64_t t = 0; t < len; ++t) {
+        for (int64_t t = lo; t < len; ++t) {
           sj[t] = std::exp(sj[t] - m);
           sum += sj[t];
         }
         const float inv = 1.f / sum;
-        for (int64_t t = 0; t < len; ++t) sj[t] *= inv;
+        for (int64_t t = lo; t < len; ++t) sj[t] *= inv;
       }
       std::fill(ob, ob + g * dv, 0.f);
-      for (int64_t t = 0; t < len; ++t) {
+      for (int64_t t = lo; t < len; ++t) {
         const int64_t row = blocks[t / bs] * bs + t % bs;
         const T* vt = v + (row * kvh + h) * dv;
         for (int64_t j = 0; j < g; ++j) axpy(s[j * len + t], vt, ob + j * dv, dv);
@@ -92,17 +93,17 @@ void decode(const float* q, const T* k, const T* v, const int64_t* table, const 
 // One pool dtype: paged_prefill.cpp's tiles when dv is a multiple of 16, else the loop above.
 template <typename T>
 void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& table,
-         const torch::Tensor& lens, torch::Tensor& out, float scale) {
+         const torch::Tensor& lens, const int64_t* starts, torch::Tensor& out, float scale) {
   const bool wide = v.size(3) % 16 == 0;
   const auto kernel = wide && q.size(3) % 16 == 0 ? &decode_vec<T> : wide ? &decode_tiles<T> : &decode<T>;
   kernel(q.data_ptr<float>(), k.data_ptr<T>(), v.data_ptr<T>(), table.data_ptr<int64_t>(), lens.data_ptr<int64_t>(),
-         out.data_ptr<float>(), q.size(0), q.size(1), q.size(2), q.size(3), v.size(3), k.size(1), table.size(1), scale);
+         starts, out.data_ptr<float>(), q.size(0), q.size(1), q.size(2), q.size(3), v.size(3), k.size(1), table.size(1), scale);
 }
 
 }  // namespace
 
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor table,
-                           torch::Tensor lens, double scale) {
+                           torch::Tensor lens, double scale, c10::optional<torch::Tensor> starts) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "paged_decode: CPU tensors only");
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "paged_decode: q, k, v must be 4-D");
   TORCH_CHECK(q.scalar_type() == at::kFloat, "paged_decode: q must be float32");
@@ -117,11 +118,17 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
   TORCH_CHECK(k.size(2) == kvh && k.size(3) == d && v.size(2) == kvh && v.size(1) == bs,
               "paged_decode: pool shapes do not match q");
   TORCH_CHECK(table.dim() == 2 && table.size(0) == B && lens.numel() == B, "paged_decode: table/lens shape");
+  torch::Tensor lo;
+  if (starts.has_value() && starts->defined()) {
+    lo = starts->contiguous();
+    TORCH_CHECK(lo.scalar_type() == at::kLong && lo.numel() == B, "paged_decode: starts must be int64 [B]");
+  }
+  const int64_t* lo_ptr = lo.defined() ? lo.data_ptr<int64_t>() : nullptr;
   auto out = torch::empty({B, kvh, g, dv}, q.options());
   if (k.scalar_type() == at::kFloat) {
-    run<float>(q, k, v, table, lens, out, static_cast<float>(scale));
+    run<float>(q, k, v, table, lens, lo_ptr, out, static_cast<float>(scale));
   } else if (k.scalar_type() == at::kBFloat16) {
-    run<at::BFloat16>(q, k, v, table, lens, out, static_cast<float>(scale));
+    run<at::BFloat16>(q, k, v, table, lens, lo_ptr, out, static_cast<float>(scale));
   } else {
     TORCH_CHECK(false, "paged_decode: pools must be float32 or bfloat16");
   }

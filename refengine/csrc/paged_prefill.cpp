@@ -7,6 +7,7 @@
 //   blocks [>= ceil(ctx/bs)]  int64 block ids of the sequence, keys 0 .. ctx-1 (ctx = start + n)
 //   start  cache index of query row 0: row i sits at start + i and sees keys 0 .. start + i
 //   out    [n, H, dv]         float32, inner [H, dv] contiguous (any row stride), written in place
+//   window sliding window W (0: none): row i sees only keys start + i - W + 1 .. start + i
 //
 // GQA: query head hq reads KV head hq / (H / kvh), as in HF's repeat_kv.
 //
@@ -18,6 +19,10 @@
 // row max / sum while still in registers, and O = alpha O + P V 6 rows x 64 value columns at a
 // time over the keys the rows see. Everything is float32; exp is vec.h's vectorised Cody-Waite +
 // degree-6 polynomial (relative error ~2e-7, like expf).
+//
+// Windows: every row also has a first visible key (`lo0 + i * step`; far below 0 without a
+// window, so the checks below never fire and cost one compare per row and tile). Key tiles
+// wholly before a work item's first visible key are skipped, rows mask the keys before theirs.
 //
 // Decode kernels live here too (called by paged_decode.cpp): decode_vec (d and dv multiples of
 // 16: K and V read in place, 16 dot products per sum16) and decode_tiles (the tiles above,
@@ -41,6 +46,7 @@ namespace {
 constexpr int R = 6;      // query rows per micro-kernel step: 6 x 4 accumulators + 4 operands + 1 broadcast
 constexpr int QT = 8 * R;  // query rows per work item
 constexpr int KT = 64;    // keys per tile (4 vectors)
+constexpr int64_t NO_LOW = std::numeric_limits<int64_t>::min() / 4;   // "no window": every key is >= it
 
 
 // Scratch of one thread: nh KV heads x rowsR query rows each (rowsR a multiple of R), and one
@@ -114,13 +120,14 @@ inline void scores(const float* kth, const float* qi, int64_t d, v16 (&acc)[R][4
 // One head's query rows against one packed key tile (kth [d][KT], vth [KT][dv]; keys j0 ..
 // j0+cols-1). qs [rowsU][d] scaled queries with rows past `rows` zero, o [rowsU][dv] the running
 // output, m and l the running row max and sum; rowsU is rows rounded up to R. Row i sees keys
-// below limit0 + i * step (prefill: causal, step 1; decode: the whole context, step 0). Per
+// below limit0 + i * step (prefill: causal, step 1; decode: the whole context, step 0) and from
+// lo0 + i * step on (a sliding window; NO_LOW without one). Per
 // group of R rows: S = qs K^T, 6 rows x 64 keys in 24 vector accumulators; masked, folded into
 // the online softmax and exponentiated while still in registers (P to a 6 x 64 scratch on the
 // stack); then o = alpha o + P V, 6 rows x 64 (or 16) value columns at a time, the rescale by
 // alpha folded into loading o.
 inline void tile(const float* kth, const float* vth, const float* qs, float* o, float* m, float* l, int64_t rows,
-                 int64_t cols, int64_t j0, int64_t limit0, int64_t step, int64_t d, int64_t dv) {
+                 int64_t cols, int64_t j0, int64_t limit0, int64_t lo0, int64_t step, int64_t d, int64_t dv) {
   const int64_t width = dv % 64 == 0 ? 64 : 16;
   const int nv = static_cast<int>(width / 16);
   const i16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
@@ -135,6 +142,7 @@ inline void tile(const float* kth, const float* vth, const float* qs, float* o, 
     const int64_t last = std::min<int64_t>(i + R, rows) - 1;
     const int64_t seen = std::min<int64_t>(cols, limit0 + last * step - j0);
     if (seen <= 0) continue;                               // the whole group lies before this tile: o, m, l unchanged
+    if (lo0 + i * step - j0 >= cols) continue;             // its window starts after this tile: unchanged too
     switch ((seen + 15) / 16) {
       case 1: scores<1>(kth, qi, d, acc); break;
       case 2: scores<2>(kth, qi, d, acc); break;
@@ -146,12 +154,15 @@ inline void tile(const float* kth, const float* vth, const float* qs, float* o, 
       float* pr = p + r * KT;
       alpha[r] = 1.f;
       const int64_t visible = i + r < rows ? std::min<int64_t>(cols, limit0 + (i + r) * step - j0) : 0;
-      if (visible <= 0) {                                  // padded row, or sees nothing here: P = 0
+      const int64_t low = lo0 + (i + r) * step - j0;       // first key of the tile the row sees (window)
+      if (visible <= 0 || low >= visible) {                // padded row, or sees nothing here: P = 0
         for (int x = 0; x < 4; ++x) store(pr + 16 * x, v16{});
         continue;
       }
       if (visible < KT)                                    // diagonal or last tile: mask, lanewise
         for (int x = 0; x < 4; ++x) acc[r][x] = (iota + 16 * x) < static_cast<int32_t>(visible) ? acc[r][x] : ninf;
+      if (low > 0)                                         // the window starts inside this tile
+        for (int x = 0; x < 4; ++x) acc[r][x] = (iota + 16 * x) >= static_cast<int32_t>(low) ? acc[r][x] : ninf;
       v16 mx = acc[r][0];
       for (int x = 1; x < 4; ++x) mx = mx > acc[r][x] ? mx : acc[r][x];
       float& mi = m[i + r];
@@ -196,21 +207,21 @@ inline void tile(const float* kth, const float* vth, const float* qs, float* o, 
 
 // Attention of `rows` query rows per head for KV heads h0 .. h0+nh-1 (already scaled, in
 // t.qs [nh][rowsR][d], padded rows zero) over keys 0 .. kend-1, each key tile packed once for
-// the nh heads; row i sees keys below limit0 + i * step. Writes row i of head h0 + hh,
+// the nh heads; row i sees keys below limit0 + i * step, from lo0 + i * step on. Writes row i of head h0 + hh,
 // normalised, to out + hh * out_head + i * out_stride.
 template <typename T>
-void attend(Tiles& t, int64_t rows, int64_t kend, int64_t limit0, int64_t step, const T* k, const T* v,
+void attend(Tiles& t, int64_t rows, int64_t kend, int64_t limit0, int64_t lo0, int64_t step, const T* k, const T* v,
             const int64_t* blocks, int64_t bs, int64_t kvh, int64_t h0, int64_t d, int64_t dv, float* out,
             int64_t out_head, int64_t out_stride) {
   const int64_t nh = t.nh, rowsR = t.rowsR;
   t.reset();
-  for (int64_t j0 = 0; j0 < kend; j0 += KT) {
+  for (int64_t j0 = std::max<int64_t>(0, lo0) / KT * KT; j0 < kend; j0 += KT) {
     const int64_t cols = std::min<int64_t>(KT, kend - j0);
     pack(t.kt.data(), t.vt.data(), nh, j0, cols, k, v, blocks, bs, kvh, h0, d, dv);
     for (int64_t hh = 0; hh < nh; ++hh)
       tile(t.kt.data() + hh * d * KT, t.vt.data() + hh * KT * dv, t.qs.data() + hh * rowsR * d,
            t.o.data() + hh * rowsR * dv, t.m.data() + hh * rowsR,
-           t.l.data() + hh * rowsR * 16, rows, cols, j0, limit0, step, d, dv);
+           t.l.data() + hh * rowsR * 16, rows, cols, j0, limit0, lo0, step, d, dv);
   }
   t.finish(rows, dv, out, out_head, out_stride);
 }
@@ -222,7 +233,7 @@ void attend(Tiles& t, int64_t rows, int64_t kend, int64_t limit0, int64_t step, 
 template <typename T>
 void prefill(const float* q, int64_t q_row, const T* k, const T* v, const int64_t* blocks, float* out,
              int64_t out_row, int64_t n, int64_t start, int64_t H, int64_t kvh, int64_t d, int64_t dv,
-             int64_t bs, float scale) {
+             int64_t bs, float scale, int64_t window) {
   const int64_t g = H / kvh;
   const int64_t ntiles = (n + QT - 1) / QT;
   const int64_t ctx = start + n, ntk = (ctx + KT - 1) / KT;
@@ -252,10 +263,12 @@ void prefill(const float* q, int64_t q_row, const T* k, const T* v, const int64_
         }
         t.reset();
         const float* kh = packed.data() + (hq / g - h0) * head_floats;
-        for (int64_t j0 = 0; j0 < kend; j0 += KT) {
+        // Row i sees keys from lo0 + i on: with a window, tiles before the item's first row's are skipped.
+        const int64_t lo0 = window > 0 ? start + i0 + 1 - window : NO_LOW;
+        for (int64_t j0 = std::max<int64_t>(0, lo0) / KT * KT; j0 < kend; j0 += KT) {
           const float* kt = kh + (j0 / KT) * tile_floats;
           tile(kt, kt + d * KT, t.qs.data(), t.o.data(), t.m.data(), t.l.data(), rows,
-               std::min<int64_t>(KT, kend - j0), j0, start + i0 + 1, 1, d, dv);
+               std::min<int64_t>(KT, kend - j0), j0, start + i0 + 1, lo0, 1, d, dv);
         }
         t.finish(rows, dv, out + i0 * out_row + hq * dv, 0, out_row);
       }
@@ -269,9 +282,9 @@ void prefill(const float* q, int64_t q_row, const T* k, const T* v, const int64_
 // the sequence's whole context. Work items are sequences with all their KV heads (the pool read
 // front to back) when there are enough of them to keep every thread busy, else (sequence, KV head).
 template <typename T>
-void decode_tiles(const float* q, const T* k, const T* v, const int64_t* table, const int64_t* lens, float* out,
-                  int64_t B, int64_t kvh, int64_t g, int64_t d, int64_t dv, int64_t bs, int64_t max_blocks,
-                  float scale) {
+void decode_tiles(const float* q, const T* k, const T* v, const int64_t* table, const int64_t* lens,
+                  const int64_t* starts, float* out, int64_t B, int64_t kvh, int64_t g, int64_t d, int64_t dv,
+                  int64_t bs, int64_t max_blocks, float scale) {
   const int64_t nh = B >= 4 * at::get_num_threads() ? kvh : 1;
   const int64_t per = kvh / nh, gR = (g + R - 1) / R * R;
   at::parallel_for(0, B * per, 1, [&](int64_t begin, int64_t end) {
@@ -282,8 +295,8 @@ void decode_tiles(const float* q, const T* k, const T* v, const int64_t* table, 
         const float* src = q + ((b * kvh + h0 + hh) * g) * d;
         for (int64_t i = 0; i < g * d; ++i) t.qs[hh * gR * d + i] = src[i] * scale;
       }
-      attend(t, g, lens[b], lens[b], 0, k, v, table + b * max_blocks, bs, kvh, h0, d, dv,
-             out + (b * kvh + h0) * g * dv, g * dv, dv);
+      attend(t, g, lens[b], lens[b], starts ? starts[b] : NO_LOW, 0, k, v, table + b * max_blocks, bs, kvh, h0, d,
+             dv, out + (b * kvh + h0) * g * dv, g * dv, dv);
     }
   });
 }
@@ -296,9 +309,9 @@ void decode_tiles(const float* q, const T* k, const T* v, const int64_t* table, 
 // then sum16), an exact softmax per row, then out += P V with up to 4 rows x 64 value columns
 // in registers, each V row loaded once per row group.
 template <typename T>
-void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, const int64_t* lens, float* out,
-                int64_t B, int64_t kvh, int64_t g, int64_t d, int64_t dv, int64_t bs, int64_t max_blocks,
-                float scale) {
+void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, const int64_t* lens,
+                const int64_t* starts, float* out, int64_t B, int64_t kvh, int64_t g, int64_t d, int64_t dv,
+                int64_t bs, int64_t max_blocks, float scale) {
   const int64_t nh = B >= 4 * at::get_num_threads() ? kvh : 1, per = kvh / nh, items = B * per;
   const int64_t gP = (g + 3) / 4 * 4;                        // rows padded to 4 (their P stays zero)
   std::atomic<int64_t> next{0};
@@ -307,6 +320,7 @@ void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, co
     std::vector<int64_t> row(16);
     for (int64_t item; (item = next.fetch_add(1)) < items;) {
       const int64_t b = item / per, h0 = (item % per) * nh, len = lens[b], L = (len + 15) / 16 * 16;
+      const int64_t lo = starts ? starts[b] : 0;            // first key the row sees (a window), masked below
       const int64_t* blocks = table + b * max_blocks;
       const float* qb = q + (b * kvh + h0) * g * d;
       for (int64_t i = 0; i < nh * g * d; ++i) qs[i] = qb[i] * scale;
@@ -335,6 +349,7 @@ void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, co
         for (int64_t j = 0; j < g; ++j) {                    // exact softmax of each row
           float* sj = s.data() + (hh * gP + j) * L;
           std::fill(sj + len, sj + L, -std::numeric_limits<float>::infinity());
+          std::fill(sj, sj + lo, -std::numeric_limits<float>::infinity());
           v16 mx = load(sj);
           for (int64_t t = 16; t < L; t += 16) {
             const v16 y = load(sj + t);
@@ -359,7 +374,7 @@ void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, co
           const int rows = static_cast<int>(std::min<int64_t>(4, g - j0));
           for (int64_t c0 = 0; c0 < dv; c0 += width) {
             v16 acc[4][4] = {};
-            for (int64_t t = 0; t < len; ++t) {
+            for (int64_t t = lo; t < len; ++t) {
               const T* vr = v + ((blocks[t / bs] * bs + t % bs) * kvh + h0 + hh) * dv + c0;
               const int64_t ahead = std::min(t + 8, len - 1);      // V rows 8 tokens ahead, into cache
               const int64_t arow = blocks[ahead / bs] * bs + ahead % bs;
@@ -380,21 +395,18 @@ void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, co
   });
 }
 
-template void decode_vec<float>(const float*, const float*, const float*, const int64_t*, const int64_t*, float*,
-                                int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float);
-template void decode_vec<at::BFloat16>(const float*, const at::BFloat16*, const at::BFloat16*, const int64_t*,
-                                       const int64_t*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                                       int64_t, float);
-
-template void decode_tiles<float>(const float*, const float*, const float*, const int64_t*, const int64_t*,
-                                  float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float);
-template void decode_tiles<at::BFloat16>(const float*, const at::BFloat16*, const at::BFloat16*, const int64_t*,
-                                         const int64_t*, float*, int64_t, int64_t, int64_t, int64_t, int64_t,
-                                         int64_t, int64_t, float);
+#define SWIFTSERVE_DECODE(NAME, T)                                                                          \
+  template void NAME<T>(const float*, const T*, const T*, const int64_t*, const int64_t*, const int64_t*, float*, \
+                        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float);
+SWIFTSERVE_DECODE(decode_vec, float)
+SWIFTSERVE_DECODE(decode_vec, at::BFloat16)
+SWIFTSERVE_DECODE(decode_tiles, float)
+SWIFTSERVE_DECODE(decode_tiles, at::BFloat16)
+#undef SWIFTSERVE_DECODE
 
 
 void paged_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor blocks, int64_t start,
-                   double scale, torch::Tensor out) {
+                   double scale, torch::Tensor out, int64_t window) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "paged_prefill: CPU tensors only");
   TORCH_CHECK(q.dim() == 3 && out.dim() == 3 && k.dim() == 4 && v.dim() == 4, "paged_prefill: bad ranks");
   TORCH_CHECK(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat, "paged_prefill: q, out float32");
@@ -410,15 +422,17 @@ void paged_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Ten
   TORCH_CHECK(dv % 16 == 0, "paged_prefill: value head size must be a multiple of 16");
   TORCH_CHECK(out.size(0) == n && out.size(1) == H && out.size(2) == dv, "paged_prefill: out shape");
   TORCH_CHECK(start >= 0 && blocks.numel() * bs >= start + n, "paged_prefill: blocks do not cover the context");
+  TORCH_CHECK(window >= 0, "paged_prefill: window must be >= 0 (0: none)");
   if (n == 0) return;
   const float sc = static_cast<float>(scale);
   if (k.scalar_type() == at::kFloat) {
     prefill<float>(q.data_ptr<float>(), q.stride(0), k.data_ptr<float>(), v.data_ptr<float>(),
-                   blocks.data_ptr<int64_t>(), out.data_ptr<float>(), out.stride(0), n, start, H, kvh, d, dv, bs, sc);
+                   blocks.data_ptr<int64_t>(), out.data_ptr<float>(), out.stride(0), n, start, H, kvh, d, dv, bs, sc,
+                   window);
   } else if (k.scalar_type() == at::kBFloat16) {
     prefill<at::BFloat16>(q.data_ptr<float>(), q.stride(0), k.data_ptr<at::BFloat16>(), v.data_ptr<at::BFloat16>(),
                           blocks.data_ptr<int64_t>(), out.data_ptr<float>(), out.stride(0), n, start, H, kvh, d, dv,
-                          bs, sc);
+                          bs, sc, window);
   } else {
     TORCH_CHECK(false, "paged_prefill: pools must be float32 or bfloat16");
   }

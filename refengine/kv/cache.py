@@ -13,7 +13,11 @@ A model layer calls its slot with the step's tensors (T = tokens of the step):
 - an *attention op* per part computes ``[T, nq, k_dim] -> [T, nq, v_dim]`` over the
   stores (paged attention by default; methods may wrap or replace it).
 
-Slots shared by several layers (AcrossKV) are one object, allocated once. A slot
+Slots shared by several layers (AcrossKV) are one object, allocated once. Slots of
+sliding-window layers form their own *attention group* per window (``windows``,
+``layer_group[i]``): the model hands each layer the step's attention batch and slot
+mapping of its group, and a group's slots may have a pool of their own size
+(``num_blocks`` per group; ``refengine.block_groups``). A slot
 whose spec puts V on the host allocates its V stores in CPU memory (pinned when the
 device is CUDA), apart from the device pool: the pool's budget counts device bytes
 only. ``compact`` moves kept entries of one request to the front of its block table,
@@ -112,17 +116,24 @@ class SlotKV(BlockBytes):
 
 
 class KVCache(BlockBytes):
-    """Every slot of the engine; ``layers[i]`` is the ``SlotKV`` layer i reads and writes."""
+    """Every slot of the engine; ``layers[i]`` is the ``SlotKV`` layer i reads and writes.
 
-    def __init__(self, spec: CacheSpec, methods: list, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device):
+    ``num_blocks``: one count for every slot, or one per attention group (``windows`` order)."""
+
+    def __init__(self, spec: CacheSpec, methods: list, num_blocks: int | list[int], block_size: int,
+                 dtype: torch.dtype, device: torch.device):
         self.spec = spec
         self.methods = list(methods)
-        self.num_blocks = num_blocks
+        self.windows = spec.windows
+        self.group_blocks = list(num_blocks) if isinstance(num_blocks, (list, tuple)) else \
+            [num_blocks] * len(self.windows)
+        self.num_blocks = max(self.group_blocks) if self.group_blocks else 0
         self.block_size = block_size
         self.device = device
-        self.slots = [self._build_slot(g, num_blocks, block_size, dtype, device) for g in spec.groups]
+        self.slots = [self._build_slot(g, self.group_blocks[self.windows.index(g.window)], block_size, dtype, device)
+                      for g in spec.groups]
         self.layers = [self.slots[s] for s in spec.layer_slot]
+        self.layer_group = [self.windows.index(spec.groups[s].window) for s in spec.layer_slot]
 
     def _applying(self, group: GroupSpec) -> list:
         return [m for m in self.methods if m.applies_to(group)]
@@ -165,13 +176,16 @@ class KVCache(BlockBytes):
     bytes_per_block = device_bytes_per_block            # short names the engine reports with
     bytes_per_token = BlockBytes.device_bytes_per_token
 
+    def _total(self, per_block) -> int:
+        return sum(per_block(s) * self.group_blocks[self.windows.index(s.group.window)] for s in self.slots)
+
     @property
     def bytes_total(self) -> int:
-        return self.bytes_per_block * self.num_blocks
+        return self._total(lambda s: s.device_bytes_per_block)
 
     @property
     def host_bytes_total(self) -> int:
-        return self.host_bytes_per_block * self.num_blocks
+        return self._total(lambda s: s.host_bytes_per_block)
 
     def compact(self, table: list[int], keep: list[list[torch.Tensor]]) -> None:
         """Move one request's kept entries to the front of its block table, in every slot.

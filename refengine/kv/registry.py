@@ -144,7 +144,8 @@ def facts_from_spec(spec, model_dir: str, swiftkv: bool, elem_bytes: int, block_
     return ModelFacts(model_dir=str(model_dir), num_layers=spec.num_layers, num_heads=spec.num_heads,
                       num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, elem_bytes=elem_bytes,
                       swiftkv_layers=spec.num_key_value_layers if on else None,
-                      group_size=spec.key_value_group_size if on else 1, config=spec.raw, block_size=block_size)
+                      group_size=spec.key_value_group_size if on else 1, config=spec.raw, block_size=block_size,
+                      layer_windows=tuple(spec.layer_windows))
 
 
 def check(config: dict[str, Any] | None, model_dir: str | Path, swiftkv: bool = True,

@@ -100,6 +100,7 @@ class GroupSpec(BlockBytes):
     block_size: int = 16          # tokens per block (the unit of allocation)
     v_on_host: bool = False       # V lives in a host pool, not in the device pool
     may_evict: bool = False       # a method may drop tokens of this slot after a step
+    window: int | None = None     # sliding window of the slot's layers (None: global attention)
     options: dict = field(default_factory=dict, compare=False)  # method notes (informational)
 
     def __post_init__(self) -> None:
@@ -173,6 +174,7 @@ class ModelFacts:
     group_size: int               # AcrossKV g (1 without)
     config: dict = field(default_factory=dict, compare=False, repr=False)   # raw config.json
     block_size: int = 16          # tokens per KV block of the engine
+    layer_windows: tuple = ()     # per layer: sliding window or None (() = none anywhere)
 
 
 @dataclass(frozen=True)
@@ -191,12 +193,25 @@ class CacheSpec(BlockBytes):
         layer_slot = list(range(l)) + [l + (i - l) // g for i in range(l, L)]
         num_slots = (max(layer_slot) + 1) if layer_slot else 0
         d, kvh = facts.head_dim, facts.num_kv_heads
+        slot_layers = [tuple(i for i, x in enumerate(layer_slot) if x == s) for s in range(num_slots)]
+        win = facts.layer_windows
         groups = tuple(
-            GroupSpec(slot=s, layers=tuple(i for i, x in enumerate(layer_slot) if x == s), kv_heads=kvh,
+            GroupSpec(slot=s, layers=layers, kv_heads=kvh,
                       head_dim=d, q_per_kv=facts.num_heads // kvh, elem_bytes=facts.elem_bytes,
-                      k_dims=(d,) * kvh, v_dims=(d,) * kvh, block_size=facts.block_size)
-            for s in range(num_slots))
+                      k_dims=(d,) * kvh, v_dims=(d,) * kvh, block_size=facts.block_size,
+                      window=win[layers[0]] if win else None)
+            for s, layers in enumerate(slot_layers))
         return cls(groups, tuple(layer_slot))
+
+    @property
+    def windows(self) -> list[int | None]:
+        """The distinct windows of the slots, global (None) first: one attention group each."""
+        ws = {g.window for g in self.groups}
+        return ([None] if None in ws else []) + sorted(w for w in ws if w is not None)
+
+    def window_bytes_per_block(self) -> list[int]:
+        """Device bytes per block of the slots of each window (``windows`` order)."""
+        return [sum(g.device_bytes_per_block for g in self.groups if g.window == w) for w in self.windows]
 
     @property
     def num_slots(self) -> int:

@@ -155,3 +155,60 @@ def test_engine_greedy_tokens_identical_kernel_or_not(smollm2_dir):
                 toks.setdefault(o.request_id, []).extend(o.new_token_ids)
         outs[mode] = toks
     assert [len(t) for t in outs["torch"].values()] == [16, 16, 16] and outs["torch"] == outs["cpp"]
+
+
+def dense_window_reference(q, k, v, q_pos, window, scale):
+    """SDPA over contiguous K/V ``[ctx, kvh, d]``: query row r at position ``q_pos[r]`` sees keys
+    ``q_pos[r] - window + 1 .. q_pos[r]`` (transformers' sliding-window mask)."""
+    keys = torch.arange(k.shape[0]).unsqueeze(0)
+    qp = torch.tensor(q_pos).unsqueeze(1)
+    mask = (keys <= qp) & (keys > qp - window)
+    g = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(g, 1).transpose(0, 1), v.repeat_interleave(g, 1).transpose(0, 1)
+    out = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1).float(), kk.float(), vv.float(),
+                                                           attn_mask=mask, scale=scale)
+    return out.transpose(0, 1)
+
+
+@needs_compiler
+@pytest.mark.parametrize("window", [1, 5, 16, 64, 100, 1000])
+@pytest.mark.parametrize("kvh,g,d,dv", [(2, 2, 64, 64), (1, 4, 16, 32), (1, 2, 24, 8), (2, 2, 24, 32), (1, 4, 256, 256),
+                                         (1, 4, 233, 239), (1, 4, 229, 240)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernels_with_a_sliding_window_match_sdpa(kernel, window, kvh, g, d, dv, dtype):
+    """Windows shorter than a block, equal to a key tile, longer than the context; whole prompts,
+    chunks after a cached prefix and decode rows in one step, through ``build_attn_batch(window=)``
+    (blocks before the window are not passed: their table entries are poisoned) with the kernels
+    and with gather + SDPA, against SDPA with transformers' window mask on contiguous K/V.
+    Tolerance: 1e-5 per 64 head dims (float32 pools), 2e-2 (bfloat16 pools, compared against the
+    stored values)."""
+    torch.manual_seed(4)
+    bs, lengths = 4, [150, 230, 7, 40]
+    p = PartKV(HeadPart(tuple(range(kvh)), d, dv), DenseStore(200, bs, kvh, d, dtype, CPU),
+               DenseStore(200, bs, kvh, dv, dtype, CPU))
+    perm, tables, kv = torch.randperm(200).tolist(), [], []
+    for n in lengths:
+        table, perm = perm[:-(-n // bs)], perm[-(-n // bs):]
+        k, v = torch.randn(n, kvh, d).to(dtype), torch.randn(n, kvh, dv).to(dtype)
+        slots = slot_mapping([(0, n, table)], bs, CPU)
+        p.k.write(slots, k)
+        p.v.write(slots, v)
+        tables.append(table)
+        kv.append((k, v))
+    chunks = [(0, 150, tables[0]), (101, 129, tables[1]), (0, 7, tables[2]), (39, 1, tables[3])]
+    for start, _, table in chunks:                           # entries before the window: never read
+        first = max(0, start - window + 1) // bs
+        table[:first] = [-10**6] * first
+    q = torch.randn(sum(n for _, n, _ in chunks), kvh * g, d, dtype=dtype)
+    ref, row = [], 0
+    for (start, n, _), (k, v) in zip(chunks, kv):
+        ref.append(dense_window_reference(q[row:row + n], k[:start + n], v[:start + n],
+                                          list(range(start, start + n)), window, 0.3))
+        row += n
+    ref = torch.cat(ref)
+    tol = 1e-5 * max(1, d // 64) if dtype == torch.float32 else 2e-2   # float32 sums over d terms
+    for kw in ({}, {"prefill_kernel": kernel, "decode_kernel": kernel}):
+        batch = build_attn_batch(chunks, bs, CPU, window=window, **kw)
+        out = paged_op(q, p, batch, 0.3)
+        assert out.shape == ref.shape
+        assert torch.allclose(out.float(), ref, atol=tol, rtol=tol), (kw.keys(), (out.float() - ref).abs().max())

@@ -17,9 +17,9 @@ from proc_support import free_port
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 
 
-def start_stack(model: str, port: int, wport: int, extra=()):
-    cmd = [sys.executable, "-m", "swiftserve", "up", "--model", model, "--workers", "2", "--port", str(port),
-           "--worker-base-port", str(wport), "--served-model-name", "smol",
+def start_stack(model: str, port: int, wport: int, extra=(), workers: int = 2, name: str = "smol"):
+    cmd = [sys.executable, "-m", "swiftserve", "up", "--model", model, "--workers", str(workers), "--port", str(port),
+           "--worker-base-port", str(wport), "--served-model-name", name,
            "--worker-arg=--max-model-len=1024", "--worker-arg=--kv-cache-memory-gb=0.1", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)

@@ -69,6 +69,12 @@ class EvictionMethod(KVMethod):
         self._parts: dict[int, int] = {}                  # slot -> parts wrapped so far
         self.counters = {"eviction_requests": 0.0, "eviction_tokens_evicted": 0.0, "eviction_blocks_freed": 0.0}
 
+    def validate(self, facts: ModelFacts) -> list[str]:
+        if any(facts.layer_windows):
+            return ["models with sliding-window layers are not supported: their blocks leave the window through "
+                    "the block manager, and compacting a request's cache beside that is not implemented"]
+        return []
+
     def configure(self, group: GroupSpec, facts: ModelFacts) -> GroupSpec:
         return group.with_(may_evict=True)
 

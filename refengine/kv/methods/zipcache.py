@@ -74,6 +74,9 @@ class ZipCacheMethod(KVMethod):
     def validate(self, facts: ModelFacts) -> list[str]:
         if facts.block_size > 256:
             return [f"block_size {facts.block_size} > 256 (token slots are indexed with one byte)"]
+        if any(facts.layer_windows):
+            return ["models with sliding-window layers are not supported: ZipCache stages blocks by the request's "
+                    "global block table, and windowed layers keep tables of their own"]
         return []
 
     def configure(self, group: GroupSpec, facts: ModelFacts) -> GroupSpec:

@@ -80,8 +80,9 @@ def test_engine_positions_and_freed_blocks_reused(smollm2_dir):
     forward = eng.runner.model.forward
 
     def spy(input_ids, positions, kv, attn_all, slots, *rest):
-        lengths = attn_all.decode.lengths if attn_all.decode is not None else []
-        seen.append((positions.tolist(), slots.tolist(), lengths))
+        batch = attn_all[0]                                             # one attention group: no window
+        lengths = batch.decode.lengths if batch.decode is not None else []
+        seen.append((positions.tolist(), slots[0].tolist(), lengths))
         return forward(input_ids, positions, kv, attn_all, slots, *rest)
 
     eng.runner.model.forward = spy
