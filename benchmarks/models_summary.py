@@ -8,8 +8,9 @@
 - ``parity_families``: families whose test of ``tests/refengine/test_families_parity.py`` passed
   in the JUnit report (every case of the family: both attention paths, windowed and not);
 - ``swiftkv_families.reference``: the same for ``tests/refengine/test_swiftkv_families.py``;
-  ``swiftkv_families.vllm`` is what the vLLM plugin serves (``--vllm``, default llama: not
-  measured here);
+  ``swiftkv_families.vllm``: the families whose SwiftKV checkpoints vLLM with the plugin served
+  with the reference engine's greedy tokens, read from ``--vllm-ready``
+  (``results/vllm/gpu_ready.json`` of benchmarks/vllm_gpu_ready.py);
 - ``gemma3_270m_served``: ``tests/swiftserve/test_stack_gemma3.py`` passed (not skipped);
 - ``sliding_window_kv_bytes_ratio_4k``: ``ratio_freed_over_kept`` of benchmarks/sliding_window_kv.py;
 - ``zack_gemma3_rate_at_99pct_ppl`` / ``..._task``: the highest swept ZACK rate of the
@@ -68,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--junit", required=True)
     ap.add_argument("--sliding", required=True)
     ap.add_argument("--zack", required=True, nargs="+", help="modelkit eval sweep JSON files (merged)")
-    ap.add_argument("--vllm", default="llama", help="comma-separated families the vLLM plugin's SwiftKV serves")
+    ap.add_argument("--vllm-ready", default="results/vllm/gpu_ready.json",
+                    help="benchmarks/vllm_gpu_ready.py's output: its swiftkv_families")
     ap.add_argument("--out", default="results/models/summary.json")
     args = ap.parse_args(argv)
     junit = Path(args.junit)
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         "gemma3_270m_served": test_passed(junit, "test_stack_gemma3", "test_swiftserve_up_serves_gemma3_270m"),
         "sliding_window_kv_bytes_ratio_4k": round(json.loads(Path(args.sliding).read_text())["ratio_freed_over_kept"], 4),
         "swiftkv_families": {"reference": passed_families(junit, "test_swiftkv_families"),
-                             "vllm": [f for f in args.vllm.split(",") if f]},
+                             "vllm": json.loads(Path(args.vllm_ready).read_text())["swiftkv_families"]},
         "zack_gemma3_rate_at_99pct_ppl": rate_at(zack, "ppl"),
         "zack_gemma3_rate_at_99pct_task": rate_at(zack, "task"),
     }

@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import command_line, write_json  # noqa: E402
 
 ONE_RANK = ("g1", "g2", "zack-full-g2", "zack-r32")
+FAMILIES = {"llama": ("g1", "g2"), "qwen2": ("qwen2-swiftkv",), "qwen3": ("qwen3-swiftkv",)}
 TP = ("tp-g1", "tp-g2", "tp-zack")
 FP8 = ("g1", "g2", "zack-r32")
 
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = {"eager": probe(models, ONE_RANK, tmp, "eager", "--enforce-eager"),
                 "compiled": probe(models, ONE_RANK, tmp, "compiled", "--no-enforce-eager"),
                 "tp2": probe(models, TP, tmp, "tp2", "--no-enforce-eager", "--tensor-parallel-size", "2"),
+                "families": probe(models, ("qwen2-swiftkv", "qwen3-swiftkv"), tmp, "families", "--no-enforce-eager"),
                 "pp2": probe(models, ("tp-zack-lw",), tmp, "pp2", "--no-enforce-eager", "--pipeline-parallel-size", "2",
                              env={"VLLM_PP_LAYER_PARTITION": "17,13"}),
                 "fp8": probe(models, FP8, tmp, "fp8", "--no-enforce-eager", "--kv-cache-dtype", "fp8_e4m3")}
@@ -102,7 +104,11 @@ def main(argv: list[str] | None = None) -> int:
                      key=lambda v: v["version"])
     if checked:
         summary["vllm_versions_checked"] = [f"{v['distribution']} {v['version']}" for v in checked if v["passed"]]
+    served = {**runs["compiled"], **runs["families"]}
+    families = [f for f, names in FAMILIES.items() if all(served[n]["reference_parity"] and served[n]["swiftkv"]
+                                                          for n in names)]
     doc = {"command": command_line(argv), "loadavg_before_after": load, "summary": summary, "fp8": fp8,
+           "swiftkv_families": families,
            "pp2_parity": runs["pp2"]["tp-zack-lw"]["reference_parity"], "devcheck": devcheck, "runs": runs}
     write_json(out / "gpu_ready.json", doc)
     merged = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}

@@ -26,7 +26,7 @@ layer name), ``StatLoggerBase``/``SchedulerStats``/``IterationStats`` fields, an
 from __future__ import annotations
 
 from swiftserve_vllm.version import (  # noqa: F401 - re-exported: the range lives with the internals it covers
-    SUPPORTED_RANGE, UnsupportedVLLMVersion, check_version, installed_version)
+    SUPPORTED_RANGE, UnsupportedVLLMVersion, check_version, installed_version, layout_refusal)
 
 check_version()     # a clear message, not an ImportError from a moved symbol, on an unsupported vLLM
 

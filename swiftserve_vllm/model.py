@@ -131,6 +131,9 @@ class SwiftServeLlamaModel(nn.Module):
         cfg = vllm_config.model_config.hf_config
         self.layout = layout = parse_layout(cfg.to_dict())
         self.model_dir = str(vllm_config.model_config.model)      # ZACK's rotations file is read from here
+        refusal = V.layout_refusal(V.installed_version(), layout.swiftkv and layout.zack and layout.zack_rank is None)
+        if refusal:
+            raise ValueError(refusal)
         pp = V.get_pp_group()
         try:
             self.rs = rs = rank_slice(layout, *V.get_pp_indices(layout.num_layers, pp.rank_in_group, pp.world_size),

@@ -8,7 +8,10 @@
   heads: SmolLM2's 3 KV heads do not split over 2 tensor-parallel ranks);
 - ``tp-zack``: ZACK rank 32 over ``tp-g2`` (SwiftKV, AcrossKV, ZACK and TP in one model);
 - ``tp-zack-lw``: layer-wise ZACK over ``tp-g2``: rank 64 or 32 by layer (equal within a group),
-  so vLLM holds caches of two head sizes.
+  so vLLM holds caches of two head sizes;
+- ``qwen2-swiftkv``, ``qwen3-swiftkv``: tiny random Qwen2 (q/k/v biases) and Qwen3 (QK-norm)
+  models (4 query / 2 KV heads of 64, 4 layers, SmolLM2's tokenizer) converted by
+  ``modelkit convert-swiftkv`` (l=2; g=2 for Qwen3, so a group shares its leader's k_norm).
 Existing directories are reused.
 """
 
@@ -23,7 +26,7 @@ import torch
 from swiftserve_vllm.layout import parse_layout
 from swiftserve_vllm.reference import _link, _weights, make_random_zack
 
-NAMES = ("zack-r32", "zack-full-g2", "tp-g1", "tp-g2", "tp-zack", "tp-zack-lw")
+NAMES = ("zack-r32", "zack-full-g2", "tp-g1", "tp-g2", "tp-zack", "tp-zack-lw", "qwen2-swiftkv", "qwen3-swiftkv")
 # layer-wise ranks of tp-zack-lw: layers < 15 alternate in threes, the AcrossKV groups {15,16}, ... in turns
 LAYERWISE = [64 if (i < 15 and i % 3 == 0) or (i >= 15 and (i - 15) // 2 % 2 == 0) else 32 for i in range(30)]
 
@@ -62,6 +65,26 @@ def prune_kv_heads(base: str | Path, out: str | Path, keep: list[int]) -> Path:
     return out
 
 
+def random_family_swiftkv(family: str, tokenizer_dir: Path, out: Path, l: int, g: int, seed: int = 0) -> Path:
+    """A tiny random ``family`` model (transformers' own initialisation, a wider std so that logits
+    are peaked enough for greedy parity), converted to SwiftKV ``l``/``g`` in ``out``."""
+    import transformers as tf
+
+    from modelkit.swiftkv import write_swiftkv_checkpoint
+
+    common = dict(vocab_size=49152, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=2048,
+                  bos_token_id=1, eos_token_id=2, initializer_range=0.06, tie_word_embeddings=True)
+    cfg, cls = {"qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM), "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM)}[family]
+    torch.manual_seed(seed)
+    base = out.parent / f"{out.name}-base"
+    cls(cfg(**common)).save_pretrained(base)
+    for f in tokenizer_dir.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")) and not (base / f.name).exists():
+            _link(f, base / f.name)
+    return write_swiftkv_checkpoint(base, out, l, g)
+
+
 def make_test_models(out: str | Path) -> dict[str, Path]:
     """Every test checkpoint of ``NAMES`` under ``out`` (made once; later calls reuse them)."""
     from modelkit.prepare import resolve_model
@@ -81,6 +104,8 @@ def make_test_models(out: str | Path) -> dict[str, Path]:
     once("tp-g2", lambda d: prune_kv_heads(g2, d, [0, 1]))
     once("tp-zack", lambda d: make_random_zack(made["tp-g2"], d, 32, kind="weights"))
     once("tp-zack-lw", lambda d: make_random_zack(made["tp-g2"], d, LAYERWISE, kind="weights"))
+    once("qwen2-swiftkv", lambda d: random_family_swiftkv("qwen2", base, d, 2, 1))
+    once("qwen3-swiftkv", lambda d: random_family_swiftkv("qwen3", base, d, 2, 2))
     return made
 
 

@@ -7,7 +7,8 @@ tokens reached the layers >= l:
 - one rank: SwiftKV l=15 g=1 and g=2 (AcrossKV), ZACK full rank over g=2 (random rotations),
   ZACK rank 32 over the base model;
 - tensor parallelism 2 (two ranks, one core each) on 6-query / 2-KV-head cuts of the shipped
-  SwiftKV models (``testmodels``): g=1, g=2, and ZACK rank 32 over g=2;
+  SwiftKV models (``testmodels``): g=1, g=2, and ZACK rank 32 over g=2; and on tiny random
+  Qwen2 (q/k/v biases) and Qwen3 (QK-norm, AcrossKV g=2) SwiftKV checkpoints;
 - pipeline parallelism 2 with stages of 17 and 13 layers (a SwiftKV group on each side), on
   layer-wise ZACK (caches of two head sizes) over g=2.
 Tokens are compared with the reference engine (and, for ZACK without SwiftKV, with the
@@ -53,6 +54,12 @@ def _run(cmd: list[str], tmp, name: str, env: dict | None = None, timeout: int =
     return text
 
 
+def _vllm_version() -> str:
+    out = subprocess.run([str(VLLM_PY), "-c", "from swiftserve_vllm.version import installed_version as v; print(v())"],
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
 def _probe(models, tmp_path_factory, names, *extra, env=None) -> dict:
     tmp = tmp_path_factory.mktemp("probe")
     cmd = [str(VLLM_PY), "-m", "swiftserve_vllm.probe", "--max-tokens", str(MAX_TOKENS), "--prefill-len",
@@ -70,7 +77,8 @@ def probe(models, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def probe_tp2(models, tmp_path_factory):
-    return _probe(models, tmp_path_factory, ["tp-g1", "tp-g2", "tp-zack"], "--tensor-parallel-size", "2")
+    return _probe(models, tmp_path_factory, ["tp-g1", "tp-g2", "tp-zack", "qwen2-swiftkv", "qwen3-swiftkv"],
+                  "--tensor-parallel-size", "2")
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +93,7 @@ def reference(models, prompts):
     from swiftserve_vllm.probe import reference_tokens
 
     return {n: reference_tokens(models[n], prompts, MAX_TOKENS)
-            for n in ("g1", "g2", "tp-g1", "tp-g2", "tp-zack", "tp-zack-lw")}
+            for n in ("g1", "g2", "tp-g1", "tp-g2", "tp-zack", "tp-zack-lw", "qwen2-swiftkv", "qwen3-swiftkv")}
 
 
 @pytest.mark.parametrize("name", ["g1", "g2"])
@@ -127,7 +135,7 @@ def test_zack_rank32_matches_torch_reference_and_reference_engine_and_halves_the
     assert abs(ratio - 2.0) < 0.03, ratio
 
 
-@pytest.mark.parametrize("name", ["tp-g1", "tp-g2", "tp-zack"])
+@pytest.mark.parametrize("name", ["tp-g1", "tp-g2", "tp-zack", "qwen2-swiftkv", "qwen3-swiftkv"])
 def test_tensor_parallel_2_greedy_tokens_equal_reference_engine(probe_tp2, reference, name):
     r = probe_tp2[name]
     assert r["tensor_parallel_size"] == 2 and r["enforce_eager"] is False and r["swiftkv"] is True
@@ -139,14 +147,17 @@ def test_tensor_parallel_2_greedy_tokens_equal_reference_engine(probe_tp2, refer
 def test_pipeline_parallel_2_with_a_stage_boundary_inside_the_later_layers(models, tmp_path_factory, reference):
     # Stages [0, 17) and [17, 30): the first runs layers < 15 and the group {15, 16}; the second
     # gets x = norm_swiftkv(h_14) from it beside the hidden state and writes its groups' K/V.
-    # Layer-wise ZACK: caches of head size 64 and 32 (vLLM scales the block size of the smaller).
+    # Layer-wise ZACK: caches of head size 64 and 32 (vLLM scales the block size of the smaller);
+    # a vLLM that refuses layer-wise ranks with SwiftKV (before 0.32) runs the uniform ones.
     from swiftserve_vllm.testmodels import LAYERWISE
+    from swiftserve_vllm.version import layout_refusal
 
-    r = _probe(models, tmp_path_factory, ["tp-zack-lw"], "--pipeline-parallel-size", "2",
-               env={"VLLM_PP_LAYER_PARTITION": "17,13"})["tp-zack-lw"]
-    assert r["pipeline_parallel_size"] == 2 and r["tokens"] == reference["tp-zack-lw"]
+    name = "tp-zack" if layout_refusal(_vllm_version(), True) else "tp-zack-lw"
+    r = _probe(models, tmp_path_factory, [name], "--pipeline-parallel-size", "2",
+               env={"VLLM_PP_LAYER_PARTITION": "17,13"})[name]
+    assert r["pipeline_parallel_size"] == 2 and r["tokens"] == reference[name]
     assert (r["tokens_head"], r["tokens_tail"]) == (PREFILL, 1)
-    assert r["zack_rank"] is None and r["zack_ranks"] == LAYERWISE
+    assert r["zack_ranks"] == (LAYERWISE if name == "tp-zack-lw" else [32] * 30)
 
 
 def test_every_model_class_builds_on_the_meta_device_with_nothing_left_behind(models, tmp_path_factory):
