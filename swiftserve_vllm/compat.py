@@ -20,13 +20,15 @@ backend's ``do_kv_cache_update`` behind ``unified_kv_cache_update``, the forward
 context's ``attn_metadata`` dict keyed by layer name, the runner marking trailing
 KV-sharing layers fast-prefill eligible, ``extract_layer_index`` (one integer per
 layer name), ``StatLoggerBase``/``SchedulerStats``/``IterationStats`` fields, and
-``cache_config.num_gpu_blocks`` being copied back to the front-end's config.
+``cache_config.num_gpu_blocks`` being copied back to the front-end's config,
+``GPUModelRunner.maybe_add_kv_sharing_layers_to_kv_cache_groups`` and ``shared_kv_cache_layers``
+(``fix_kv_sharing_in_mixed_head_groups``).
 """
 
 from __future__ import annotations
 
 from swiftserve_vllm.version import (  # noqa: F401 - re-exported: the range lives with the internals it covers
-    SUPPORTED_RANGE, UnsupportedVLLMVersion, check_version, installed_version, layout_refusal)
+    SUPPORTED_RANGE, UnsupportedVLLMVersion, check_version, installed_version)
 
 check_version()     # a clear message, not an ImportError from a moved symbol, on an unsupported vLLM
 
@@ -109,6 +111,36 @@ def building_model(vllm_config, init_method: str):
             ps.ensure_model_parallel_initialized(1, 1)
         with set_default_torch_dtype(vllm_config.model_config.dtype):
             yield
+
+
+def fix_kv_sharing_in_mixed_head_groups() -> None:
+    """Let a KV-sharing layer live in a KV-cache group of several head sizes (layer-wise ZACK ranks
+    with SwiftKV). vLLM (0.31, 0.32) groups such layers under one ``UniformTypeKVCacheSpecs``
+    holding a spec per layer, then appends each KV-sharing layer to its target's group without a
+    spec of its own, so the runner's backend lookup (``kv_cache_specs[layer_name]``) fails with a
+    KeyError on the first sharing layer. A sharing layer reads its target's cache: give it the
+    target's spec, after vLLM's own step. Patched on the runner class, once per process; a vLLM
+    that already records the spec is left as it is (``setdefault``)."""
+    from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    original = GPUModelRunner.maybe_add_kv_sharing_layers_to_kv_cache_groups
+    if getattr(original, "_swiftserve_fixed", False):
+        return
+
+    def add_then_fill(self, kv_cache_config):
+        original(self, kv_cache_config)
+        for group in kv_cache_config.kv_cache_groups:
+            specs = group.kv_cache_spec
+            if not isinstance(specs, UniformTypeKVCacheSpecs):
+                continue
+            for name in group.layer_names:
+                target = self.shared_kv_cache_layers.get(name)
+                if target is not None and target in specs.kv_cache_specs:
+                    specs.kv_cache_specs.setdefault(name, specs.kv_cache_specs[target])
+
+    add_then_fill._swiftserve_fixed = True
+    GPUModelRunner.maybe_add_kv_sharing_layers_to_kv_cache_groups = add_then_fill
 
 
 def in_real_step() -> bool:

@@ -131,9 +131,6 @@ class SwiftServeLlamaModel(nn.Module):
         cfg = vllm_config.model_config.hf_config
         self.layout = layout = parse_layout(cfg.to_dict())
         self.model_dir = str(vllm_config.model_config.model)      # ZACK's rotations file is read from here
-        refusal = V.layout_refusal(V.installed_version(), layout.swiftkv and layout.zack and layout.zack_rank is None)
-        if refusal:
-            raise ValueError(refusal)
         pp = V.get_pp_group()
         try:
             self.rs = rs = rank_slice(layout, *V.get_pp_indices(layout.num_layers, pp.rank_in_group, pp.world_size),
@@ -213,6 +210,8 @@ class SwiftServeLlamaForCausalLM(nn.Module, V.SupportsPP):
         cfg = vllm_config.model_config.hf_config
         self.config = cfg
         self.model = SwiftServeLlamaModel(vllm_config=vllm_config, prefix="model")
+        if self.model.layout.swiftkv:
+            V.fix_kv_sharing_in_mixed_head_groups()     # built in the worker process, before its KV set-up
         if self.model.rs.last:
             self.lm_head = V.ParallelLMHead(cfg.vocab_size, cfg.hidden_size, quant_config=vllm_config.quant_config,
                                             prefix="lm_head")

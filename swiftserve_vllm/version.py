@@ -63,11 +63,3 @@ def check_version(version: str | None = None, dist: str | None = None) -> str:
             f"Install a supported version, e.g. `pip install '{dist}{RANGES[dist]}'`.")
     return version
 
-
-def layout_refusal(version: str | None, layerwise_zack_with_swiftkv: bool) -> str | None:
-    """Why the installed vLLM cannot serve a layout that the newer releases serve, or None."""
-    if version is not None and layerwise_zack_with_swiftkv and _parse(version) < (0, 32, 0):
-        return (f"layer-wise ZACK ranks on a SwiftKV checkpoint need vLLM 0.32 or newer: vLLM {version} cannot "
-                "set up a KV-sharing layer among caches of several head sizes; use uniform ranks "
-                "(\"mode\": \"uniform\") or upgrade vLLM")
-    return None

@@ -7,6 +7,7 @@ because ``tests/conftest.py`` lives there (pytest's default ``prepend`` import m
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -15,10 +16,35 @@ import time
 import httpx
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(count: int = 1) -> int:
+    """First of ``count`` consecutive loopback ports that are free now. Drawn below the kernel's
+    ephemeral range: a port from inside it can be taken by some process's outgoing connection
+    between this check and the server's bind (CI saw a stack's second worker fail that way)."""
+    low, high = 20000, min(_ephemeral_low(), 65536) - count
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(low, high)
+        socks = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free ports in [{low}, {high})")
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, log=None) -> None:

@@ -94,7 +94,11 @@ def test_make_test_guard_names_gpu_unpark(tmp_path):
     park.park(tmp_path)
     res = subprocess.run(guard, cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 1 and "make gpu-unpark" in res.stderr
-    dry = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True).stdout
+    # Under `make test` this runs in a sub-make's environment: MAKELEVEL would turn on
+    # --print-directory, and MAKEFLAGS would carry the parent's flags.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    dry = subprocess.run(["make", "--no-print-directory", "-n", "test"], cwd=ROOT, capture_output=True,
+                         text=True, env=env).stdout
     assert dry.splitlines()[0].endswith("-m swiftserve.gpusession.park guard")     # before install and pytest
 
 

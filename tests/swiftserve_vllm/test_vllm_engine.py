@@ -54,12 +54,6 @@ def _run(cmd: list[str], tmp, name: str, env: dict | None = None, timeout: int =
     return text
 
 
-def _vllm_version() -> str:
-    out = subprocess.run([str(VLLM_PY), "-c", "from swiftserve_vllm.version import installed_version as v; print(v())"],
-                         capture_output=True, text=True, check=True)
-    return out.stdout.strip()
-
-
 def _probe(models, tmp_path_factory, names, *extra, env=None) -> dict:
     tmp = tmp_path_factory.mktemp("probe")
     cmd = [str(VLLM_PY), "-m", "swiftserve_vllm.probe", "--max-tokens", str(MAX_TOKENS), "--prefill-len",
@@ -147,17 +141,15 @@ def test_tensor_parallel_2_greedy_tokens_equal_reference_engine(probe_tp2, refer
 def test_pipeline_parallel_2_with_a_stage_boundary_inside_the_later_layers(models, tmp_path_factory, reference):
     # Stages [0, 17) and [17, 30): the first runs layers < 15 and the group {15, 16}; the second
     # gets x = norm_swiftkv(h_14) from it beside the hidden state and writes its groups' K/V.
-    # Layer-wise ZACK: caches of head size 64 and 32 (vLLM scales the block size of the smaller);
-    # a vLLM that refuses layer-wise ranks with SwiftKV (before 0.32) runs the uniform ones.
+    # Layer-wise ZACK: caches of head size 64 and 32 in one KV-cache group, KV-sharing layers among
+    # them (compat.fix_kv_sharing_in_mixed_head_groups).
     from swiftserve_vllm.testmodels import LAYERWISE
-    from swiftserve_vllm.version import layout_refusal
 
-    name = "tp-zack" if layout_refusal(_vllm_version(), True) else "tp-zack-lw"
-    r = _probe(models, tmp_path_factory, [name], "--pipeline-parallel-size", "2",
-               env={"VLLM_PP_LAYER_PARTITION": "17,13"})[name]
-    assert r["pipeline_parallel_size"] == 2 and r["tokens"] == reference[name]
+    r = _probe(models, tmp_path_factory, ["tp-zack-lw"], "--pipeline-parallel-size", "2",
+               env={"VLLM_PP_LAYER_PARTITION": "17,13"})["tp-zack-lw"]
+    assert r["pipeline_parallel_size"] == 2 and r["tokens"] == reference["tp-zack-lw"]
     assert (r["tokens_head"], r["tokens_tail"]) == (PREFILL, 1)
-    assert r["zack_ranks"] == (LAYERWISE if name == "tp-zack-lw" else [32] * 30)
+    assert r["zack_ranks"] == LAYERWISE
 
 
 def test_every_model_class_builds_on_the_meta_device_with_nothing_left_behind(models, tmp_path_factory):

