@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import math
 import time
 from pathlib import Path
@@ -121,18 +122,29 @@ def requested_tokens(body: dict) -> float:
 
 
 def estimate_tokens(body: dict) -> float:
-    """Prompt characters / 4 (or token ids) + max_tokens; any JSON body gives a number."""
+    """Prompt characters / 4 (or token ids) + max_tokens; any JSON body gives a number. Tools and
+    assistant ``tool_calls`` count as their JSON text: the chat template renders them into the prompt."""
     prompt, msgs = body.get("prompt"), body.get("messages")
     if "input" in body:                                      # /v1/responses: text or message items
         inp = body["input"]
         prompt, msgs = (inp, None) if isinstance(inp, str) else (prompt, inp)
     if isinstance(msgs, list):
-        n = sum(_chars(m.get("content")) for m in msgs if isinstance(m, dict)) / 4
+        n = sum(_chars(m.get("content")) + _json_chars(m.get("tool_calls")) for m in msgs if isinstance(m, dict)) / 4
+        n += _json_chars(body.get("tools")) / 4
     elif isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
         n = len(prompt)
     else:
         n = _chars(prompt) / 4
     return n + requested_tokens(body)
+
+
+def _json_chars(value) -> int:
+    if not value:
+        return 0
+    try:
+        return len(json.dumps(value, default=str))
+    except (TypeError, ValueError, RecursionError):
+        return 0
 
 
 def _chars(value) -> int:

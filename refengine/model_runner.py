@@ -44,6 +44,7 @@ from refengine.dummy_weights import DummyWeights
 from refengine.weights import OverlayWeights, WeightSource
 from refengine.prompt_logprobs import head_rows, score_rows, scored_positions
 from refengine.sampler import SampleRow, sample
+from refengine.structured.masks import GrammarMasks
 from refengine.scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,8 @@ class ModelRunner:
                                f"{self.kv.host_bytes_per_block} host bytes/block, planned {per_block} + "
                                f"{self.cache_spec.host_bytes_per_block}")
         self.default_gen = torch.Generator(device=self.device).manual_seed(config.seed)
+        # Structured outputs: token masks computed beside the forward pass (built on first use).
+        self.grammar = GrammarMasks(config.model, spec.vocab_size, spec.eos_token_ids)
         self._gens: dict[str, torch.Generator] = {}
         self.want_dist = False                   # scoring: keep full logprob rows (evaluation only)
         log.info("model %s on %s/%s (%s, decode attention: %s, prefill attention: %s, element-wise ops: %s): "
@@ -198,6 +201,7 @@ class ModelRunner:
 
     def release(self, request_id: str) -> None:
         self._gens.pop(request_id, None)
+        self.grammar.release(request_id)
         self.forget([request_id])
 
     def forget(self, request_ids: list[str]) -> None:
@@ -267,7 +271,14 @@ class ModelRunner:
                            for t, w in zip(self.table_of, self.kv.windows)]
         for m in self.kv_methods:
             m.begin_step(sched, self.kv)
-        hidden = self.model(input_ids, positions, self.kv, attn_all, slots, logits_idx, attn_logits)   # [N, D]
+        masks = self.grammar.start([(j, c.request.request_id, c.request.params.structured, c.request.output_token_ids)
+                                    for j, c in enumerate(sampling) if c.request.params.structured is not None])
+        try:
+            hidden = self.model(input_ids, positions, self.kv, attn_all, slots, logits_idx, attn_logits)   # [N, D]
+        except BaseException:
+            if masks is not None:
+                masks.exception()               # no mask task may outlive its step (see GrammarMasks)
+            raise
         for r, lo, at, n in scoring:
             if lo + 1 > len(r.prompt_lps):           # scoring requests compute their prompt from position 0
                 raise RuntimeError(f"prompt logprobs of {r.request_id!r}: position {lo} follows a gap")
@@ -285,7 +296,8 @@ class ModelRunner:
             if p.min_tokens and r.num_output_tokens < p.min_tokens:
                 blocked = tuple(set(p.stop_token_ids) | (set() if p.ignore_eos else set(r.eos_token_ids)))
             rows.append(SampleRow(p, r.token_ids, r.num_prompt_tokens, self._generator(r.request_id, p.seed), blocked))
-        tokens, lps = sample(logits, rows, self.default_gen)
+        tokens, lps = sample(logits, rows, self.default_gen,
+                             self.grammar.result(masks) if masks is not None else None)
         forced = [j for j, c in enumerate(sampling) if c.request.forced_ids is not None]
         if forced:
             logp = torch.log_softmax(logits[forced].float(), dim=-1)

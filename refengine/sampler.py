@@ -6,7 +6,10 @@ use inverse-CDF sampling with one uniform number per row (float64 cumulative sum
 drawn from the request's own ``torch.Generator`` when it has a seed, so a seeded
 request gives the same tokens whatever else is in the batch. Logprobs are of the raw model distribution (before
 logit bias, penalties and temperature), as vLLM reports them by default. ``logit_bias`` (OpenAI's: token id ->
-value added to its logit) is one indexed add over the whole batch.
+value added to its logit) is one indexed add over the whole batch. Structured outputs'
+token masks (``TokenMasks``: packed bitmasks of the constrained rows, computed beside the
+forward pass by ``refengine.structured.masks``) are unpacked and applied to all those rows
+in one ``masked_fill``, after bias and penalties (so nothing can re-enable a masked token).
 
 Top-p is exact without sorting the whole vocabulary: the nucleus is searched in the
 row's ``NUCLEUS_PROBE`` most likely tokens, and only a row whose nucleus is larger
@@ -46,6 +49,18 @@ def _apply_logit_bias(logits: torch.Tensor, rows: list[SampleRow]) -> None:
     dev = logits.device
     logits.index_put_((torch.tensor(r_idx, device=dev), torch.tensor(t_idx, device=dev)),
                       torch.tensor(vals, dtype=logits.dtype, device=dev), accumulate=True)
+
+
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+def _apply_token_masks(logits: torch.Tensor, masks) -> None:
+    """Forbid every token whose bit is 0 in its row's packed mask ``masks.bits`` [k, ceil(V/32)]."""
+    n, vocab = len(masks.rows), logits.shape[-1]
+    bits = masks.bits.to(logits.device)
+    allowed = ((bits.unsqueeze(-1) >> _BITS.to(bits.device)) & 1).view(n, -1)[:, :vocab].bool()   # [k, V]
+    idx = torch.tensor(masks.rows, device=logits.device)
+    logits[idx] = logits[idx].masked_fill(~allowed, float("-inf"))
 
 
 def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> None:
@@ -100,17 +115,19 @@ def _filter(logits: torch.Tensor, rows: list[SampleRow], idx: list[int]) -> torc
     return sub
 
 
-def sample(logits: torch.Tensor, rows: list[SampleRow], default_gen: torch.Generator | None
+def sample(logits: torch.Tensor, rows: list[SampleRow], default_gen: torch.Generator | None, masks=None
            ) -> tuple[list[int], list[TokenLogprob | None]]:
     logits = logits.float()
     raw = logits
     biased = any(r.params.logit_bias for r in rows)
-    if biased or any(r.params.repetition_penalty != 1.0 or r.params.presence_penalty or r.params.frequency_penalty
-                     or r.blocked_ids for r in rows):
+    if masks is not None or biased or any(r.params.repetition_penalty != 1.0 or r.params.presence_penalty
+                                          or r.params.frequency_penalty or r.blocked_ids for r in rows):
         logits = logits.clone()
         if biased:
             _apply_logit_bias(logits, rows)     # first, as vLLM: penalties see the biased logits
         _apply_penalties(logits, rows)
+        if masks is not None:
+            _apply_token_masks(logits, masks)
     tokens = logits.argmax(-1).tolist()           # greedy rows keep these
     rand = [i for i, r in enumerate(rows) if not r.params.greedy]
     if rand:

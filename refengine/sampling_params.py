@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from refengine.structured.spec import StructuredSpec
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -30,6 +32,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     prompt_logprob_ranks: bool = False  # also each prompt token's rank (vLLM's prompt_logprobs shape shows it)
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, added to its logit) before sampling
+    structured: StructuredSpec | None = None          # the output must match it (token masks in the sampler)
     # Applied at the edge by the detokenizer, not by the engine:
     stop: tuple[str, ...] = field(default=())
     include_stop_str_in_output: bool = False

@@ -56,7 +56,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, 
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader  # noqa: E402,F401
 from vllm.model_executor.models.interfaces import SupportsPP  # noqa: E402,F401
 from vllm.model_executor.models.utils import make_empty_intermediate_tensors_factory  # noqa: E402,F401
-from vllm.sampling_params import RequestOutputKind  # noqa: E402,F401
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams  # noqa: E402,F401
 from vllm.sequence import IntermediateTensors  # noqa: E402,F401
 from vllm.utils.torch_utils import _encode_layer_name  # noqa: E402
 from vllm.v1.attention.backends.utils import KVSharingFastPrefillMetadata  # noqa: E402

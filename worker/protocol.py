@@ -19,12 +19,14 @@ generating (the engine samples one token that the edge drops, as vLLM), and
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from refengine.sampling_params import SamplingParams
 from worker.errors import bad_request
+from worker.request_fields import pop_unimplemented
+from worker.structured import structured_spec
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -86,12 +88,25 @@ class _SamplingRequest(_Request):
     user: str | None = None                          # accepted for compatibility; identifies the caller only
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None   # token id -> bias
     prompt_logprobs: int | None = Field(None, ge=0)  # vLLM extension; upper bound: WorkerConfig.max_logprobs
-    # Declared so that they are refused rather than silently ignored:
+    # vLLM fields we have not built, set to something other than "off" (worker.request_fields): refused.
+    vllm_unimplemented: list[str] = Field(default_factory=list, exclude=True)
+    _chat: ClassVar[bool] = False
+    # Structured outputs (worker.structured): at most one of response_format, structured_outputs, guided_*.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
     guided_json: Any = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
-    response_format: dict[str, Any] | None = None
+    guided_whitespace_pattern: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unimplemented(cls, data: Any) -> Any:
+        data, given = pop_unimplemented(data, cls._chat)
+        if isinstance(data, dict):
+            data["vllm_unimplemented"] = given
+        return data
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -142,6 +157,7 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_SamplingRequest):
+    _chat: ClassVar[bool] = True
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)               # deprecated by OpenAI, still sent
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -184,11 +200,18 @@ def validate_request(req: AnyRequest, max_logprobs: int = 20) -> None:
         if req.stream:
             raise bad_request("prompt_logprobs are not available when stream is true (use echo with logprobs "
                               "on /v1/completions).", "prompt_logprobs")
-    for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar"):
-        if getattr(req, name) is not None:
-            raise bad_request(f"{name} (guided decoding) is not supported.", name)
-    if req.response_format is not None and req.response_format.get("type", "text") != "text":
-        raise bad_request("response_format other than {'type': 'text'} is not supported.", "response_format")
+    if req.vllm_unimplemented:
+        name = req.vllm_unimplemented[0]
+        raise bad_request(f"{name} (a vLLM request field) is not supported by this server; remove it or leave it "
+                          "at its default.", name)
+    if structured_spec(req) is not None:
+        # The grammar decides where the output ends (its mask then allows only EOS).
+        if req.ignore_eos:
+            raise bad_request("ignore_eos cannot be combined with structured outputs: the constraint ends the "
+                              "output.", "ignore_eos")
+        if req.min_tokens:
+            raise bad_request("min_tokens cannot be combined with structured outputs: the constraint decides "
+                              "where the output ends.", "min_tokens")
     stops = req.stop_list()
     if any(s == "" for s in stops):
         raise bad_request("stop strings must not be empty.", "stop")
@@ -213,10 +236,6 @@ def validate_request(req: AnyRequest, max_logprobs: int = 20) -> None:
             raise bad_request("top_logprobs requires logprobs to be true.", "top_logprobs")
         if req.top_logprobs is not None and req.top_logprobs > max_logprobs:
             raise bad_request(f"top_logprobs must be <= {max_logprobs}.", "top_logprobs")
-        if req.tools:
-            raise bad_request("tools (function calling) are not supported.", "tools")
-        if req.tool_choice not in (None, "none", "auto"):
-            raise bad_request("tool_choice requires tools, which are not supported.", "tool_choice")
         if req.functions or req.function_call not in (None, "none", "auto"):
             raise bad_request("functions (function calling) are not supported.", "functions")
         if req.add_generation_prompt and req.continue_final_message:
@@ -288,6 +307,7 @@ def to_sampling_params(req: AnyRequest, *, prompt_len: int, max_model_len: int, 
         prompt_logprobs=req.engine_prompt_logprobs(),
         prompt_logprob_ranks=req.prompt_logprobs is not None,      # vLLM's shape reports ranks; echo does not
         logit_bias=bias,
+        structured=structured_spec(req),
         stop=tuple(req.stop_list()),
         include_stop_str_in_output=req.include_stop_str_in_output,
     )
@@ -379,6 +399,7 @@ class ChatMessageOut(_Response):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     refusal: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None     # OpenAI's [{id, type: "function", function: {name, arguments}}]
 
 
 class ChatChoice(_Response):

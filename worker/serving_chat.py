@@ -9,6 +9,13 @@ its last one carries ``finish_reason``; with ``include_usage`` a final chunk has
 ``choices: []`` and the usage; then ``[DONE]``. ``prompt_logprobs`` (vLLM's extension,
 not with streaming) puts the rendered prompt's token logprobs at the response's top
 level, in vLLM's shape.
+
+Tools (``worker.tools``): with a tool plan, a choice's output becomes ``tool_calls`` (and
+``finish_reason: "tool_calls"``) when it holds calls. Streaming: "required" and named
+outputs are held back and sent as ``tool_calls`` deltas when the choice ends (per call: a
+delta with ``id``, ``type`` and ``function.name``, then one with ``function.arguments``);
+"auto" streams content as usual once the output cannot be the start of a call, and
+holds it back while it can.
 """
 
 from __future__ import annotations
@@ -18,10 +25,12 @@ import json
 
 from fastapi import Request, Response
 
+from worker import tools as tool_calls
 from worker.errors import APIError, bad_request
 from worker.logprobs import chat_logprobs, prompt_logprobs_out
 from worker.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionRequest, ChatCompletionResponse,
                              ChatMessageOut, UsageInfo, child_seed, now, to_sampling_params, validate_request)
+from worker.structured import structured_spec
 from worker.serving import (SSE_DONE, ChoiceSpec, ChoiceStreams, ClientDisconnected, GuardedStreamingResponse,
                             ServingState, engine_error, monotonic, new_id, sse, until_disconnect)
 
@@ -52,9 +61,12 @@ def conversation(req) -> list[dict]:
     return msgs
 
 
-def render_chat(tokenizer, msgs, req) -> list[int]:
-    """Runs in the executor. ``req``: the chat request (or /tokenize's, which has the same template fields)."""
+def render_chat(tokenizer, msgs, req, tools: list | None = None) -> list[int]:
+    """Runs in the executor. ``req``: the chat request (or /tokenize's, which has the same template fields).
+    ``tools``: passed to a template that renders them (``worker.tools.prepare_messages``)."""
     kwargs = dict(req.chat_template_kwargs or {})
+    if tools is not None:
+        kwargs["tools"] = tools
     bad = _RESERVED_KWARGS & kwargs.keys()
     if bad:
         raise bad_request(f"chat_template_kwargs may not set {sorted(bad)}.", "chat_template_kwargs")
@@ -78,36 +90,57 @@ def check_chat(state: ServingState, req: ChatCompletionRequest) -> list[dict]:
     return conversation(req)
 
 
-async def chat_prompt(state: ServingState, req: ChatCompletionRequest, msgs: list[dict]):
+def template_text(state: ServingState, req) -> str | None:
+    t = req.chat_template if req.chat_template is not None else getattr(state.tokenizer, "chat_template", None)
+    return t if isinstance(t, str) else None
+
+
+def check_tools(state: ServingState, req: ChatCompletionRequest, msgs: list[dict]):
+    """The request's tool plan (400s before admission) -> (plan, messages, tools for the template)."""
+    tool_calls.check_history(req)
+    template = template_text(state, req)
+    plan = tool_calls.plan(req, template)
+    if plan is not None and plan.spec is not None and structured_spec(req) is not None:
+        raise bad_request("tool_choice 'required' or a named function cannot be combined with a structured-output "
+                          "constraint.", "tool_choice")
+    msgs, tools = tool_calls.prepare_messages(msgs, plan, template)
+    return plan, msgs, tools
+
+
+async def chat_prompt(state: ServingState, req: ChatCompletionRequest, msgs: list[dict], tools=None, plan=None):
     """After admission: the template in the executor, truncation, and the one conversion to
     engine parameters. -> (prompt token ids, SamplingParams)."""
-    ids = await state.run_sync(render_chat, state.tokenizer, msgs, req)
+    ids = await state.run_sync(render_chat, state.tokenizer, msgs, req, tools)
     if req.truncate_prompt_tokens is not None and len(ids) > req.truncate_prompt_tokens:
         ids = ids[-req.truncate_prompt_tokens:]
     if not ids:
         raise bad_request("The rendered prompt is empty.", "messages")
-    return ids, to_sampling_params(req, prompt_len=len(ids), max_model_len=state.engine.max_model_len,
-                                   vocab_size=state.vocab_size)
+    params = to_sampling_params(req, prompt_len=len(ids), max_model_len=state.engine.max_model_len,
+                                vocab_size=state.vocab_size)
+    if plan is not None and plan.spec is not None:
+        params = dataclasses.replace(params, structured=plan.spec)
+    return ids, params
 
 
 async def create_chat_completion(state: ServingState, req: ChatCompletionRequest, raw: Request) -> Response:
     state.check_model(req.model)
     msgs = check_chat(state, req)
+    plan, msgs, tools = check_tools(state, req, msgs)
     arrival = monotonic()
     state.admit()
     handed_over = False
     try:
-        ids, base = await chat_prompt(state, req, msgs)
+        ids, base = await chat_prompt(state, req, msgs, tools, plan)
         request_id = new_id("chatcmpl")
         specs = [ChoiceSpec(i, f"{request_id}-{i}", ids,
                             dataclasses.replace(base, seed=child_seed(base.seed, i)) if i else base,
                             req.skip_special_tokens) for i in range(req.n)]
         if req.stream:
-            body = _stream(state, req, request_id, specs, len(ids), arrival)
+            body = _stream(state, req, request_id, specs, len(ids), arrival, plan)
             handed_over = True
             return GuardedStreamingResponse(body, on_close=state.release)
         try:
-            return await until_disconnect(raw, _full(state, req, request_id, specs, len(ids), arrival))
+            return await until_disconnect(raw, _full(state, req, request_id, specs, len(ids), arrival, plan))
         except ClientDisconnected:
             return Response(status_code=499)
     finally:
@@ -115,7 +148,7 @@ async def create_chat_completion(state: ServingState, req: ChatCompletionRequest
             state.release()
 
 
-async def _full(state, req, request_id, specs, prompt_tokens, arrival) -> ChatCompletionResponse:
+async def _full(state, req, request_id, specs, prompt_tokens, arrival, plan=None) -> ChatCompletionResponse:
     k = req.logprobs_k()
     choices = {s.index: ChatChoice(index=s.index, message=ChatMessageOut(content=""),
                                    logprobs=ChatChoiceLogprobs(content=[]) if k is not None else None)
@@ -138,6 +171,13 @@ async def _full(state, req, request_id, specs, prompt_tokens, arrival) -> ChatCo
         raise engine_error(exc) from exc
     finally:
         await events.aclose()
+    if plan is not None:
+        for c in choices.values():
+            if c.finish_reason == "stop":
+                content, found = tool_calls.calls(plan, c.message.content or "")
+                if found:
+                    c.message.content, c.message.tool_calls = content, tool_calls.call_objects(found)
+                    c.finish_reason, c.stop_reason = "tool_calls", None
     n = sum(out_tokens.values())
     return ChatCompletionResponse(
         id=request_id, model=state.config.model_name, choices=[choices[i] for i in sorted(choices)],
@@ -145,12 +185,29 @@ async def _full(state, req, request_id, specs, prompt_tokens, arrival) -> ChatCo
         prompt_logprobs=prompt_lps)
 
 
+def _held_deltas(plan, text: str, finish: str):
+    """A held-back output at its end -> [(delta, finish_reason)]: tool_calls deltas, or the text."""
+    content, found = tool_calls.calls(plan, text) if finish == "stop" else (text, [])
+    if not found:
+        return [({"content": text} if text else {}, finish)]
+    out = [({"content": content}, None)] if content else []
+    for i, c in enumerate(tool_calls.call_objects(found)):
+        fn = c["function"]
+        out.append(({"tool_calls": [{"index": i, "id": c["id"], "type": "function",
+                                     "function": {"name": fn["name"], "arguments": ""}}]}, None))
+        out.append(({"tool_calls": [{"index": i, "function": {"arguments": fn["arguments"]}}]}, None))
+    out.append(({}, "tool_calls"))
+    return out
+
+
 def _dumps(obj: dict) -> str:
     return sse(json.dumps(obj, ensure_ascii=False, separators=(",", ":")))
 
 
-async def _stream(state, req, request_id, specs, prompt_tokens, arrival):
+async def _stream(state, req, request_id, specs, prompt_tokens, arrival, plan=None):
     created, model, k = now(), state.config.model_name, req.logprobs_k()
+    held = {s.index: "" for s in specs}                       # text held back while it may be a tool call
+    free = {s.index: plan is None for s in specs}             # streams content as it comes
     include_usage, continuous = req.include_usage, req.continuous_usage
     out_tokens = {s.index: 0 for s in specs}
 
@@ -176,7 +233,17 @@ async def _stream(state, req, request_id, specs, prompt_tokens, arrival):
             if k is not None and ev.logprobs:
                 lp = {"content": [e.model_dump() for e in chat_logprobs(state.token_texts, ev.logprobs, k)],
                       "refusal": None}
-            delta = {"content": ev.text} if ev.text else {}
+            text = ev.text
+            if not free[ev.index]:
+                held[ev.index] += text
+                text = ""
+                if plan.mode == "auto" and not plan.fmt.may_start_call(held[ev.index]):
+                    free[ev.index], text, held[ev.index] = True, held[ev.index], ""
+            if ev.finish_reason is not None and not free[ev.index]:
+                for delta, finish in _held_deltas(plan, held[ev.index], ev.finish_reason):
+                    yield chunk(ev.index, delta, None, finish, ev.stop_reason if finish == ev.finish_reason else None)
+                continue
+            delta = {"content": text} if text else {}
             yield chunk(ev.index, delta, lp, ev.finish_reason, ev.stop_reason)
         if include_usage:
             n = sum(out_tokens.values())

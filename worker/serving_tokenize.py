@@ -20,7 +20,8 @@ from pydantic import Field, model_validator
 from worker.errors import bad_request
 from worker.protocol import ChatMessage, _Request
 from worker.serving import ServingState
-from worker.serving_chat import conversation, render_chat
+from worker import tools as tool_calls
+from worker.serving_chat import conversation, render_chat, template_text
 
 
 class TokenizeRequest(_Request):
@@ -47,25 +48,30 @@ class DetokenizeRequest(_Request):
     tokens: list[int]
 
 
-def _tokenize(state: ServingState, req: TokenizeRequest) -> list[int]:
+def _tokenize(state: ServingState, req: TokenizeRequest, msgs, tools) -> list[int]:
     """Runs in the executor."""
     tok = state.tokenizer
     if req.prompt is not None:
         return list(tok.encode(req.prompt, add_special_tokens=req.add_special_tokens is not False))
     req.add_special_tokens = bool(req.add_special_tokens)
-    return render_chat(tok, conversation(req), req)
+    return render_chat(tok, msgs, req, tools)
 
 
 async def tokenize(state: ServingState, req: TokenizeRequest) -> dict:
     state.check_model(req.model)
-    if req.tools:
-        raise bad_request("tools (function calling) are not supported.", "tools")
+    msgs = tools = None
     if req.messages is not None:
         state.check_chat_template(req)
         if req.add_generation_prompt and req.continue_final_message:
             raise bad_request("add_generation_prompt and continue_final_message cannot both be true.",
                               "continue_final_message")
-    ids = await state.run_sync(_tokenize, state, req)
+        # The prompt chat completions would render: tools and tool-call history as there (tool_choice "auto").
+        tool_calls.check_history(req)
+        template = template_text(state, req)
+        msgs, tools = tool_calls.prepare_messages(conversation(req), tool_calls.plan(req, template), template)
+    elif req.tools:
+        raise bad_request("tools need messages.", "tools")
+    ids = await state.run_sync(_tokenize, state, req, msgs, tools)
     strs = await state.run_sync(state.tokenizer.convert_ids_to_tokens, ids) if req.return_token_strs else None
     return {"count": len(ids), "max_model_len": state.engine.max_model_len, "tokens": ids, "token_strs": strs}
 

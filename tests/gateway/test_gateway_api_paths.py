@@ -60,3 +60,19 @@ def test_responses_prefix_rendering_and_token_estimate():
     assert render_prompt("/v1/responses", doc) == render_prompt("/v1/responses", same)
     assert render_prompt("/v1/responses", doc).startswith("<system>Be brief.\n<user>What is 2+2?")
     assert requested_tokens(doc) == 10 and estimate_tokens(doc) == len("What is 2+2?") / 4 + 10
+
+
+def test_tools_and_structured_fields_count_and_hash():
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    call = [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]
+    msgs = [{"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "content": None, "tool_calls": call},
+            {"role": "tool", "tool_call_id": "call_1", "content": "18C"}]
+    plain = {"messages": msgs[:1], "max_tokens": 10}
+    full = {"messages": msgs, "tools": tools, "tool_choice": "required", "max_tokens": 10,
+            "response_format": {"type": "json_object"}, "structured_outputs": {"choice": ["a"]}}
+    assert estimate_tokens(full) > estimate_tokens(plain) + (len(json.dumps(tools)) + len(json.dumps(call))) / 4 - 1
+    text = render_prompt("/v1/chat/completions", full)
+    assert "get_weather" in text and "Paris" in text and "18C" in text
+    other = dict(full, tools=[{"type": "function", "function": {"name": "get_time"}}])
+    assert render_prompt("/v1/chat/completions", other) != text

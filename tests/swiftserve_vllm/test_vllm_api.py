@@ -7,15 +7,22 @@ gateway. lm-evaluation-harness runs the same multiple-choice and generation task
 the reference engine; its loglikelihoods are compared with the reference engine's ``score()``
 of the same token ids on the same SwiftKV model (within 1e-3 nats per token, as for the
 reference engine itself); the openai SDK drives the Responses API, ``logit_bias`` and
-``echo``; /tokenize answers through the gateway. The worker warns at start and counts the
+``echo``; /tokenize answers through the gateway. Structured outputs and tool calling go
+through vLLM's own structured outputs (``structured_outputs`` in its sampling parameters):
+``chat.completions.parse`` with a pydantic model, a JSON schema streamed and not, vLLM's
+``structured_outputs`` / ``guided_*`` fields on completions, "required" and named tools. The worker warns at start and counts the
 prompt tokens that ran the later layers in ``/metrics``."""
 
+import json
+import re
 import subprocess
 import sys
 
 import httpx
+import jsonschema
 import openai
 import pytest
+from pydantic import BaseModel, Field
 from lm_eval_support import generations, loglikelihood_pairs, run_lm_eval
 from proc_support import free_port, stop_groups, wait_healthy
 from vllm_support import G1, VLLM_PY, needs_vllm
@@ -134,3 +141,44 @@ def test_without_fast_prefill_prompt_tokens_run_the_later_layers_and_are_counted
         time.sleep(1)
     served["log"].seek(0)
     assert "without kv_sharing_fast_prefill" in served["log"].read()
+
+
+class Pet(BaseModel):
+    name: str = Field(max_length=20)
+    species: str = Field(max_length=20)
+    age: int = Field(ge=0, le=40)
+
+
+MOVIE = {"type": "object", "additionalProperties": False, "required": ["title", "year"],
+         "properties": {"title": {"type": "string", "maxLength": 40},
+                        "year": {"type": "integer", "minimum": 1900, "maximum": 2030}}}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["city"],
+    "properties": {"city": {"type": "string", "maxLength": 30}}}}}
+
+
+def test_structured_outputs_on_vllm(sdk):
+    msgs = [{"role": "user", "content": "Describe a pet as JSON."}]
+    r = sdk.chat.completions.parse(model="smol", messages=msgs, response_format=Pet, max_tokens=80, temperature=0)
+    assert isinstance(r.choices[0].message.parsed, Pet), r.choices[0].message.content
+    rf = {"type": "json_schema", "json_schema": {"name": "movie", "schema": MOVIE, "strict": True}}
+    text = "".join(c.choices[0].delta.content or "" for c in sdk.chat.completions.create(
+        model="smol", messages=msgs, response_format=rf, max_tokens=80, temperature=0.8, seed=2, stream=True)
+        if c.choices)
+    jsonschema.validate(json.loads(text), MOVIE)
+    for extra, ok in (({"structured_outputs": {"choice": ["yes", "no"]}}, lambda t: t in ("yes", "no")),
+                      ({"guided_regex": r"[0-9]{3}"}, lambda t: re.fullmatch(r"[0-9]{3}", t))):
+        t = sdk.completions.create(model="smol", prompt="Answer:", max_tokens=10, temperature=1.0,
+                                   extra_body=extra).choices[0].text
+        assert ok(t), (extra, t)
+
+
+def test_tool_calls_on_vllm(sdk):
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        r = sdk.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Weather in Rome?"}],
+                                        tools=[WEATHER], tool_choice=choice, max_tokens=80, temperature=0)
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls" and c.message.tool_calls
+        for call in c.message.tool_calls:
+            assert call.function.name == "get_weather"
+            jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])

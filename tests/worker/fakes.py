@@ -15,12 +15,14 @@ with the first increment when asked for. It records requests, aborts (from ``abo
 and supports delays, a mid-stream failure, and settable health and stats.
 
 ``parse_sse`` checks SSE framing; ``ServerThread`` runs an app under uvicorn on a
-free port (for the openai SDK and real client disconnects).
+free port (for the openai SDK and real client disconnects); ``real_stack`` puts a worker
+with a real engine behind a gateway process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from functools import lru_cache
@@ -216,3 +218,32 @@ class ServerThread:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(30)
+
+
+@contextlib.contextmanager
+def real_stack(model_dir, engine_config, name: str = "smol"):
+    """A worker with a real engine (``engine_config``, the model's tokenizer) in a thread, behind one
+    gateway process; yields the gateway's URL."""
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer
+
+    from proc_support import wait_healthy
+    from worker.app import build_app
+    from worker.backends import create_engine_client
+    from worker.config import WorkerConfig
+
+    config = WorkerConfig(engine_config=engine_config, served_model_name=(name,))
+    app = build_app(config, create_engine_client(config), AutoTokenizer.from_pretrained(model_dir))
+    with ServerThread(app, startup_timeout=600) as worker:
+        port = free_port()
+        gw = subprocess.Popen([sys.executable, "-m", "gateway", "--workers", worker.url, "--port", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_healthy(url, gw, 60)
+            yield url
+        finally:
+            gw.terminate()
+            gw.wait(30)

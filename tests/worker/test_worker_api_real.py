@@ -7,15 +7,12 @@ multiple-choice task whose loglikelihoods must equal the engine's own ``score()`
 the official openai SDK drives the Responses API (streaming and not), ``logit_bias`` and
 ``echo``; /tokenize and /detokenize round-trip."""
 
-import subprocess
-import sys
 
 import httpx
 import openai
 import pytest
 from lm_eval_support import generations, loglikelihood_pairs, run_lm_eval
-from proc_support import free_port, wait_healthy
-from worker_test_fakes import ServerThread
+from worker_test_fakes import real_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 
@@ -31,25 +28,8 @@ def engine_config(smollm2_dir):
 
 @pytest.fixture(scope="module")
 def stack(smollm2_dir, engine_config):
-    from transformers import AutoTokenizer
-
-    from worker.app import build_app
-    from worker.backends import create_engine_client
-    from worker.config import WorkerConfig
-
-    config = WorkerConfig(engine_config=engine_config, served_model_name=("smol",))
-    app = build_app(config, create_engine_client(config), AutoTokenizer.from_pretrained(smollm2_dir))
-    with ServerThread(app, startup_timeout=600) as worker:
-        port = free_port()
-        gw = subprocess.Popen([sys.executable, "-m", "gateway", "--workers", worker.url, "--port", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            wait_healthy(url, gw, 60)
-            yield url
-        finally:
-            gw.terminate()
-            gw.wait(30)
+    with real_stack(smollm2_dir, engine_config) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -60,8 +60,15 @@ CASES = [
     (CMPL, {"prompt": "x", "prompt_logprobs": -1}, 400, "prompt_logprobs"),
     (CMPL, {"prompt": "x", "prompt_logprobs": 1, "stream": True}, 400, "prompt_logprobs"),
     (CMPL, {"prompt": "x", "echo": True, "logprobs": 1, "max_tokens": 0, "min_tokens": 1}, 400, "min_tokens"),
-    (CMPL, {"prompt": "x", "guided_json": {}}, 400, "guided_json"),
-    (CMPL, {"prompt": "x", "response_format": {"type": "json_object"}}, 400, "response_format"),
+    (CMPL, {"prompt": "x", "guided_json": "{not json"}, 400, "guided_json"),
+    (CMPL, {"prompt": "x", "structured_outputs": {"choice": []}}, 400, "structured_outputs.choice"),
+    (CMPL, {"prompt": "x", "use_beam_search": True}, 400, "use_beam_search"),
+    (CMPL, {"prompt": "x", "allowed_token_ids": [1, 2]}, 400, "allowed_token_ids"),
+    (CMPL, {"prompt": "x", "bad_words": ["no"]}, 400, "bad_words"),
+    (CMPL, {"prompt": "x", "priority": 3}, 400, "priority"),
+    (CMPL, {"prompt": "x", "cache_salt": "tenant-a"}, 400, "cache_salt"),
+    (CMPL, {"prompt": "x", "truncation_side": "right"}, 400, "truncation_side"),
+    (CMPL, {"prompt": "x", "response_format": {"type": "json_object"}, "ignore_eos": True}, 400, "ignore_eos"),
     (CMPL, {"prompt": "x", "seed": 2**70}, 400, "seed"),
     (CMPL, {"prompt": ""}, 400, "prompt"),
     (CMPL, {"prompt": []}, 400, "prompt"),
@@ -84,8 +91,13 @@ CASES = [
     (CHAT, {"messages": MSG, "logprobs": 5}, 400, "logprobs"),
     (CHAT, {"messages": MSG, "max_completion_tokens": 0}, 400, "max_completion_tokens"),
     (CHAT, {"messages": MSG, "max_completion_tokens": 1000}, 400, "max_tokens"),
-    (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "no spaces"}}]}, 400,
+     "tools.0.function.name"),
+    (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "tool_choice"),
     (CHAT, {"messages": MSG, "tool_choice": "required"}, 400, "tool_choice"),
+    (CHAT, {"messages": MSG, "echo": True}, 400, "echo"),
+    (CHAT, {"messages": MSG, "return_token_ids": True}, 400, "return_token_ids"),
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      400, "messages.0.content"),
     (CHAT, {"messages": MSG, "add_generation_prompt": True, "continue_final_message": True}, 400,
@@ -102,6 +114,12 @@ def test_bad_requests_are_openai_errors(client_for, path, body, status, param):
     body = {"model": "fake-model", **body}
     check_error(client.post(path, json=body), status, param)
     assert engine.requests == {}
+
+
+@pytest.mark.parametrize("extra", [{"length_penalty": 1}, {"use_beam_search": False, "bad_words": [], "priority": 0},
+                                   {"spaces_between_special_tokens": True, "truncation_side": "left"}])
+def test_vllm_fields_at_their_off_value_are_accepted(client, extra):
+    assert client.post(CMPL, json={"model": "fake-model", "prompt": "x", "max_tokens": 1, **extra}).status_code == 200
 
 
 def test_context_error_names_the_numbers(client):

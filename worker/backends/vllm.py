@@ -14,6 +14,7 @@ engines). Leaving ``generate`` early (client disconnect) aborts the request in v
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -164,6 +165,7 @@ class VllmEngineClient:
             frequency_penalty=p.frequency_penalty, repetition_penalty=p.repetition_penalty,
             stop_token_ids=list(p.stop_token_ids), ignore_eos=p.ignore_eos, logprobs=p.logprobs,
             prompt_logprobs=p.prompt_logprobs, logit_bias=dict(p.logit_bias) or None,
+            structured_outputs=_structured(V, p.structured),
             detokenize=False, output_kind=V.RequestOutputKind.DELTA)
 
     async def generate(self, request_id: str, prompt_token_ids: list[int],
@@ -201,6 +203,22 @@ class VllmEngineClient:
     async def abort(self, request_id: str) -> None:
         if self.engine is not None:
             await self.engine.abort(request_id)
+
+
+def _structured(V, spec):
+    """Our ``StructuredSpec`` -> vLLM's ``StructuredOutputsParams`` (its own backends enforce it).
+    JSON is compact on both engines unless the request gave a whitespace pattern."""
+    if spec is None:
+        return None
+    if spec.kind == "json":
+        ws = {"disable_any_whitespace": True} if spec.whitespace_pattern is None else \
+            {"whitespace_pattern": spec.whitespace_pattern}
+        return V.StructuredOutputsParams(json=json.loads(spec.text), **ws)
+    if spec.kind == "choice":
+        return V.StructuredOutputsParams(choice=json.loads(spec.text))
+    if spec.kind == "regex":
+        return V.StructuredOutputsParams(regex=spec.text)
+    return V.StructuredOutputsParams(grammar=spec.text)          # GBNF or Lark: vLLM reads both
 
 
 def _logprobs(new_ids: list[int], vllm_logprobs, k: int | None) -> list[TokenLogprob] | None:

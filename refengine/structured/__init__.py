@@ -1,0 +1,1 @@
+"""Structured outputs in the reference engine: constraint spec, grammar compilation, token masks."""

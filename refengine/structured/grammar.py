@@ -1,0 +1,76 @@
+"""``StructuredSpec`` -> an llguidance grammar, and the check that names what it cannot do. No torch.
+
+Why llguidance (measured in results/api/structured_backends.json with
+benchmarks/structured_backends.py on the schema suite): it compiles a JSON schema in
+about a millisecond (its lexer and parser are built lazily, so there is no per-schema
+pass over the vocabulary: outlines-core builds a full index, xgrammar precomputes
+per-token masks per schema), its mask per token is of the same order as xgrammar's, it
+covers the most of JSON Schema, and it refuses an unimplemented keyword with an error that
+names it (``lenient`` off), which is what our 400s need. It also takes Lark and GBNF
+grammars and regexes, so one library serves every kind of constraint.
+
+JSON is generated compact (no whitespace between tokens) unless the request gives a
+``whitespace_pattern``: a small model offered free whitespace can spend its whole
+budget on newlines. ``check`` needs no tokenizer: it runs at the HTTP edge, before the
+request is admitted; the engine compiles against the model's tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+
+from refengine.structured.spec import StructuredSpec
+
+
+class GrammarError(ValueError):
+    """The constraint cannot be compiled; the message says why (and names unsupported features)."""
+
+
+def to_grammar(spec: StructuredSpec) -> str:
+    """The llguidance grammar (its JSON form) for ``spec``; GrammarError for malformed input."""
+    import llguidance
+
+    M = llguidance.LLMatcher
+    if spec.kind == "json":
+        opts = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":", "lenient": False}
+        if spec.whitespace_pattern is not None:
+            opts |= {"whitespace_flexible": True, "whitespace_pattern": spec.whitespace_pattern}
+        try:
+            # overrides, not defaults: a schema's own "x-guidance" options must not turn lenient on.
+            return M.grammar_from_json_schema(spec.text, overrides=opts)
+        except ValueError as exc:
+            raise GrammarError(f"not a JSON schema: {exc}") from None
+    if spec.kind == "regex":
+        return M.grammar_from_regex(spec.text)
+    if spec.kind == "choice":
+        choices = json.loads(spec.text)
+        # JSON string literals are Lark string literals (same escapes).
+        return M.grammar_from_lark("start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices))
+    if spec.kind == "lark":
+        return M.grammar_from_lark(spec.text)
+    if spec.kind == "grammar":
+        from llguidance.gbnf_to_lark import any_to_lark
+
+        try:
+            return M.grammar_from_lark(any_to_lark(spec.text))     # GBNF ("::=") or Lark, as vLLM takes both
+        except Exception as exc:  # noqa: BLE001 - the converter raises its own types
+            raise GrammarError(f"could not read the grammar (GBNF or Lark): {exc}") from None
+    raise GrammarError(f"unknown constraint kind {spec.kind!r}")
+
+
+def check(spec: StructuredSpec) -> str:
+    """Compile ``spec`` without a tokenizer; returns the grammar or raises GrammarError with
+    llguidance's message (for a JSON schema it names the unsupported keywords)."""
+    grammar = to_grammar(spec)
+    import llguidance
+
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, None)
+    if is_error:
+        raise GrammarError(_tidy(messages[0] if messages else "invalid grammar"))
+    return grammar
+
+
+def _tidy(message: str) -> str:
+    """llguidance's messages can carry a long trace; the first lines say what is wrong."""
+    lines = [ln for ln in message.strip().splitlines() if ln.strip()]
+    return " ".join(lines[:4])[:600]

@@ -1,0 +1,140 @@
+"""Token masks for constrained requests, computed beside the forward pass.
+
+``GrammarMasks`` belongs to one ``ModelRunner``. Each step, before the model runs,
+``start(requests)`` hands the constrained rows to a one-thread executor, which for each:
+takes (or compiles, through an LRU cache keyed by ``StructuredSpec``) the request's
+matcher, catches it up with the tokens the request generated since its last mask, and
+writes the next-token bitmask (``[rows, ceil(V/32)]`` int32, bit ``t % 32`` of word
+``t // 32`` set when token ``t`` is allowed) with llguidance's parallel executor, which
+runs without the GIL. The forward pass runs meanwhile on the engine thread; ``result()``
+waits for the masks before sampling, and the sampler applies them to the whole batch
+at once (``refengine.sampler``). Unconstrained requests never wait on a grammar.
+
+Invariants: matchers and the cache are touched only on the executor's thread (one
+task in flight at a time: ``result()`` is called before the next ``start``). A
+matcher's progress is the number of output tokens it consumed, not an event per
+sample: a step that is run again (batch isolation) or a preempted and recomputed
+request simply catch up from the request's own token list. ``release`` drops a
+request's matcher when it finishes or aborts.
+
+The compiled template of a spec (an ``LLMatcher`` before any token) is copied per
+request (``deep_copy``), so a schema is compiled once while it stays in the cache.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from refengine.structured.grammar import GrammarError, to_grammar
+from refengine.structured.spec import StructuredSpec
+
+CACHE_SIZE = 256
+
+
+@dataclass
+class TokenMasks:
+    rows: list[int]              # positions in the step's sampling batch
+    bits: torch.Tensor           # [len(rows), ceil(V/32)] int32
+
+
+class _State:
+    __slots__ = ("matcher", "consumed")
+
+    def __init__(self, matcher) -> None:
+        self.matcher = matcher
+        self.consumed = 0
+
+
+class GrammarMasks:
+    def __init__(self, tokenizer_dir: str, vocab_size: int, eos_token_ids: tuple[int, ...],
+                 cache_size: int = CACHE_SIZE) -> None:
+        self.tokenizer_dir = tokenizer_dir
+        self.vocab_size = vocab_size
+        self.eos_token_ids = list(eos_token_ids)
+        self.cache_size = cache_size
+        self._tokenizer = None                   # built on first use (~1 s), on the executor's thread
+        self._ll = None
+        self._exec = None
+        self._templates: collections.OrderedDict[StructuredSpec, object] = collections.OrderedDict()
+        self._states: dict[str, _State] = {}
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
+        self.compiled = 0                        # grammars compiled (cache misses)
+        self.cache_hits = 0
+        self.mask_ms: collections.deque[float] = collections.deque(maxlen=4096)   # per row and step
+        self.wait_ms: collections.deque[float] = collections.deque(maxlen=4096)   # engine thread, per step
+
+    # ---- on the executor's thread -----------------------------------------------------------
+    def _setup(self) -> None:
+        import llguidance
+
+        self._ll = llguidance
+        self._tokenizer = llguidance.LLTokenizer(f"{self.tokenizer_dir}/tokenizer.json", n_vocab=self.vocab_size,
+                                                 eos_token=self.eos_token_ids)
+        self._exec = llguidance.LLExecutor(num_threads=1)
+
+    def _template(self, spec: StructuredSpec):
+        m = self._templates.get(spec)
+        if m is not None:
+            self._templates.move_to_end(spec)
+            self.cache_hits += 1
+            return m
+        m = self._ll.LLMatcher(self._tokenizer, to_grammar(spec), log_level=0)
+        if m.is_error():
+            raise GrammarError(m.get_error())
+        self.compiled += 1
+        self._templates[spec] = m
+        if len(self._templates) > self.cache_size:
+            self._templates.popitem(last=False)
+        return m
+
+    def _compute(self, todo: list[tuple[int, str, StructuredSpec, list[int]]]) -> TokenMasks:
+        if self._tokenizer is None:
+            self._setup()
+        t0 = time.perf_counter()
+        pairs = []
+        for j, (_, rid, spec, out_ids) in enumerate(todo):
+            st = self._states.get(rid)
+            if st is None:
+                st = self._states[rid] = _State(self._template(spec).deep_copy())
+            new = out_ids[st.consumed:]
+            if new:
+                if not st.matcher.consume_tokens(new):
+                    raise GrammarError(f"request {rid}: the output left its grammar: {st.matcher.get_error()}")
+                st.consumed += len(new)
+            pairs.append((st.matcher, j))
+        bits = torch.full((len(todo), (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
+        self._exec.unsafe_compute_mask_ptr(pairs, bits.data_ptr(), bits.shape[1] * 4, len(todo))
+        for m, _ in pairs:
+            if m.is_error():
+                raise GrammarError(m.get_error())
+        per_row = 1e3 * (time.perf_counter() - t0) / len(todo)
+        self.mask_ms.extend([per_row] * len(todo))
+        return TokenMasks([row for row, *_ in todo], bits)
+
+    # ---- on the engine thread ---------------------------------------------------------------
+    def start(self, todo: list[tuple[int, str, StructuredSpec, list[int]]]) -> Future | None:
+        """``todo``: (sampling row, request id, spec, the request's output token ids so far) per
+        constrained row. Returns a future of ``TokenMasks`` (None when nothing is constrained)."""
+        if not todo:
+            return None
+        # The token lists are copied: the engine thread appends to them after this step.
+        return self._pool.submit(self._compute, [(r, rid, s, list(ids)) for r, rid, s, ids in todo])
+
+    def result(self, fut: Future) -> TokenMasks:
+        """The step's masks; records how long the engine thread waited for them after the forward pass."""
+        t0 = time.perf_counter()
+        masks = fut.result()
+        self.wait_ms.append(1e3 * (time.perf_counter() - t0))
+        return masks
+
+    def release(self, request_id: str) -> None:
+        # Runs on the engine thread while no task is in flight (between steps): no race on _states.
+        self._states.pop(request_id, None)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,117 @@
+"""Structured outputs in the reference engine: token masks applied in the sampler, on the real model.
+
+A constrained request's output must match its grammar (JSON schema, regex, choice, grammar);
+unconstrained requests in the same batch must give exactly what they give alone (greedy), so
+masks touch only their own rows; a schema is compiled once while it stays cached."""
+
+import json
+import re
+
+import jsonschema
+import pytest
+import torch
+
+from refengine.config import EngineConfig
+from refengine.engine import LLMEngine
+from refengine.sampler import SampleRow, sample
+from refengine.sampling_params import SamplingParams
+from refengine.structured.masks import TokenMasks
+from refengine.structured.spec import StructuredSpec
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags"],
+          "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0,
+                                                                                "maximum": 120},
+                         "tags": {"type": "array", "items": {"enum": ["red", "green"]}, "maxItems": 3}}}
+
+
+def test_masks_apply_to_their_rows_only():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 70)
+    bits = torch.zeros(2, 3, dtype=torch.int32)
+    bits[0, 1] = 1 << 5          # row 0: only token 37
+    bits[1, 2] = 1 << 1          # row 2: only token 65
+    rows = [SampleRow(SamplingParams(temperature=0), [1], 1, None, ()) for _ in range(3)]
+    tokens, _ = sample(logits.clone(), rows, None, TokenMasks([0, 2], bits))
+    assert tokens == [37, int(logits[1].argmax()), 65]
+    rows[0] = SampleRow(SamplingParams(temperature=1.0), [1], 1, torch.Generator().manual_seed(1), ())
+    for _ in range(5):           # random rows too: a masked token has probability 0
+        assert sample(logits.clone(), rows, torch.Generator(), TokenMasks([0, 2], bits))[0][0] == 37
+
+
+@pytest.fixture(scope="module")
+def eng(smollm2_dir):
+    return LLMEngine(EngineConfig(model=str(smollm2_dir), max_model_len=512, num_kv_blocks=256, max_num_seqs=8))
+
+
+@pytest.fixture(scope="module")
+def chat(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+
+    def render(text: str) -> list[int]:
+        return tok.encode(tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                  add_generation_prompt=True), add_special_tokens=False)
+    render.decode = lambda ids: tok.decode(ids, skip_special_tokens=True)
+    return render
+
+
+def spec_json(schema) -> StructuredSpec:
+    return StructuredSpec("json", json.dumps(schema))
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_json_schema_output_validates_and_leaves_others_alone(eng, chat):
+    free = SamplingParams(max_tokens=24, temperature=0)
+    prompts = [chat("Describe a person as JSON."), chat("What is the capital of France?"),
+               chat("Give me a fictional user profile."), chat("Write a haiku about the sea.")]
+    alone = eng.generate([prompts[1], prompts[3]], free)
+    con = SamplingParams(max_tokens=80, temperature=0, structured=spec_json(SCHEMA))
+    hot = SamplingParams(max_tokens=80, temperature=1.0, seed=7, structured=spec_json(SCHEMA))
+    outs = eng.generate(prompts, [con, free, hot, free])
+    assert [outs[1], outs[3]] == alone
+    for ids in (outs[0], outs[2]):
+        assert ids[-1] in eng.eos_token_ids, chat.decode(ids)      # the grammar ended it, well before max_tokens
+        jsonschema.validate(json.loads(chat.decode(ids)), SCHEMA)
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@pytest.mark.parametrize("spec,ok,temperatures", [
+    (StructuredSpec("choice", json.dumps(["yes", "no", "maybe not"])), lambda s: s in ("yes", "no", "maybe not"),
+     (0, 1.0)),
+    (StructuredSpec("regex", r"[0-9]{3}-[a-z]{2,4}"), lambda s: re.fullmatch(r"[0-9]{3}-[a-z]{2,4}", s), (0, 1.0)),
+    (StructuredSpec("grammar", 'root ::= "The answer is " ("A" | "B") "."'),
+     lambda s: s in ("The answer is A.", "The answer is B."), (0, 1.0)),
+    (StructuredSpec("grammar", 'start: "x" NUM\nNUM: /[1-9][0-9]?/'), lambda s: re.fullmatch(r"x[1-9][0-9]?", s),
+     (0, 1.0)),
+    # Any object: free keys and strings; sampled at temperature 1 one may outrun max_tokens (then "length").
+    (StructuredSpec("json", '{"type":"object"}'), lambda s: isinstance(json.loads(s), dict), (0,)),
+])
+def test_other_constraints(eng, chat, spec, ok, temperatures):
+    for temperature in temperatures:
+        ids = eng.generate([chat("Answer the question.")],
+                           SamplingParams(max_tokens=60, temperature=temperature, seed=3, structured=spec))[0]
+        assert ok(chat.decode(ids)), chat.decode(ids)
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_grammar_is_compiled_once_and_length_still_ends(eng, chat):
+    schema = {"type": "object", "properties": {"story": {"type": "string"}}, "required": ["story"]}
+    masks = eng.runner.grammar
+    before = masks.compiled
+    p = SamplingParams(max_tokens=6, temperature=0, structured=spec_json(schema))
+    rid = "length-1"
+    eng.add_request(rid, chat("Tell a long story."), p)
+    eng.add_request("length-2", chat("Tell another long story."), p)
+    finished = {}
+    while eng.has_unfinished():
+        for out in eng.step():
+            if out.finished:
+                finished[out.request_id] = (out.finish_reason, out.num_output_tokens)
+    assert finished == {rid: ("length", 6), "length-2": ("length", 6)}
+    assert masks.compiled == before + 1 and masks.cache_hits >= 1
+    assert masks._states == {}                 # released with their requests
+    assert masks.mask_ms and min(masks.mask_ms) >= 0

@@ -1,0 +1,174 @@
+"""Tool calling on /v1/chat/completions: ``tools``, ``tool_choice``, ``parallel_tool_calls``, tool history.
+
+``plan(req, template)`` checks the request's tools (400s name the field) and returns a
+``ToolPlan`` (None without tools, or with ``tool_choice: "none"``: then the tools are not
+shown to the model and nothing is parsed):
+
+- ``required``: the output is constrained (a grammar, as structured outputs) to a JSON
+  array of ``{"name": <one of the tools>, "arguments": <that tool's parameters schema>}``,
+  at least one, exactly one when ``parallel_tool_calls`` is false.
+- a named function: constrained to that function's arguments object.
+- ``auto``: unconstrained; the model's own format is parsed by the family's ``ToolFormat``
+  (``worker.tool_parsers``); prose stays content.
+
+History: an assistant message's ``tool_calls`` and ``role: "tool"`` results go to the chat
+template as they are when the template renders them; for a template that does not
+(SmolLM2-135M's renders only ``content``), the calls are written into the assistant's
+content in the family's format and the tools are described in a system message, so the
+model sees what it would have written. ``calls(plan, text)`` turns a finished output into
+OpenAI ``tool_calls`` (ids ``call_<24 hex>``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+from refengine.structured.grammar import GrammarError, check
+from refengine.structured.spec import StructuredSpec
+from worker.errors import bad_request
+from worker.tool_parsers import Call, ToolFormat, for_template
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_EMPTY_PARAMS = {"type": "object", "properties": {}}
+
+
+@dataclass
+class ToolPlan:
+    tools: list[dict]                  # OpenAI's {"type": "function", "function": {...}}, parameters filled in
+    mode: str                          # "auto" | "required" | "named"
+    named: str | None
+    parallel: bool
+    fmt: ToolFormat
+    spec: StructuredSpec | None        # the constraint for required / named
+
+
+def _params_of(fn: dict) -> dict:
+    return fn.get("parameters") or _EMPTY_PARAMS
+
+
+def _check_tools(tools: list) -> list[dict]:
+    out = []
+    for i, t in enumerate(tools):
+        where = f"tools.{i}"
+        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(t.get("function"), dict):
+            raise bad_request("Each tool must be {'type': 'function', 'function': {...}}.", where)
+        fn = dict(t["function"])
+        if not isinstance(fn.get("name"), str) or not _NAME.match(fn["name"]):
+            raise bad_request("A function name must be 1-64 letters, digits, '_', '.' or '-'.", f"{where}.function.name")
+        params = _params_of(fn)
+        if not isinstance(params, dict):
+            raise bad_request("function.parameters must be a JSON schema object.", f"{where}.function.parameters")
+        try:
+            check(StructuredSpec("json", json.dumps(params)))
+        except GrammarError as exc:
+            raise bad_request(f"function {fn['name']!r}: its parameters schema cannot be used: {exc}",
+                              f"{where}.function.parameters") from None
+        fn["parameters"] = params
+        out.append({"type": "function", "function": fn})
+    names = [t["function"]["name"] for t in out]
+    if len(set(names)) != len(names):
+        raise bad_request("Function names must be unique.", "tools")
+    return out
+
+
+def _required_schema(tools: list[dict], parallel: bool) -> dict:
+    one = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+            "properties": {"name": {"const": t["function"]["name"]}, "arguments": t["function"]["parameters"]}}
+           for t in tools]
+    schema = {"type": "array", "minItems": 1, "items": one[0] if len(one) == 1 else {"anyOf": one}}
+    if not parallel:
+        schema["maxItems"] = 1
+    return schema
+
+
+def plan(req, template: str | None) -> ToolPlan | None:
+    choice = getattr(req, "tool_choice", None)          # /tokenize's request has tools only: "auto"
+    if not req.tools:
+        if choice not in (None, "none", "auto"):
+            raise bad_request("tool_choice needs tools.", "tool_choice")
+        return None
+    tools = _check_tools(req.tools)
+    if choice == "none":
+        return None
+    parallel = getattr(req, "parallel_tool_calls", None) is not False
+    fmt = for_template(template)
+    if choice in (None, "auto"):
+        return ToolPlan(tools, "auto", None, parallel, fmt, None)
+    if choice == "required":
+        schema = _required_schema(tools, parallel)
+        return ToolPlan(tools, "required", None, parallel, fmt, StructuredSpec("json", json.dumps(schema)))
+    if isinstance(choice, dict) and choice.get("type", "function") == "function" \
+            and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        match = [t for t in tools if t["function"]["name"] == name]
+        if not match:
+            raise bad_request(f"tool_choice names {name!r}, which is not in tools.", "tool_choice")
+        params = match[0]["function"]["parameters"]
+        return ToolPlan(tools, "named", name, False, fmt, StructuredSpec("json", json.dumps(params)))
+    raise bad_request("tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
+                      "{'name': ...}}.", "tool_choice")
+
+
+def prepare_messages(msgs: list[dict], p: ToolPlan | None, template: str | None) -> tuple[list[dict], list | None]:
+    """Messages and the ``tools`` argument for the chat template (see the module docstring)."""
+    t = template or ""
+    fmt = p.fmt if p is not None else for_template(template)
+    if "tool_calls" not in t:
+        out = []
+        for m in msgs:
+            calls = m.get("tool_calls")
+            if m.get("role") == "assistant" and calls:
+                m = {k: v for k, v in m.items() if k != "tool_calls"}
+                written = fmt.render_calls([(c["function"]["name"], c["function"].get("arguments") or "{}")
+                                            for c in calls])
+                m["content"] = ((m.get("content") or "") + "\n" + written).strip()
+            out.append(m)
+        msgs = out
+    if p is None:
+        return msgs, None
+    if "tools" in t:
+        return msgs, p.tools
+    prompt = fmt.system_prompt(p.tools)
+    if msgs and msgs[0].get("role") == "system":
+        return [{**msgs[0], "content": prompt + "\n\n" + (msgs[0].get("content") or "")}] + msgs[1:], None
+    return [{"role": "system", "content": prompt}] + msgs, None
+
+
+def check_history(req) -> None:
+    """An assistant's ``tool_calls`` in the history must be well-formed (their arguments: JSON objects)."""
+    for i, m in enumerate(req.messages):
+        calls = getattr(m, "tool_calls", None)
+        if calls is None:
+            continue
+        for j, c in enumerate(calls if isinstance(calls, list) else [None]):
+            fn = c.get("function") if isinstance(c, dict) else None
+            ok = isinstance(fn, dict) and isinstance(fn.get("name"), str)
+            if ok:
+                try:
+                    ok = isinstance(json.loads(fn.get("arguments") or "{}"), dict)
+                except (TypeError, json.JSONDecodeError):
+                    ok = False
+            if not ok:
+                raise bad_request("tool_calls entries need function.name and function.arguments (a JSON object "
+                                  "as a string).", f"messages.{i}.tool_calls.{j}")
+
+
+def calls(p: ToolPlan, text: str) -> tuple[str | None, list[Call]]:
+    """(content, calls) of a finished output under plan ``p``."""
+    if p.mode == "auto":
+        return p.fmt.extract(text)
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError:
+        return text, []                 # cut short (finish_reason "length"): the text is all there is
+    if p.mode == "named":
+        return None, [(p.named, json.dumps(parsed, ensure_ascii=False))]
+    return None, [(c["name"], json.dumps(c["arguments"], ensure_ascii=False)) for c in parsed]
+
+
+def call_objects(found: list[Call]) -> list[dict]:
+    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": n, "arguments": a}}
+            for n, a in found]
