@@ -23,6 +23,7 @@ group), otherwise every group reads the one table. Each attention group gets its
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -165,7 +166,9 @@ class ModelRunner:
                                f"{self.cache_spec.host_bytes_per_block}")
         self.default_gen = torch.Generator(device=self.device).manual_seed(config.seed)
         # Structured outputs: token masks computed beside the forward pass (built on first use).
-        self.grammar = GrammarMasks(config.model, spec.vocab_size, spec.eos_token_ids)
+        # Beside the forward pass only when a core is free for it (see refengine.structured.masks).
+        spare = self.device.type != "cpu" or (os.cpu_count() or 1) > torch.get_num_threads()
+        self.grammar = GrammarMasks(config.model, spec.vocab_size, spec.eos_token_ids, overlap=spare)
         self._gens: dict[str, torch.Generator] = {}
         self.want_dist = False                   # scoring: keep full logprob rows (evaluation only)
         log.info("model %s on %s/%s (%s, decode attention: %s, prefill attention: %s, element-wise ops: %s): "

@@ -74,11 +74,38 @@ def _check_tools(tools: list) -> list[dict]:
     return out
 
 
+def _rebase(node, name: str):
+    """A copy of a tool's schema node with its local references ("#...") rebased under ``#/$defs/<name>``
+    (its own ``$defs`` / ``definitions`` become ``#/$defs/<name>.<def>``)."""
+    if isinstance(node, list):
+        return [_rebase(n, name) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _rebase(v, name) for k, v in node.items()}
+    ref = out.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        for key in ("#/$defs/", "#/definitions/"):
+            if ref.startswith(key):
+                out["$ref"] = f"#/$defs/{name}." + ref[len(key):]
+                break
+        else:
+            out["$ref"] = f"#/$defs/{name}" + ref[1:]
+    return out
+
+
 def _required_schema(tools: list[dict], parallel: bool) -> dict:
-    one = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-            "properties": {"name": {"const": t["function"]["name"]}, "arguments": t["function"]["parameters"]}}
-           for t in tools]
-    schema = {"type": "array", "minItems": 1, "items": one[0] if len(one) == 1 else {"anyOf": one}}
+    """A JSON array of calls. Each tool's parameters schema moves under ``$defs`` (with its own
+    ``$defs`` hoisted and its references rebased), so "#/..." references keep their targets."""
+    defs, one = {}, []
+    for t in tools:
+        name = t["function"]["name"]
+        params = dict(t["function"]["parameters"])
+        local = {**params.pop("definitions", {}), **params.pop("$defs", {})}
+        defs[name] = _rebase(params, name)
+        defs.update({f"{name}.{k}": _rebase(v, name) for k, v in local.items()})
+        one.append({"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+                    "properties": {"name": {"const": name}, "arguments": {"$ref": f"#/$defs/{name}"}}})
+    schema = {"$defs": defs, "type": "array", "minItems": 1, "items": one[0] if len(one) == 1 else {"anyOf": one}}
     if not parallel:
         schema["maxItems"] = 1
     return schema
@@ -98,8 +125,13 @@ def plan(req, template: str | None) -> ToolPlan | None:
     if choice in (None, "auto"):
         return ToolPlan(tools, "auto", None, parallel, fmt, None)
     if choice == "required":
-        schema = _required_schema(tools, parallel)
-        return ToolPlan(tools, "required", None, parallel, fmt, StructuredSpec("json", json.dumps(schema)))
+        spec = StructuredSpec("json", json.dumps(_required_schema(tools, parallel)))
+        try:
+            check(spec)
+        except GrammarError as exc:
+            raise bad_request(f"tool_choice 'required': the tools' schemas cannot be combined: {exc}",
+                              "tool_choice") from None
+        return ToolPlan(tools, "required", None, parallel, fmt, spec)
     if isinstance(choice, dict) and choice.get("type", "function") == "function" \
             and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")

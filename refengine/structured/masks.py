@@ -5,10 +5,15 @@
 takes (or compiles, through an LRU cache keyed by ``StructuredSpec``) the request's
 matcher, catches it up with the tokens the request generated since its last mask, and
 writes the next-token bitmask (``[rows, ceil(V/32)]`` int32, bit ``t % 32`` of word
-``t // 32`` set when token ``t`` is allowed) with llguidance's parallel executor, which
-runs without the GIL. The forward pass runs meanwhile on the engine thread; ``result()``
+``t // 32`` set when token ``t`` is allowed), one row after the other, without the GIL. The forward pass runs meanwhile on the engine thread; ``result()``
 waits for the masks before sampling, and the sampler applies them to the whole batch
 at once (``refengine.sampler``). Unconstrained requests never wait on a grammar.
+
+With no core to spare (CPU engines whose torch threads take every core) ``overlap`` is off
+and the masks are computed on the engine thread before the forward pass: measured on 2
+cores, a grammar thread beside the forward pass made a 16-request decode step ~8x slower
+(torch's OpenMP threads stall when one of them loses its core, however short the
+intrusion), while computing the masks inline costs about their own time.
 
 Invariants: matchers and the cache are touched only on the executor's thread (one
 task in flight at a time: ``result()`` is called before the next ``start``). A
@@ -52,14 +57,14 @@ class _State:
 
 class GrammarMasks:
     def __init__(self, tokenizer_dir: str, vocab_size: int, eos_token_ids: tuple[int, ...],
-                 cache_size: int = CACHE_SIZE) -> None:
+                 cache_size: int = CACHE_SIZE, overlap: bool = True) -> None:
         self.tokenizer_dir = tokenizer_dir
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
         self.cache_size = cache_size
+        self.overlap = overlap
         self._tokenizer = None                   # built on first use (~1 s), on the executor's thread
         self._ll = None
-        self._exec = None
         self._templates: collections.OrderedDict[StructuredSpec, object] = collections.OrderedDict()
         self._states: dict[str, _State] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
@@ -75,7 +80,6 @@ class GrammarMasks:
         self._ll = llguidance
         self._tokenizer = llguidance.LLTokenizer(f"{self.tokenizer_dir}/tokenizer.json", n_vocab=self.vocab_size,
                                                  eos_token=self.eos_token_ids)
-        self._exec = llguidance.LLExecutor(num_threads=1)
 
     def _template(self, spec: StructuredSpec):
         m = self._templates.get(spec)
@@ -108,8 +112,12 @@ class GrammarMasks:
                 st.consumed += len(new)
             pairs.append((st.matcher, j))
         bits = torch.full((len(todo), (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
-        self._exec.unsafe_compute_mask_ptr(pairs, bits.data_ptr(), bits.shape[1] * 4, len(todo))
-        for m, _ in pairs:
+        row_bytes = bits.shape[1] * 4
+        for m, j in pairs:
+            # One row at a time on this thread (the GIL is released inside). llguidance's parallel
+            # executor keeps a pool of spinning worker threads, which on a small CPU took cores from
+            # the forward pass (a 16-request constrained batch ran at half speed).
+            m.unsafe_compute_mask_ptr(bits.data_ptr() + j * row_bytes, row_bytes)
             if m.is_error():
                 raise GrammarError(m.get_error())
         per_row = 1e3 * (time.perf_counter() - t0) / len(todo)
@@ -123,7 +131,15 @@ class GrammarMasks:
         if not todo:
             return None
         # The token lists are copied: the engine thread appends to them after this step.
-        return self._pool.submit(self._compute, [(r, rid, s, list(ids)) for r, rid, s, ids in todo])
+        todo = [(r, rid, s, list(ids)) for r, rid, s, ids in todo]
+        if self.overlap:
+            return self._pool.submit(self._compute, todo)
+        done: Future = Future()
+        try:
+            done.set_result(self._compute(todo))
+        except BaseException as exc:  # noqa: BLE001 - raised by result(), as from the thread
+            done.set_exception(exc)
+        return done
 
     def result(self, fut: Future) -> TokenMasks:
         """The step's masks; records how long the engine thread waited for them after the forward pass."""

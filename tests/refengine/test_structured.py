@@ -115,3 +115,27 @@ def test_grammar_is_compiled_once_and_length_still_ends(eng, chat):
     assert masks.compiled == before + 1 and masks.cache_hits >= 1
     assert masks._states == {}                 # released with their requests
     assert masks.mask_ms and min(masks.mask_ms) >= 0
+
+
+@pytest.mark.model
+def test_masks_beside_the_forward_pass_equal_inline_ones(smollm2_dir):
+    from refengine.model_config import load_model_spec
+    from refengine.structured.masks import GrammarMasks
+
+    spec = load_model_spec(str(smollm2_dir))
+    made = [GrammarMasks(str(smollm2_dir), spec.vocab_size, spec.eos_token_ids, overlap=o) for o in (True, False)]
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    out_ids = [[], tok.encode('{"name":"A', add_special_tokens=False)]
+    todo = [(0, "a", spec_json(SCHEMA), out_ids[0]), (3, "b", spec_json(SCHEMA), out_ids[1])]
+    got = [m.result(m.start(todo)) for m in made]
+    assert got[0].rows == got[1].rows == [0, 3]
+    assert torch.equal(got[0].bits, got[1].bits)
+    allowed = lambda bits, t: bool((int(bits[t // 32]) >> (t % 32)) & 1)   # noqa: E731
+    assert allowed(got[0].bits[0], tok.encode('{"', add_special_tokens=False)[0])     # the object must open
+    assert not allowed(got[0].bits[0], tok.encode("Hello", add_special_tokens=False)[0])
+    for m in made:
+        m.release("a")
+        m.release("b")
+        m.close()

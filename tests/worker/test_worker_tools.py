@@ -46,7 +46,8 @@ def test_parsers():
 
 
 @pytest.mark.parametrize("choice,parallel,check", [
-    ("required", None, lambda s: s["minItems"] == 1 and "maxItems" not in s and len(s["items"]["anyOf"]) == 2),
+    ("required", None, lambda s: s["minItems"] == 1 and "maxItems" not in s and len(s["items"]["anyOf"]) == 2
+     and s["$defs"]["get_weather"] == WEATHER["function"]["parameters"]),
     ("required", False, lambda s: s["maxItems"] == 1),
     ({"type": "function", "function": {"name": "get_weather"}}, None, lambda s: s == WEATHER["function"]["parameters"]),
 ])
@@ -58,6 +59,21 @@ def test_required_and_named_are_constrained(client_for, choice, parallel, check)
     assert client.post(CHAT, json=body).status_code == 200
     (_, params), = engine.requests.values()
     assert params.structured.kind == "json" and check(json.loads(params.structured.text))
+
+
+def test_required_keeps_each_tools_references():
+    from jsonschema import Draft202012Validator
+
+    from worker.tools import _required_schema
+
+    person = {"$defs": {"p": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}},
+              "type": "object", "properties": {"a": {"$ref": "#/$defs/p"}, "b": {"$ref": "#/properties/a"}},
+              "required": ["a", "b"]}
+    tools = [{"type": "function", "function": {"name": n, "parameters": person}} for n in ("f", "g")]
+    v = Draft202012Validator(_required_schema(tools, True))
+    assert v.is_valid([{"name": "f", "arguments": {"a": {"name": "x"}, "b": {"name": "y"}}}])
+    assert not v.is_valid([{"name": "g", "arguments": {"a": {"name": 3}, "b": {"name": "y"}}}])
+    assert not v.is_valid([{"name": "g", "arguments": {"a": {"name": "x"}, "b": {}}}])
 
 
 def test_tools_and_history_reach_a_template_that_ignores_them(client_for):
