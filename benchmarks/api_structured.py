@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="torch threads of the in-process engine")
     ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--skip-tools", action="store_true")
     ap.add_argument("--keep-logs", action="store_true", help="keep the workers' logs (the path is printed)")
     ap.add_argument("--limit", type=int, default=None, help="first N schemas only (a smoke run)")
     ap.add_argument("--out", default="results/api")
@@ -204,10 +205,12 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 r = doc["engines"][engine] = {"start_s": time.perf_counter() - t0}
                 r["json_schema"] = schema_validity(url, cases, args.parallel)
-                r["tools"] = tool_validity(url, cases, args.parallel)
                 print(f"{engine}: json_schema_valid_rate {r['json_schema']['rate']:.3f} "
-                      f"({r['json_schema']['n']} schemas), tool_call_valid_rate {r['tools']['rate']:.3f} "
-                      f"{r['tools']['rate_by_mode']}", flush=True)
+                      f"({r['json_schema']['n']} schemas)", flush=True)
+                if not args.skip_tools:
+                    r["tools"] = tool_validity(url, cases, args.parallel)
+                    print(f"{engine}: tool_call_valid_rate {r['tools']['rate']:.3f} {r['tools']['rate_by_mode']}",
+                          flush=True)
             finally:
                 proc.terminate()
                 proc.wait(60)
@@ -220,15 +223,29 @@ def main(argv: list[str] | None = None) -> int:
               f"mask p50 {t['mask_ms_per_token_p50']:.3f} ms/token, wait p50 {t['mask_wait_ms_per_step_p50']}",
               flush=True)
     doc["loadavg_after"] = os.getloadavg()
+    # Runs may measure parts (engines, tools, throughput): each merges what it measured with what
+    # earlier runs left, in api_structured.json (per part) and in summary.json.
     out = Path(args.out)
-    write_json(out / "api_structured.json", doc)
+    detail_path = out / "api_structured.json"
+    detail = json.loads(detail_path.read_text()) if detail_path.exists() else {}
+    runs = detail.get("runs", [])
+    runs.append({k: doc[k] for k in ("command", "loadavg_before", "loadavg_after")})
+    engines = detail.get("engines", {})
+    for e, r in doc["engines"].items():
+        engines[e] = {**engines.get(e, {}), **r}
+    detail.update({"model": model, "schemas": len(cases), "runs": runs, "engines": engines})
+    if "throughput" in doc:
+        detail["throughput"] = doc["throughput"]
+    write_json(detail_path, detail)
     summary_path = out / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    eng = doc["engines"]
-    if eng:
-        summary["json_schema_valid_rate"] = {e: round(r["json_schema"]["rate"], 4) for e, r in eng.items()}
-        summary["tool_call_valid_rate"] = round(statistics.fmean(r["tools"]["rate"] for r in eng.values()), 4)
-        summary["tool_call_valid_rate_by_engine"] = {e: round(r["tools"]["rate"], 4) for e, r in eng.items()}
+    valid = {e: round(r["json_schema"]["rate"], 4) for e, r in engines.items() if "json_schema" in r}
+    if valid:
+        summary["json_schema_valid_rate"] = valid
+    tools = {e: round(r["tools"]["rate"], 4) for e, r in engines.items() if "tools" in r}
+    if tools:
+        summary["tool_call_valid_rate"] = round(statistics.fmean(tools.values()), 4)
+        summary["tool_call_valid_rate_by_engine"] = tools
     if "throughput" in doc:
         summary["structured_throughput_ratio"] = round(doc["throughput"]["ratio"], 4)
         summary["mask_ms_per_token_p50"] = round(doc["throughput"]["mask_ms_per_token_p50"], 4)
