@@ -82,9 +82,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--mode", choices=("eager", "compiled"), help=argparse.SUPPRESS)
     p.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--resummarize", action="store_true",
+                   help="run nothing: recompute the summary and the .md table from the runs recorded in --out")
     args = p.parse_args(argv)
     if args.child:
         return child(args)
+    if args.resummarize:
+        doc = json.loads(Path(args.out).read_text())
+        doc["summary"] = summarize(doc["runs"])
+        write_json(args.out, doc)
+        Path(args.out).with_suffix(".md").write_text(report(doc))
+        return 0
     runs: dict = {m: {"eager": [], "compiled": []} for m in args.models}
     load = [os.getloadavg()[0]]
     for r in range(args.rounds):
@@ -96,26 +104,32 @@ def main(argv: list[str] | None = None) -> int:
                                                           "--mode", mode, "--round", str(r)], dict(os.environ), ROOT)
                 runs[m][mode].append(res)
     load.append(os.getloadavg()[0])
-    summary: dict = {}
-    for m in args.models:
-        s = summary[m] = {}
-        for w in WORKLOADS:
-            med = {mode: statistics.median(x["workloads"][w]["tok_s"] for x in runs[m][mode]) for mode in runs[m]}
-            same = all(x["workloads"][w]["tokens_first"] == runs[m]["eager"][0]["workloads"][w]["tokens_first"]
-                       for mode in runs[m] for x in runs[m][mode])
-            s[w] = {"eager_tok_s": round(med["eager"], 2), "compiled_tok_s": round(med["compiled"], 2),
-                    "compiled_vs_eager": round(med["compiled"] / med["eager"], 4), "greedy_tokens_equal": same}
-            print(f"{m:32s} {w:16s} eager {med['eager']:8.1f}  compiled {med['compiled']:8.1f}  "
-                  f"ratio {med['compiled'] / med['eager']:.3f}  tokens equal: {same}")
-        s["startup_s"] = {mode: round(statistics.median(x["startup_s"] for x in runs[m][mode]), 1) for mode in runs[m]}
     import vllm
 
     doc = {"command": command_line(argv), "vllm": vllm.__version__, "rounds": args.rounds,
-           "loadavg_before_after": load, "summary": summary, "runs": runs}
+           "loadavg_before_after": load, "summary": summarize(runs), "runs": runs}
     write_json(args.out, doc)
     Path(args.out).with_suffix(".md").write_text(report(doc))
     print(f"wrote {args.out}")
     return 0
+
+
+def summarize(runs: dict) -> dict:
+    """Medians per model, workload and mode, their ratio, and whether each round's compiled engine
+    gave the eager engine's greedy tokens (same round = same prompts; rounds use different seeds)."""
+    summary: dict = {}
+    for m, modes in runs.items():
+        s = summary[m] = {}
+        for w in WORKLOADS:
+            med = {mode: statistics.median(x["workloads"][w]["tok_s"] for x in modes[mode]) for mode in modes}
+            same = all(e["workloads"][w]["tokens_first"] == c["workloads"][w]["tokens_first"]
+                       for e, c in zip(modes["eager"], modes["compiled"], strict=True))
+            s[w] = {"eager_tok_s": round(med["eager"], 2), "compiled_tok_s": round(med["compiled"], 2),
+                    "compiled_vs_eager": round(med["compiled"] / med["eager"], 4), "greedy_tokens_equal": same}
+            print(f"{m:32s} {w:16s} eager {med['eager']:8.1f}  compiled {med['compiled']:8.1f}  "
+                  f"ratio {med['compiled'] / med['eager']:.3f}  tokens equal: {same}")
+        s["startup_s"] = {mode: round(statistics.median(x["startup_s"] for x in modes[mode]), 1) for mode in modes}
+    return summary
 
 
 def report(doc: dict) -> str:

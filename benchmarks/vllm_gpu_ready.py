@@ -12,7 +12,8 @@ the meta device. Writes ``gpu_ready.json`` / ``gpu_ready.md`` and merges into ``
 ``compiled_greedy_parity``, ``tp2_greedy_parity``, ``device_safe_construction``,
 ``fp8_kv_served``, plus ``compiled_vs_eager_decode_ratio`` from ``compile_ab.json``
 (``benchmarks/vllm_compile_ab.py``) and ``vllm_versions_checked`` from ``versions/*.json``
-(``benchmarks/vllm_release_check.py``) when those files exist.
+(``benchmarks/vllm_release_check.py``) when those files exist; ``--summary-only`` recomputes
+those two keys from the records without running anything.
 """
 
 from __future__ import annotations
@@ -61,7 +62,19 @@ def first_agreement(a: list[list[int]], b: list[list[int]]) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="results/vllm")
+    p.add_argument("--summary-only", action="store_true",
+                   help="run nothing: recompute summary.json from the recorded gpu_ready.json, compile_ab.json "
+                        "and versions/*.json (after a release check or an A/B run finished later)")
     args = p.parse_args(argv)
+    if args.summary_only:
+        out = Path(args.out)
+        doc = json.loads((out / "gpu_ready.json").read_text())
+        doc["summary"].update(recorded_summary(out))
+        write_json(out / "gpu_ready.json", doc)
+        merge_summary(out, doc["summary"])
+        (out / "gpu_ready.md").write_text(report(doc))
+        print(json.dumps(doc["summary"]))
+        return 0
     from modelkit.prepare import resolve_model
     from swiftserve_vllm.testmodels import make_test_models
 
@@ -96,14 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"compiled_greedy_parity": compiled_parity, "tp2_greedy_parity": tp2_parity,
                "device_safe_construction": bool(devcheck) and rc == 0 and all(not d["stray"] for d in devcheck),
                "fp8_kv_served": all(f["served"] for f in fp8.values())}
-    ab = out / "compile_ab.json"
-    if ab.is_file():
-        s = json.loads(ab.read_text())["summary"]["SmolLM2-135M-Instruct-SwiftKV"]
-        summary["compiled_vs_eager_decode_ratio"] = s["decode_128_128"]["compiled_vs_eager"]
-    checked = sorted((json.loads(f.read_text()) for f in (out / "versions").glob("*.json")),
-                     key=lambda v: v["version"])
-    if checked:
-        summary["vllm_versions_checked"] = [f"{v['distribution']} {v['version']}" for v in checked if v["passed"]]
+    summary.update(recorded_summary(out))
     served = {**runs["compiled"], **runs["families"]}
     families = [f for f, names in FAMILIES.items() if all(served[n]["reference_parity"] and served[n]["swiftkv"]
                                                           for n in names)]
@@ -111,11 +117,29 @@ def main(argv: list[str] | None = None) -> int:
            "swiftkv_families": families,
            "pp2_parity": runs["pp2"]["tp-zack-lw"]["reference_parity"], "devcheck": devcheck, "runs": runs}
     write_json(out / "gpu_ready.json", doc)
-    merged = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
-    write_json(out / "summary.json", {**merged, **summary})
+    merge_summary(out, summary)
     (out / "gpu_ready.md").write_text(report(doc))
     print(json.dumps(summary))
     return 0
+
+
+def recorded_summary(out: Path) -> dict:
+    """The keys that come from other commands' records: the compile A/B and the release checks."""
+    summary = {}
+    ab = out / "compile_ab.json"
+    if ab.is_file():
+        s = json.loads(ab.read_text())["summary"]["SmolLM2-135M-Instruct-SwiftKV"]
+        summary["compiled_vs_eager_decode_ratio"] = s["decode_128_128"]["compiled_vs_eager"]
+    checked = sorted((json.loads(f.read_text()) for f in (out / "versions").glob("*.json")),
+                     key=lambda v: (v["distribution"], v["version"]))
+    if checked:
+        summary["vllm_versions_checked"] = [f"{v['distribution']} {v['version']}" for v in checked if v["passed"]]
+    return summary
+
+
+def merge_summary(out: Path, summary: dict) -> None:
+    merged = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
+    write_json(out / "summary.json", {**merged, **summary})
 
 
 def report(doc: dict) -> str:

@@ -24,20 +24,28 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+_handed_out: set[int] = set()      # ports this process was given: never handed out twice
+
+
 def free_port(count: int = 1) -> int:
-    """First of ``count`` consecutive loopback ports that are free now. Drawn below the kernel's
-    ephemeral range: a port from inside it can be taken by some process's outgoing connection
-    between this check and the server's bind (CI saw a stack's second worker fail that way)."""
+    """First of ``count`` consecutive loopback ports that are free now and were not handed out
+    before in this process (two draws never collide, e.g. a gateway's and its workers'). Drawn
+    below the kernel's ephemeral range: a port from inside it can be taken by some process's
+    outgoing connection between this check and the server's bind (CI saw a stack's second
+    worker fail that way)."""
     low, high = 20000, min(_ephemeral_low(), 65536) - count
     rng = random.Random()
     for _ in range(200):
         base = rng.randrange(low, high)
+        if _handed_out.intersection(range(base, base + count)):
+            continue
         socks = []
         try:
             for port in range(base, base + count):
                 s = socket.socket()
                 socks.append(s)
                 s.bind(("127.0.0.1", port))
+            _handed_out.update(range(base, base + count))
             return base
         except OSError:
             continue

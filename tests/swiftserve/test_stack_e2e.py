@@ -17,15 +17,6 @@ from proc_support import free_port
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 
 
-def stack_ports(workers: int = 2) -> tuple[int, int]:
-    """A gateway port and the base of ``workers`` consecutive worker ports, all free and distinct."""
-    wport = free_port(workers)
-    port = free_port()
-    while wport <= port < wport + workers:
-        port = free_port()
-    return port, wport
-
-
 def start_stack(model: str, port: int, wport: int, extra=(), workers: int = 2, name: str = "smol"):
     cmd = [sys.executable, "-m", "swiftserve", "up", "--model", model, "--workers", str(workers), "--port", str(port),
            "--worker-base-port", str(wport), "--served-model-name", name,
@@ -61,7 +52,7 @@ def stop_stack(proc) -> int:
 
 @pytest.fixture(scope="module")
 def stack_proc(smollm2_dir):
-    port, wport = stack_ports()
+    port, wport = free_port(), free_port(2)
     proc = start_stack(str(smollm2_dir), port, wport)
     yield proc, f"http://127.0.0.1:{port}", [f"http://127.0.0.1:{wport + i}" for i in range(2)]
     assert stop_stack(proc) == 0
@@ -131,7 +122,7 @@ def test_swiftkv_checkpoint_serves_through_the_stack(smollm2_dir, tmp_path):
     from modelkit.swiftkv import write_swiftkv_checkpoint
 
     ckpt = write_swiftkv_checkpoint(smollm2_dir, tmp_path / "swiftkv-l15-g2", 15, 2)
-    port, wport = stack_ports()
+    port, wport = free_port(), free_port(2)
     proc = start_stack(str(ckpt), port, wport)
     try:
         r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=120,
@@ -152,7 +143,7 @@ def _worker_metrics(url: str) -> dict[str, float]:
 def test_zack_model_serves_through_the_stack_with_a_smaller_pool(zack_dir):
     """A ZACK directory re-planned at rate 0.25 by ``swiftserve up --kv-methods``: the gateway answers,
     and with the same pool bytes the workers hold more tokens (blocks) than the uncompressed model."""
-    port, wport = stack_ports()
+    port, wport = free_port(), free_port(2)
     proc = start_stack(str(zack_dir), port, wport, ["--kv-methods", '{"zack": {"rate": 0.25}}'])
     try:
         body = {"model": "smol", "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 6}
