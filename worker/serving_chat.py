@@ -11,7 +11,8 @@ not with streaming) puts the rendered prompt's token logprobs at the response's 
 level, in vLLM's shape.
 
 Tools (``worker.tools``): with a tool plan, a choice's output becomes ``tool_calls`` (and
-``finish_reason: "tool_calls"``) when it holds calls. Streaming: "required" and named
+``finish_reason: "tool_calls"``) when it holds calls; an output cut by ``max_tokens`` keeps
+the calls it completed under "required" and its ``finish_reason: "length"``. Streaming: "required" and named
 outputs are held back and sent as ``tool_calls`` deltas when the choice ends (per call: a
 delta with ``id``, ``type`` and ``function.name``, then one with ``function.arguments``);
 "auto" streams content as usual once the output cannot be the start of a call, and
@@ -173,10 +174,10 @@ async def _full(state, req, request_id, specs, prompt_tokens, arrival, plan=None
         await events.aclose()
     if plan is not None:
         for c in choices.values():
-            if c.finish_reason == "stop":
-                content, found = tool_calls.calls(plan, c.message.content or "")
-                if found:
-                    c.message.content, c.message.tool_calls = content, tool_calls.call_objects(found)
+            content, found = tool_calls.calls(plan, c.message.content or "", c.finish_reason)
+            if found:
+                c.message.content, c.message.tool_calls = content, tool_calls.call_objects(found)
+                if c.finish_reason == "stop":           # "length" stays: the client learns the output was cut
                     c.finish_reason, c.stop_reason = "tool_calls", None
     n = sum(out_tokens.values())
     return ChatCompletionResponse(
@@ -187,7 +188,7 @@ async def _full(state, req, request_id, specs, prompt_tokens, arrival, plan=None
 
 def _held_deltas(plan, text: str, finish: str):
     """A held-back output at its end -> [(delta, finish_reason)]: tool_calls deltas, or the text."""
-    content, found = tool_calls.calls(plan, text) if finish == "stop" else (text, [])
+    content, found = tool_calls.calls(plan, text, finish)
     if not found:
         return [({"content": text} if text else {}, finish)]
     out = [({"content": content}, None)] if content else []
@@ -196,7 +197,7 @@ def _held_deltas(plan, text: str, finish: str):
         out.append(({"tool_calls": [{"index": i, "id": c["id"], "type": "function",
                                      "function": {"name": fn["name"], "arguments": ""}}]}, None))
         out.append(({"tool_calls": [{"index": i, "function": {"arguments": fn["arguments"]}}]}, None))
-    out.append(({}, "tool_calls"))
+    out.append(({}, "tool_calls" if finish == "stop" else finish))
     return out
 
 

@@ -188,17 +188,43 @@ def check_history(req) -> None:
                                   "as a string).", f"messages.{i}.tool_calls.{j}")
 
 
-def calls(p: ToolPlan, text: str) -> tuple[str | None, list[Call]]:
-    """(content, calls) of a finished output under plan ``p``."""
+def calls(p: ToolPlan, text: str, finish: str | None = "stop") -> tuple[str | None, list[Call]]:
+    """(content, calls) of an output under plan ``p`` that ended with ``finish``.
+
+    Cut short (``finish`` "length"), a "required" array keeps the calls it completed (the
+    model may keep appending calls while parallel calls are allowed); a cut named call or
+    auto output has none, and its text is all there is."""
+    if finish == "length":
+        return (None, found) if p.mode == "required" and (found := _complete_calls(text)) else (text, [])
+    if finish != "stop":
+        return text, []
     if p.mode == "auto":
         return p.fmt.extract(text)
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError:
-        return text, []                 # cut short (finish_reason "length"): the text is all there is
+        return text, []
     if p.mode == "named":
         return None, [(p.named, json.dumps(parsed, ensure_ascii=False))]
     return None, [(c["name"], json.dumps(c["arguments"], ensure_ascii=False)) for c in parsed]
+
+
+def _complete_calls(text: str) -> list[Call]:
+    """The whole ``{"name", "arguments"}`` elements at the start of a cut-off JSON array."""
+    dec, out, i = json.JSONDecoder(), [], 0
+    ws = re.compile(r"[\s,]*")
+    i = ws.match(text, i).end()
+    if not text.startswith("[", i):
+        return []
+    i += 1
+    while True:
+        i = ws.match(text, i).end()
+        try:
+            c, i = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return out
+        if isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("arguments"), dict):
+            out.append((c["name"], json.dumps(c["arguments"], ensure_ascii=False)))
 
 
 def call_objects(found: list[Call]) -> list[dict]:

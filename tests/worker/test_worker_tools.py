@@ -143,3 +143,29 @@ def test_tokenize_renders_the_tools_as_chat_does(client_for):
     tok = client.post("/tokenize", json={"model": "fake-model", "messages": ASK, "tools": [WEATHER]}).json()
     plain = client.post("/tokenize", json={"model": "fake-model", "messages": ASK}).json()
     assert tok["count"] == chat["usage"]["prompt_tokens"] > plain["count"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_cut_by_max_tokens_keeps_its_complete_calls(client_for, stream):
+    cut = '[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_ti'
+    n = len(make_tokenizer().encode(cut, add_special_tokens=False))
+    client, _ = client_for(scripted(cut))
+    body = {"model": "fake-model", "messages": ASK, "tools": [WEATHER, TIME], "tool_choice": "required",
+            "max_tokens": n, "stream": stream}
+    r = client.post(CHAT, json=body)
+    assert r.status_code == 200
+    if not stream:
+        choice = r.json()["choices"][0]
+        calls, finish = choice["message"]["tool_calls"], choice["finish_reason"]
+        assert choice["message"]["content"] is None
+    else:
+        deltas = [json.loads(line[6:])["choices"] for line in r.text.splitlines()
+                  if line.startswith("data: {")]
+        deltas = [c[0] for c in deltas if c]
+        calls = [d["delta"]["tool_calls"][0] for d in deltas if d["delta"].get("tool_calls")]
+        calls = [{"function": {"name": calls[0]["function"]["name"], "arguments": calls[1]["function"]["arguments"]}}]
+        finish = deltas[-1]["finish_reason"]
+        assert not any(d["delta"].get("content") for d in deltas)
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == \
+        [("get_weather", {"city": "Paris"})]
+    assert finish == "length"                           # cut: the client is told, the whole call is kept
