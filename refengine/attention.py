@@ -7,7 +7,8 @@ Queries are the step's flattened tokens ``q [T, heads, head_dim]``.
   gathers the blocks holding keys ``0 .. start+n-1`` and runs SDPA with a causal
   mask offset by ``start`` (plain ``is_causal`` when the chunk starts at 0). With a
   prefill kernel (``refengine.paged_kernel``, CPU), dense pools and float32/bf16 queries, the
-  kernel reads the blocks in place instead (flash-style tiles: no gather, no score matrix).
+  kernel reads the blocks in place instead (flash-style tiles: no gather, no score matrix), for
+  any K and V head widths (ZACK's ragged per-head ranks included).
 - ``decode``: sequences with exactly one query token (decodes, and every
   sequence in SwiftKV's later layers). They are batched: their blocks are gathered
   into ``[B, max_blocks * block_size]`` rows, positions past a sequence's length
@@ -80,7 +81,7 @@ def _prefill_pools(q: torch.Tensor, cache, batch: AttnBatch):
     if batch.prefill_kernel is None or not batch.prefills or q.dtype not in (torch.float32, torch.bfloat16):
         return None
     pools = cache.dense_pools()
-    if pools is None or pools[1].shape[-1] % 16 or pools[0].dtype not in (torch.float32, torch.bfloat16):
+    if pools is None or pools[0].dtype not in (torch.float32, torch.bfloat16):   # any K / V widths
         return None
     return pools
 

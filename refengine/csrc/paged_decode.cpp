@@ -1,5 +1,5 @@
-// Paged decode attention on CPU: one query position per sequence, keys and values read in
-// place from the block pool (no gather into a padded batch, no copy of the context).
+// Paged decode attention on CPU: one query position per sequence, keys and values read from the
+// block pool in place or one 64-key tile at a time (no gather into a padded batch of the context).
 //
 //   q      [B, kvh, g, d]    float32, contiguous (the g query heads sharing KV head h)
 //   k      [N, bs, kvh, d]   float32 or bfloat16, contiguous block pool
@@ -9,22 +9,17 @@
 //   starts [B] or None       int64 first entry sequence b sees (a sliding window); None: 0
 //   -> out [B, kvh, g, dv]   float32
 //
-// Work is split over (sequence, KV head) pairs with ATen's parallel_for (OpenMP). When dv is
-// a multiple of 16 (every common head size) the pair runs through paged_prefill.cpp's tiles
-// (the g query heads as rows, vectorised over 64-key tiles, online softmax). Otherwise, per pair:
-// scores s[j, t] = scale * q_j . k_t for every cached entry t, an exact softmax per query
-// row (max-subtracted, float accumulation), then out_j = sum_t p[j, t] v_t. Each K and V row
-// is read once per pair, and all g query rows use it while it is in cache.
+// Two paths, both in paged_prefill.cpp: when d and dv are multiples of 16 (every common head
+// size) decode_vec reads K and V in place, 16 keys per vector step; for any other widths
+// (ZACK's adaptive ranks: 37, 50, 1, ...) decode_tiles packs each 64-key tile as float32, K
+// transposed and V zero-padded to whole vectors, and runs the prefill tiles with the g query
+// heads of a KV head as rows (online softmax). Work is split over sequences (or sequence, KV
+// head pairs) with ATen's parallel_for (OpenMP).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
-#include <algorithm>
-#include <cmath>
-#include <limits>
-#include <vector>
-
 // paged_prefill.cpp's vectorised kernels: decode_vec when d and dv are multiples of 16 (K and V
-// read in place), else decode_tiles when dv is (K packed transposed per 64-key tile).
+// read in place), else decode_tiles (K and V packed per 64-key tile; any d and dv).
 template <typename T>
 void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, const int64_t* lens,
                 const int64_t* starts, float* out, int64_t B, int64_t kvh, int64_t g, int64_t d, int64_t dv,
@@ -36,66 +31,12 @@ void decode_tiles(const float* q, const T* k, const T* v, const int64_t* table, 
 
 namespace {
 
-template <typename T>
-inline float dot(const float* __restrict a, const T* __restrict b, int64_t n) {
-  float acc = 0.f;
-#pragma omp simd reduction(+ : acc)
-  for (int64_t i = 0; i < n; ++i) acc += a[i] * static_cast<float>(b[i]);
-  return acc;
-}
-
-template <typename T>
-inline void axpy(float w, const T* __restrict x, float* __restrict y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] += w * static_cast<float>(x[i]);
-}
-
-template <typename T>
-void decode(const float* q, const T* k, const T* v, const int64_t* table, const int64_t* lens,
-            const int64_t* starts, float* out, int64_t B, int64_t kvh, int64_t g, int64_t d, int64_t dv, int64_t bs,
-            int64_t max_blocks, float scale) {
-  at::parallel_for(0, B * kvh, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s;
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / kvh, h = bh % kvh;
-      const int64_t len = lens[b], lo = starts ? starts[b] : 0;   // keys lo .. len-1 (a window)
-      const int64_t* blocks = table + b * max_blocks;
-      const float* qb = q + bh * g * d;
-      float* ob = out + bh * g * dv;
-      s.assign(g * len, 0.f);
-      for (int64_t t = lo; t < len; ++t) {
-        const int64_t row = blocks[t / bs] * bs + t % bs;          // flat cache entry
-        const T* kt = k + (row * kvh + h) * d;
-        for (int64_t j = 0; j < g; ++j) s[j * len + t] = scale * dot(qb + j * d, kt, d);
-      }
-      for (int64_t j = 0; j < g; ++j) {
-        float* sj = s.data() + j * len;
-        float m = -std::numeric_limits<float>::infinity();
-        for (int64_t t = lo; t < len; ++t) m = std::max(m, sj[t]);
-        float sum = 0.f;
-        for (int64_t t = lo; t < len; ++t) {
-          sj[t] = std::exp(sj[t] - m);
-          sum += sj[t];
-        }
-        const float inv = 1.f / sum;
-        for (int64_t t = lo; t < len; ++t) sj[t] *= inv;
-      }
-      std::fill(ob, ob + g * dv, 0.f);
-      for (int64_t t = lo; t < len; ++t) {
-        const int64_t row = blocks[t / bs] * bs + t % bs;
-        const T* vt = v + (row * kvh + h) * dv;
-        for (int64_t j = 0; j < g; ++j) axpy(s[j * len + t], vt, ob + j * dv, dv);
-      }
-    }
-  });
-}
-
-// One pool dtype: paged_prefill.cpp's tiles when dv is a multiple of 16, else the loop above.
+// One pool dtype: decode_vec when both widths are whole vectors, else the padded tiles.
 template <typename T>
 void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& table,
          const torch::Tensor& lens, const int64_t* starts, torch::Tensor& out, float scale) {
-  const bool wide = v.size(3) % 16 == 0;
-  const auto kernel = wide && q.size(3) % 16 == 0 ? &decode_vec<T> : wide ? &decode_tiles<T> : &decode<T>;
+  const bool whole = v.size(3) % 16 == 0 && q.size(3) % 16 == 0;
+  const auto kernel = whole ? &decode_vec<T> : &decode_tiles<T>;
   kernel(q.data_ptr<float>(), k.data_ptr<T>(), v.data_ptr<T>(), table.data_ptr<int64_t>(), lens.data_ptr<int64_t>(),
          starts, out.data_ptr<float>(), q.size(0), q.size(1), q.size(2), q.size(3), v.size(3), k.size(1), table.size(1), scale);
 }
@@ -118,6 +59,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
   TORCH_CHECK(k.size(2) == kvh && k.size(3) == d && v.size(2) == kvh && v.size(1) == bs,
               "paged_decode: pool shapes do not match q");
   TORCH_CHECK(table.dim() == 2 && table.size(0) == B && lens.numel() == B, "paged_decode: table/lens shape");
+  TORCH_CHECK(d >= 1 && dv >= 1, "paged_decode: empty head dims");
   torch::Tensor lo;
   if (starts.has_value() && starts->defined()) {
     lo = starts->contiguous();

@@ -3,7 +3,7 @@
 //
 //   q      [n, H, d]          float32, inner [H, d] contiguous (any row stride): the chunk's queries
 //   k      [N, bs, kvh, d]    float32 or bfloat16, contiguous block pool
-//   v      [N, bs, kvh, dv]   same dtype as k; dv % 16 == 0
+//   v      [N, bs, kvh, dv]   same dtype as k; any d and dv >= 1 (ZACK's ragged per-head ranks)
 //   blocks [>= ceil(ctx/bs)]  int64 block ids of the sequence, keys 0 .. ctx-1 (ctx = start + n)
 //   start  cache index of query row 0: row i sits at start + i and sees keys 0 .. start + i
 //   out    [n, H, dv]         float32, inner [H, dv] contiguous (any row stride), written in place
@@ -12,7 +12,10 @@
 // GQA: query head hq reads KV head hq / (H / kvh), as in HF's repeat_kv.
 //
 // The context's keys are packed once per call and KV head, as float32 tiles of KT keys: K
-// transposed ([d][KT]), V row-major ([KT][dv]). Work items are (query head, tile of QT query
+// transposed ([d][KT]), V row-major ([KT][dvp]) with dvp = dv rounded up to 16 and the columns
+// past dv zero. So every vector loop below runs over whole vectors whatever dv is: the padded
+// columns of the running output stay zero (0 * p summed) and are never written out. K needs no
+// padding: its scores loop broadcasts one query element per column c < d. Work items are (query head, tile of QT query
 // rows), taken from a shared counter latest (longest) rows first. Per item and key tile,
 // S = (scale q) K^T is computed 6 query rows x 64 keys at a time (24 vector accumulators, only
 // the key vectors some row of the 6 sees), masked on the diagonal tile, folded into the running
@@ -26,7 +29,7 @@
 //
 // Decode kernels live here too (called by paged_decode.cpp): decode_vec (d and dv multiples of
 // 16: K and V read in place, 16 dot products per sum16) and decode_tiles (the tiles above,
-// K packed per item; any d).
+// K and V packed per item; any d and dv).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -48,16 +51,20 @@ constexpr int QT = 8 * R;  // query rows per work item
 constexpr int KT = 64;    // keys per tile (4 vectors)
 constexpr int64_t NO_LOW = std::numeric_limits<int64_t>::min() / 4;   // "no window": every key is >= it
 
+// Packed V row width: dv rounded up to whole vectors (the padding columns hold zeros).
+inline int64_t padded(int64_t dv) { return (dv + 15) / 16 * 16; }
+
 
 // Scratch of one thread: nh KV heads x rowsR query rows each (rowsR a multiple of R), and one
-// packed key tile of the nh heads (kt, vt: see pack). Per row: the running output o [dv], max
-// m and sum l, the sum kept as 16 lane partial sums (added up once, in finish).
+// packed key tile of the nh heads (kt, vt: see pack). Per row: the running output o [dvp]
+// (dvp = padded(dv)), max m and sum l, the sum kept as 16 lane partial sums (added up once,
+// in finish).
 struct Tiles {
-  int64_t nh, rowsR;
+  int64_t nh, rowsR, dvp;
   std::vector<float> qs, kt, vt, o, m, l;
   Tiles(int64_t nh_, int64_t rowsR_, int64_t d, int64_t dv, bool keys = true)
-      : nh(nh_), rowsR(rowsR_), qs(nh_ * rowsR_ * d, 0.f), kt(keys ? nh_ * d * KT : 0), vt(keys ? nh_ * KT * dv : 0),
-        o(nh_ * rowsR_ * dv), m(nh_ * rowsR_), l(nh_ * rowsR_ * 16) {}
+      : nh(nh_), rowsR(rowsR_), dvp(padded(dv)), qs(nh_ * rowsR_ * d, 0.f), kt(keys ? nh_ * d * KT : 0),
+        vt(keys ? nh_ * KT * padded(dv) : 0), o(nh_ * rowsR_ * padded(dv)), m(nh_ * rowsR_), l(nh_ * rowsR_ * 16) {}
 
   void reset() {
     std::fill(o.begin(), o.end(), 0.f);
@@ -65,39 +72,41 @@ struct Tiles {
     std::fill(l.begin(), l.end(), 0.f);
   }
 
-  // Row i of head hh, normalised, to out + hh * out_head + i * out_stride.
+  // Row i of head hh, normalised, to out + hh * out_head + i * out_stride (its dv real columns).
   void finish(int64_t rows, int64_t dv, float* out, int64_t out_head, int64_t out_stride) const {
     for (int64_t hh = 0; hh < nh; ++hh)
       for (int64_t i = 0; i < rows; ++i) {
         const int64_t r = hh * rowsR + i;
         const float inv = 1.f / hsum(load(&l[r * 16]));
         float* dst = out + hh * out_head + i * out_stride;
-        for (int64_t c = 0; c < dv; ++c) dst[c] = o[r * dv + c] * inv;
+        for (int64_t c = 0; c < dv; ++c) dst[c] = o[r * dvp + c] * inv;
       }
   }
 };
 
 // Packs keys j0 .. j0+cols-1 (cols <= KT) of KV heads h0 .. h0+nh-1 as float32: K transposed
-// into kt [nh][d][KT], V row-major into vt [nh][KT][dv], zero past cols. A token's rows of
-// neighbouring heads are adjacent in the pool, so the pool is read front to back.
+// into kt [nh][d][KT], V row-major into vt [nh][KT][padded(dv)], zero past cols and past dv.
+// A token's rows of neighbouring heads are adjacent in the pool, so the pool is read front to back.
 template <typename T>
 void pack(float* kt, float* vt, int64_t nh, int64_t j0, int64_t cols, const T* k, const T* v, const int64_t* blocks,
           int64_t bs, int64_t kvh, int64_t h0, int64_t d, int64_t dv) {
+  const int64_t dvp = padded(dv);
   for (int64_t jj = 0; jj < KT; ++jj) {
     const int64_t tok = j0 + jj;
     const int64_t row = jj < cols ? blocks[tok / bs] * bs + tok % bs : 0;
     for (int64_t hh = 0; hh < nh; ++hh) {
       float* kth = kt + hh * d * KT;
-      float* vth = vt + (hh * KT + jj) * dv;
+      float* vth = vt + (hh * KT + jj) * dvp;
+      int64_t c = 0;
       if (jj < cols) {
         const T* kr = k + (row * kvh + h0 + hh) * d;
         const T* vr = v + (row * kvh + h0 + hh) * dv;
-        for (int64_t c = 0; c < d; ++c) kth[c * KT + jj] = static_cast<float>(kr[c]);
-        for (int64_t c = 0; c < dv; ++c) vth[c] = static_cast<float>(vr[c]);
+        for (int64_t x = 0; x < d; ++x) kth[x * KT + jj] = static_cast<float>(kr[x]);
+        for (; c < dv; ++c) vth[c] = static_cast<float>(vr[c]);
       } else {
-        for (int64_t c = 0; c < d; ++c) kth[c * KT + jj] = 0.f;
-        for (int64_t c = 0; c < dv; ++c) vth[c] = 0.f;
+        for (int64_t x = 0; x < d; ++x) kth[x * KT + jj] = 0.f;
       }
+      for (; c < dvp; ++c) vth[c] = 0.f;                   // past cols: whole row; else the padding
     }
   }
 }
@@ -125,7 +134,7 @@ inline void scores(const float* kth, const float* qi, int64_t d, v16 (&acc)[R][4
 // group of R rows: S = qs K^T, 6 rows x 64 keys in 24 vector accumulators; masked, folded into
 // the online softmax and exponentiated while still in registers (P to a 6 x 64 scratch on the
 // stack); then o = alpha o + P V, 6 rows x 64 (or 16) value columns at a time, the rescale by
-// alpha folded into loading o.
+// alpha folded into loading o. Here dv is the packed (padded) width: a multiple of 16.
 inline void tile(const float* kth, const float* vth, const float* qs, float* o, float* m, float* l, int64_t rows,
                  int64_t cols, int64_t j0, int64_t limit0, int64_t lo0, int64_t step, int64_t d, int64_t dv) {
   const int64_t width = dv % 64 == 0 ? 64 : 16;
@@ -219,9 +228,9 @@ void attend(Tiles& t, int64_t rows, int64_t kend, int64_t limit0, int64_t lo0, i
     const int64_t cols = std::min<int64_t>(KT, kend - j0);
     pack(t.kt.data(), t.vt.data(), nh, j0, cols, k, v, blocks, bs, kvh, h0, d, dv);
     for (int64_t hh = 0; hh < nh; ++hh)
-      tile(t.kt.data() + hh * d * KT, t.vt.data() + hh * KT * dv, t.qs.data() + hh * rowsR * d,
-           t.o.data() + hh * rowsR * dv, t.m.data() + hh * rowsR,
-           t.l.data() + hh * rowsR * 16, rows, cols, j0, limit0, lo0, step, d, dv);
+      tile(t.kt.data() + hh * d * KT, t.vt.data() + hh * KT * t.dvp, t.qs.data() + hh * rowsR * d,
+           t.o.data() + hh * rowsR * t.dvp, t.m.data() + hh * rowsR,
+           t.l.data() + hh * rowsR * 16, rows, cols, j0, limit0, lo0, step, d, t.dvp);
   }
   t.finish(rows, dv, out, out_head, out_stride);
 }
@@ -237,7 +246,8 @@ void prefill(const float* q, int64_t q_row, const T* k, const T* v, const int64_
   const int64_t g = H / kvh;
   const int64_t ntiles = (n + QT - 1) / QT;
   const int64_t ctx = start + n, ntk = (ctx + KT - 1) / KT;
-  const int64_t tile_floats = d * KT + KT * dv, head_floats = ntk * tile_floats;
+  const int64_t dvp = padded(dv);                          // packed V width (zero columns past dv)
+  const int64_t tile_floats = d * KT + KT * dvp, head_floats = ntk * tile_floats;
   const int64_t hg = std::max<int64_t>(1, std::min<int64_t>(kvh, (int64_t{4} << 20) / head_floats));
   std::vector<float> packed(hg * head_floats);
   for (int64_t h0 = 0; h0 < kvh; h0 += hg) {
@@ -268,7 +278,7 @@ void prefill(const float* q, int64_t q_row, const T* k, const T* v, const int64_
         for (int64_t j0 = std::max<int64_t>(0, lo0) / KT * KT; j0 < kend; j0 += KT) {
           const float* kt = kh + (j0 / KT) * tile_floats;
           tile(kt, kt + d * KT, t.qs.data(), t.o.data(), t.m.data(), t.l.data(), rows,
-               std::min<int64_t>(KT, kend - j0), j0, start + i0 + 1, lo0, 1, d, dv);
+               std::min<int64_t>(KT, kend - j0), j0, start + i0 + 1, lo0, 1, d, dvp);
         }
         t.finish(rows, dv, out + i0 * out_row + hq * dv, 0, out_row);
       }
@@ -419,7 +429,7 @@ void paged_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Ten
   const int64_t n = q.size(0), H = q.size(1), d = q.size(2);
   const int64_t bs = k.size(1), kvh = k.size(2), dv = v.size(3);
   TORCH_CHECK(k.size(3) == d && v.size(2) == kvh && v.size(1) == bs && H % kvh == 0, "paged_prefill: pool shapes");
-  TORCH_CHECK(dv % 16 == 0, "paged_prefill: value head size must be a multiple of 16");
+  TORCH_CHECK(d >= 1 && dv >= 1, "paged_prefill: empty head dims");
   TORCH_CHECK(out.size(0) == n && out.size(1) == H && out.size(2) == dv, "paged_prefill: out shape");
   TORCH_CHECK(start >= 0 && blocks.numel() * bs >= start + n, "paged_prefill: blocks do not cover the context");
   TORCH_CHECK(window >= 0, "paged_prefill: window must be >= 0 (0: none)");

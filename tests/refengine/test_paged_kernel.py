@@ -49,9 +49,9 @@ def filled_part(store, kvh, d, dv, dtype, lengths, bs=4, blocks=40):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("lengths", [[23], [1, 4, 5, 17, 30, 2, 8, 9, 3, 12, 70]])
 def test_kernel_matches_gather_sdpa(kernel, kvh, g, d, dv, dtype, lengths):
-    """All three decode paths (d and dv multiples of 16: in place; only dv: packed tiles; else
-    the scalar loop), one sequence and many, one entry, a full block, ragged tails, more than one
-    64-key tile, query groups of more than 4 rows."""
+    """Both decode paths (d and dv multiples of 16: in place; else packed tiles, V padded to whole
+    vectors), one sequence and many, one entry, a full block, ragged tails, more than one 64-key
+    tile, query groups of more than 4 rows. Ragged ZACK widths: test_paged_kernel_ragged.py."""
     torch.manual_seed(0)
     p, tables = filled_part(DenseStore, kvh, d, dv, dtype, lengths, blocks=60)
     chunks = [(n - 1, 1, t) for n, t in zip(lengths, tables)]    # one decode query per sequence
@@ -85,10 +85,10 @@ def test_prefill_kernel_matches_gather_sdpa(kernel, kvh, g, d, dv, dtype):
 
 @needs_compiler
 def test_prefill_kernel_declines_what_it_cannot_read(kernel):
-    """Value widths not a multiple of 16, float16 and non-dense pools take the SDPA path."""
+    """Float16 and non-dense pools take the SDPA path (any head width is the kernel's since issue 32)."""
     torch.manual_seed(3)
     chunks = [(0, 9, None), (5, 4, None)]
-    for dv, qdtype, store in ((8, torch.float32, DenseStore), (16, torch.float16, DenseStore),
+    for dv, qdtype, store in ((16, torch.float16, DenseStore),
                               (16, torch.float32, Fp8Store)):
         p, tables = filled_part(store, 2, 16, dv, qdtype if store is DenseStore else torch.float32, [9, 9])
         ch = [(s, n, t) for (s, n, _), t in zip(chunks, tables)]
