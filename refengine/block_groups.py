@@ -47,6 +47,19 @@ def split_blocks(budget: int, windows: list[int | None], bytes_per_block: list[i
     return [int(requests * n) for n in need]
 
 
+def cap_by_host(counts: list[int], host_bytes_per_block: list[int], host_budget: int | None) -> list[int]:
+    """Block counts bounded by a host-memory budget (KCache's V pool, ``kv_host_memory_gb``).
+
+    ``counts[t]`` blocks of table group ``t`` hold ``host_bytes_per_block[t]`` host bytes each.
+    When their total exceeds ``host_budget`` every group is scaled by the same factor (the split
+    between groups is kept), so the smaller of the device and the host budget decides the pool;
+    None (no bound) or no host bytes: unchanged. With one group this is ``budget // bytes``."""
+    total = sum(n * b for n, b in zip(counts, host_bytes_per_block))
+    if host_budget is None or total <= host_budget:
+        return list(counts)
+    return [n * max(0, host_budget) // total for n in counts]
+
+
 class WindowedBlocks:
     def __init__(self, windows: list[int | None], num_blocks: list[int], block_size: int) -> None:
         if len(windows) != len(num_blocks) or not windows:

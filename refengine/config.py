@@ -20,6 +20,7 @@ class EngineConfig:
     block_size: int = 16                        # tokens per KV block
     num_kv_blocks: int | None = None            # None: sized from kv_cache_memory_gb
     kv_cache_memory_gb: float = 1.0             # budget for the block pool
+    kv_host_memory_gb: float | None = None      # bound on host-resident KV (KCache's V pool); None: unbounded
     max_num_seqs: int = 64                      # running requests at most
     max_num_batched_tokens: int = 2048          # token budget per step (chunked prefill)
     kv_cache_dtype: str = "auto"                # "auto" | "fp8_e4m3" (per-token scale, 1-byte storage)

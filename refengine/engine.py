@@ -248,6 +248,7 @@ class LLMEngine:
                    "kv_host_bytes_used": float(sum(g.num_used * b for g, b in zip(bm.groups, host_bytes))),
                    "kv_window_blocks_freed": float(getattr(bm, "blocks_dropped", 0)),
                    "kv_host_bytes_total": float(r.kv.host_bytes_total),
+                   "kv_host_bytes_limit": float(r.host_budget or 0),      # 0: no --kv-host-memory-gb
                    "kv_reserved_bytes": float(r.reserved_bytes),
                    "prefix_cached_blocks": float(bm.num_cached_blocks),
                    "swiftkv_layers": float(r.model.num_kv_layers),

@@ -28,7 +28,7 @@ import os
 import torch
 
 from refengine.attention import build_attn_batch, slot_mapping
-from refengine.block_groups import blocks_per_request, split_blocks
+from refengine.block_groups import blocks_per_request, cap_by_host, split_blocks
 from refengine.config import EngineConfig
 from refengine.kv import registry
 from refengine.kv.base import Truncate
@@ -150,12 +150,22 @@ class ModelRunner:
         else:
             counts = split_blocks(budget, windows, self.cache_spec.window_bytes_per_block(), max_model_len, chunk,
                                   config.block_size)
+        # Host-resident KV (KCache's V) is bounded too: the smaller budget decides the pool.
+        host_per_table = [0] * len(self.table_windows)
+        for g in self.cache_spec.groups:
+            host_per_table[self.table_of[windows.index(g.window)]] += g.host_bytes_per_block
+        self.host_budget = None if config.kv_host_memory_gb is None else int(config.kv_host_memory_gb * (1 << 30))
+        capped = cap_by_host(counts, host_per_table, self.host_budget)
+        self.host_bound = capped != counts       # the host budget, not the device one, sized the pool
+        counts = capped
         for n, want, w in zip(counts, need, self.table_windows):
             if n < want:
                 raise ValueError(
                     f"KV cache of {n} blocks x {config.block_size} tokens {'for window ' + str(w) if w else ''} "
-                    f"cannot hold one request of max_model_len={max_model_len}; raise --kv-cache-memory-gb or "
-                    "lower --max-model-len")
+                    f"cannot hold one request of max_model_len={max_model_len}; " + (
+                        f"the host bound --kv-host-memory-gb={config.kv_host_memory_gb:g} holds {n} blocks "
+                        f"({sum(host_per_table)} host bytes each), {want} needed: raise it" if self.host_bound else
+                        "raise --kv-cache-memory-gb") + " or lower --max-model-len")
         self.table_blocks = counts               # per table group
         self.num_blocks = counts[0]              # the global (first) group
         self.kv = KVCache(self.cache_spec, self.kv_methods, [counts[t] for t in self.table_of], config.block_size,
@@ -172,7 +182,8 @@ class ModelRunner:
         self._gens: dict[str, torch.Generator] = {}
         self.want_dist = False                   # scoring: keep full logprob rows (evaluation only)
         log.info("model %s on %s/%s (%s, decode attention: %s, prefill attention: %s, element-wise ops: %s): "
-                 "swiftkv=%s (l=%d, g=%d), KV methods %s, KV blocks %s, %.1f bytes/token (%.2fx smaller than %d)",
+                 "swiftkv=%s (l=%d, g=%d), KV methods %s, KV blocks %s, %.1f device bytes/token (%.2fx smaller "
+                 "than %d)",
                  config.model,
                  self.device, self.dtype, self.packing, "C++ kernel" if self.decode_kernel else "gather + SDPA",
                  "C++ kernel" if self.prefill_kernel else "gather + SDPA", self.model.ops.name, self.model.use_swiftkv,
@@ -180,9 +191,22 @@ class ModelRunner:
                  " + ".join(f"{n} ({'window ' + str(w) if w else 'global'})" for n, w in zip(counts, self.table_windows)),
                  self.bytes_per_token, self.bytes_per_token_baseline / self.bytes_per_token,
                  self.bytes_per_token_baseline)
+        log.info("%s", self.kv_memory_line())
         huge = anon_huge_mib()
         if huge is not None:                     # what --no-huge-pages / GLIBC_TUNABLES gave this process
             log.info("transparent huge pages: %.0f MiB of this process's anonymous memory", huge)
+
+    def kv_memory_line(self) -> str:
+        """The start-up log's KV memory: device and host pools apart (host: KCache's V), the host
+        bytes/token added to the device ones in a second ratio, and the host bound if any."""
+        dev, host, base = self.bytes_per_token, self.host_bytes_per_token, self.bytes_per_token_baseline
+        line = f"KV memory: device {self.kv.bytes_total / (1 << 30):.3f} GiB ({dev:.1f} bytes/token)"
+        if host or self.host_budget is not None:
+            bound = "unbounded" if self.host_budget is None else f"bound {self.host_budget / (1 << 30):g} GiB" + (
+                ", which sized the pool" if self.host_bound else "")
+            line += (f", host {self.kv.host_bytes_total / (1 << 30):.3f} GiB ({host:.1f} bytes/token, {bound}); "
+                     f"device + host {dev + host:.1f} bytes/token ({base / (dev + host):.2f}x smaller than {base})")
+        return line
 
     def table_bytes_per_block(self, host: bool = False) -> list[int]:
         """Device (or host) bytes per block of each table group's slots."""

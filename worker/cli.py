@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--num-kv-blocks", type=int, default=None,
                    help="KV blocks in the pool (default: sized from --kv-cache-memory-gb)")
     e.add_argument("--kv-cache-memory-gb", type=float, default=1.0, help="memory budget of the KV block pool (GiB)")
+    e.add_argument("--kv-host-memory-gb", type=float, default=None,
+                   help="bound on host-resident KV (KCache's V pool, GiB): the pool gets the blocks that fit both "
+                        "this and --kv-cache-memory-gb (default: unbounded, the host pool follows the device one)")
     e.add_argument("--max-num-seqs", type=int, default=64, help="running requests at most")
     e.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="token budget per engine step (chunked prefill)")
@@ -186,7 +189,8 @@ def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> 
     engine_config = EngineConfig(
         model=str(model_dir), device=args.device, dtype=args.dtype, seed=args.seed,
         max_model_len=args.max_model_len, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
-        kv_cache_memory_gb=args.kv_cache_memory_gb, max_num_seqs=args.max_num_seqs,
+        kv_cache_memory_gb=args.kv_cache_memory_gb, kv_host_memory_gb=args.kv_host_memory_gb,
+        max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_dtype=KV_CACHE_DTYPES[args.kv_cache_dtype],
         swiftkv=args.swiftkv, torch_threads=args.torch_threads, kv_methods=dict(args.kv_methods),
         enable_prefix_caching=args.enable_prefix_caching, long_prefill_token_threshold=args.long_prefill_token_threshold,
@@ -217,6 +221,8 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error("--max-concurrent-requests must be >= 0")
     if args.kv_cache_memory_gb <= 0:
         parser.error("--kv-cache-memory-gb must be > 0")
+    if args.kv_host_memory_gb is not None and args.kv_host_memory_gb <= 0:
+        parser.error("--kv-host-memory-gb must be > 0")
     if args.max_body_bytes < 1 or args.max_choices_per_request < 1:
         parser.error("--max-body-bytes and --max-choices-per-request must be positive")
     if args.drain_timeout < 0:
@@ -229,7 +235,8 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
                         ("--prefill-kernel", args.prefill_kernel), ("--fused-ops", args.fused_ops)):
         if value != "auto" and args.engine != "reference":
             parser.error(f"{flag} is a reference-engine option")
-    for flag, off in (("--no-malloc-tuning", not args.malloc_tuning), ("--no-huge-pages", not args.huge_pages)):
+    for flag, off in (("--no-malloc-tuning", not args.malloc_tuning), ("--no-huge-pages", not args.huge_pages),
+                      ("--kv-host-memory-gb", args.kv_host_memory_gb is not None)):
         if off and args.engine != "reference":
             parser.error(f"{flag} is a reference-engine option")
     if args.engine_core is not None and args.engine != "reference":

@@ -31,7 +31,7 @@ def test_every_engine_flag_reaches_the_engine_config():
             "--max-concurrent-requests", "10", "--overload-status", "503", "--tokenizer", "/t",
             "--log-level", "warning", "--packed-linear", "lm_head", "--decode-kernel", "torch",
             "--prefill-kernel", "cpp", "--fused-ops", "torch", "--engine-core", "thread", "--no-malloc-tuning",
-            "--no-huge-pages")
+            "--no-huge-pages", "--kv-host-memory-gb", "0.75")
     e = c.engine_config
     assert c.model_names == ("a", "b") and c.model_name == "a"
     assert (c.host, c.port, c.max_concurrent_requests, c.overload_status) == ("0.0.0.0", 9000, 10, 503)
@@ -46,6 +46,7 @@ def test_every_engine_flag_reaches_the_engine_config():
     assert (e.fused_ops, cfg().engine_config.fused_ops) == ("torch", "auto")
     assert (e.malloc_tuning, cfg().engine_config.malloc_tuning) == (False, True)
     assert (e.huge_pages, cfg().engine_config.huge_pages) == (False, True)
+    assert (e.kv_host_memory_gb, cfg().engine_config.kv_host_memory_gb) == (0.75, None)
     assert (c.engine_core, cfg().engine_core) == ("thread", "process")
 
 
@@ -64,7 +65,8 @@ def test_engine_core_default_from_the_environment(monkeypatch):
                                   ["--prefill-kernel", "x"], ["--engine", "vllm", "--prefill-kernel", "torch"],
                                   ["--fused-ops", "x"], ["--engine", "vllm", "--fused-ops", "cpp"],
                                   ["--engine", "vllm", "--no-malloc-tuning"], ["--engine", "vllm", "--no-huge-pages"],
-                                  ["--engine-core", "fork"], ["--engine", "vllm", "--engine-core", "process"]])
+                                  ["--engine-core", "fork"], ["--engine", "vllm", "--engine-core", "process"],
+                                  ["--kv-host-memory-gb", "0"], ["--engine", "vllm", "--kv-host-memory-gb", "1"]])
 def test_bad_flags_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv + ["--model", "/nonexistent"])

@@ -20,7 +20,7 @@ def metrics(url: str) -> dict[str, float]:
             for line in httpx.get(url + "/metrics").text.splitlines() if line.startswith("swiftserve_worker_")}
 
 
-def serve(model_dir, methods: dict) -> dict[str, float]:
+def serve(model_dir, methods: dict, **engine) -> dict[str, float]:
     from transformers import AutoTokenizer
 
     from worker.app import build_app
@@ -28,7 +28,7 @@ def serve(model_dir, methods: dict) -> dict[str, float]:
     from worker.config import WorkerConfig
 
     config = WorkerConfig(engine_config=EngineConfig(model=str(model_dir), max_model_len=512, num_kv_blocks=64,
-                                                     kv_methods=methods), served_model_name=("smol",))
+                                                     kv_methods=methods, **engine), served_model_name=("smol",))
     app = build_app(config, create_engine_client(config), AutoTokenizer.from_pretrained(model_dir))
     with ServerThread(app, startup_timeout=600) as srv:
         r = httpx.post(srv.url + "/v1/completions", timeout=300,
@@ -40,11 +40,16 @@ def serve(model_dir, methods: dict) -> dict[str, float]:
 
 
 def test_kcache_moves_v_to_the_host_and_fetches_top_n_rows(smollm2_dir):
-    m = serve(smollm2_dir, {"kcache": {"top_n": 16, "device_layers": 2}})
-    # device: K of every layer + V of layers 0-1; host: V of layers 2-29
+    # --kv-host-memory-gb bounds the host pool: 40 of the 64 blocks' host V fit (512 tokens need 32)
+    host_per_block = BASELINE * 28 / 60 * 16
+    bound = 40.5 * host_per_block / 2 ** 30
+    m = serve(smollm2_dir, {"kcache": {"top_n": 16, "device_layers": 2}}, kv_host_memory_gb=bound)
+    # device: K of every layer + V of layers 0-1; host: V of layers 2-29; reported apart
     assert m["kv_bytes_per_token"] == BASELINE * (30 + 2) / 60
     assert m["kv_host_bytes_per_token"] == BASELINE * 28 / 60
-    assert m["kv_host_bytes_total"] == 64 * 16 * m["kv_host_bytes_per_token"]
+    assert m["kv_blocks_total"] == 40 and m["kv_host_bytes_limit"] == int(bound * 2 ** 30)
+    assert m["kv_host_bytes_total"] == 40 * host_per_block <= m["kv_host_bytes_limit"]
+    assert m["kv_bytes_total"] == 40 * 16 * m["kv_bytes_per_token"]
     # 23 decode steps (the first token comes from the prefill) x 28 host-V layers, each fetching
     # N rows per query head (9 query heads)
     assert m["kcache_top_n"] == 16 and m["kcache_decode_rows"] == 23 * 28
