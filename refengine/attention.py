@@ -47,6 +47,7 @@ class PrefillSeq:
     mask: torch.Tensor | None            # [n, ctx] bool (True = attend) or None for plain causal
     seq_id: str | None = None            # request id
     k0: int = 0                          # cache index of the first passed block's first key (windows)
+    block_ids: tuple[int, ...] = ()      # ``blocks`` as host ints (KCache's prefetch reads them without a sync)
 
 
 @dataclass
@@ -177,7 +178,8 @@ def build_attn_batch(chunks: list[tuple[int, int, list[int]]], block_size: int, 
             dec_tables.append((ctx - k0, max(0, ctx - window) - k0 if window else 0,
                                table[first:-(-ctx // block_size)]))
             continue
-        blocks = torch.tensor(table[first:-(-ctx // block_size)], dtype=torch.long, device=device)
+        ids = tuple(table[first:-(-ctx // block_size)])
+        blocks = torch.tensor(ids, dtype=torch.long, device=device)
         mask = None
         if start > 0 or window:
             qpos = torch.arange(start - k0, ctx - k0, device=device).unsqueeze(1)   # [n, 1] relative
@@ -185,7 +187,7 @@ def build_attn_batch(chunks: list[tuple[int, int, list[int]]], block_size: int, 
             mask = keys <= qpos
             if window:
                 mask &= keys > qpos - window
-        prefills.append(PrefillSeq(q0, q0 + n, blocks, ctx - k0, mask, sid, k0))
+        prefills.append(PrefillSeq(q0, q0 + n, blocks, ctx - k0, mask, sid, k0, ids))
     decode = None
     if dec_rows:
         lengths = [c for c, _, _ in dec_tables]

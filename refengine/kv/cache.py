@@ -33,6 +33,12 @@ from refengine.kv.spec import BlockBytes, CacheSpec, GroupSpec, HeadPart
 from refengine.kv.storage import DenseStore, make_store
 
 
+def on_store(store, idx: torch.Tensor) -> torch.Tensor:
+    """Indices as ``store`` takes them: on its own device, unless it moves them itself (KCache's host
+    store on CUDA: moving them here would make the host wait for the device)."""
+    return idx if getattr(store, "accepts_device_index", False) else idx.to(store.device)
+
+
 class PartKV:
     """Stores of one head part. ``gather(blocks)`` is what ``attention.paged_attention`` reads."""
 
@@ -46,7 +52,7 @@ class PartKV:
         return self.v.device
 
     def gather(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k.gather(blocks), self.v.gather(blocks.to(self.v.device)).to(blocks.device, non_blocking=True)
+        return self.k.gather(blocks), self.v.gather(on_store(self.v, blocks)).to(blocks.device, non_blocking=True)
 
     def dense_pools(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The K and V pools ``[N, bs, heads, dims]`` when both are plain dense stores on one device
@@ -86,6 +92,7 @@ class SlotKV(BlockBytes):
         self.ops = ops
         self.transform = transform
         self.v_splits = [len(p.part.heads) * p.part.v_dim for p in parts]
+        self.prefetch_next: SlotKV | None = None     # the next layer's V-on-host slot (KVCache sets it)
 
     @property
     def device_bytes_per_block(self) -> int:
@@ -100,15 +107,24 @@ class SlotKV(BlockBytes):
         vs = v.split(self.v_splits, dim=-1) if len(self.parts) > 1 else (v,)
         for p, kp, vp in zip(self.parts, self.transform.keys(k), vs):
             p.k.write(slots, kp)
-            p.v.write(slots.to(p.v.device), vp.reshape(T, len(p.part.heads), p.part.v_dim))
+            p.v.write(on_store(p.v, slots), vp.reshape(T, len(p.part.heads), p.part.v_dim))
 
     def compact(self, src: list[torch.Tensor], dst: torch.Tensor) -> None:
         """Per part, head h of flat slot ``dst[j]`` <- head h of ``src[part][h, j]`` (K and V)."""
         for p, s in zip(self.parts, src):
             p.k.move_heads(s, dst)
-            p.v.move_heads(s.to(p.v.device), dst.to(p.v.device))
+            p.v.move_heads(on_store(p.v, s), on_store(p.v, dst))
+
+    def prefetch(self, batch: attention.AttnBatch) -> None:
+        """Let host V stores start fetching this step's prefill blocks (they ignore it unless staged)."""
+        seqs = [(p.blocks, p.block_ids) for p in batch.prefills]
+        for p in self.parts if seqs else ():
+            if hasattr(p.v, "prefetch"):
+                p.v.prefetch(seqs)
 
     def attend(self, q: torch.Tensor, batch: attention.AttnBatch, scale: float) -> torch.Tensor:
+        if self.prefetch_next is not None:                   # overlaps this layer's compute (CUDA)
+            self.prefetch_next.prefetch(batch)
         T = q.shape[0]
         outs = [op(qp, p, batch, scale).reshape(T, -1)
                 for p, op, qp in zip(self.parts, self.ops, self.transform.queries(q))]
@@ -134,6 +150,11 @@ class KVCache(BlockBytes):
                       for g in spec.groups]
         self.layers = [self.slots[s] for s in spec.layer_slot]
         self.layer_group = [self.windows.index(spec.groups[s].window) for s in spec.layer_slot]
+        # Each layer's slot names the next layer's slot when that one keeps V on the host: attending,
+        # it starts that slot's prefill V fetch (KCache; a slot shared by layers points past itself).
+        for cur, nxt in zip(self.layers, self.layers[1:]):
+            if nxt is not cur and nxt.group.v_on_host:
+                cur.prefetch_next = nxt
 
     def _applying(self, group: GroupSpec) -> list:
         return [m for m in self.methods if m.applies_to(group)]

@@ -1,10 +1,23 @@
 """KCache's tensor work: the host V store and top-N decode attention.
 
-``HostStore`` wraps a store allocated in CPU memory (pinned when the device is CUDA).
-A write from a CUDA tensor is pushed asynchronously: the rows are copied into a
-pinned buffer with ``non_blocking=True`` and an event is recorded; the copy lands in
-the pool before the next read of the store (``_land``). On CPU a write is a plain
-copy into the separate host allocation.
+``HostStore`` wraps a store allocated in CPU memory (pinned when the device is CUDA). It takes
+slot and block indices on the compute device (``accepts_device_index``) and moves what it needs.
+
+- Unstaged (a CPU engine): writes are plain copies into the separate host allocation; reads
+  return host tensors.
+- Staged (a CUDA engine; CPU tests set ``staged = True`` to run the same bookkeeping with
+  synchronous copies, ``refengine.kv.host_staging``):
+  * a write copies the rows and their slot ids device -> host into one of two reusable staging
+    buffers (``writes``, a ``StagingRing``: no allocation per write) on a side stream, and lands
+    them in the pool later: at the next read, or when its buffer comes round again;
+  * ``prefetch(seqs)``, called by the previous layer's slot when it starts attending
+    (``SlotKV.prefetch_next``), gathers each prefill sequence's V blocks from the pool into a
+    staging buffer of ``fetches`` and starts their host -> device copy, so the copy runs while
+    the previous layer computes. The rows this layer then writes (its chunk's V) are kept as
+    device tensors (``_fresh``) and patched into the prefetched blocks when ``gather`` takes
+    them, so the prefill never waits on its own write's round trip through the host;
+  * a gather that was not prefetched, and every decode ``pick``, land the pending writes first.
+  Whether the copies overlap on a GPU is untested (no GPU was available; docs/kv-methods.md).
 
 ``TopNAttention`` (one per head part of a V-on-host slot), shapes for a decode group
 of B sequences, L = max cached tokens (padded to blocks), kvh KV heads of the part,
@@ -20,18 +33,30 @@ from __future__ import annotations
 import torch
 
 from refengine.attention import AttnBatch
+from refengine.kv.host_staging import Copier, StagingRing
+from refengine.kv.storage import DenseStore
 
 
 class HostStore:
-    """A store in host memory; writes from the device land asynchronously (CUDA)."""
+    """A store in host memory; staged: writes land through reusable buffers, prefills prefetched."""
 
-    def __init__(self, inner):
+    accepts_device_index = True
+
+    def __init__(self, inner, compute_device: torch.device | str = "cpu"):
         self.inner = inner
         self.device = inner.device
         self.codec = inner.codec
         self.bytes_per_token = inner.bytes_per_token
         self.bytes_per_block = inner.bytes_per_block
-        self._pending: list[tuple[torch.Tensor, torch.Tensor, object]] = []
+        self.compute = torch.device(compute_device)
+        self.staged = self.compute.type == "cuda"
+        self.copier = Copier(self.compute)
+        self.writes = StagingRing(2, pin=self.staged)      # device -> host rows (+ their slot ids)
+        self.fetches = StagingRing(2, pin=self.staged)     # host -> device prefetched blocks
+        self._prefetched: dict[int, tuple[torch.Tensor, torch.Tensor, object]] = {}  # id(blocks) -> (blocks, out, event)
+        self._fresh: list[tuple[torch.Tensor, torch.Tensor]] = []   # (slots, rows) written since the prefetch
+        self.prefetch_log: list[int] = []                  # blocks prefetched per call (tests; cleared by nobody)
+        self.prefetch_hits = 0
 
     @property
     def data(self):
@@ -41,40 +66,76 @@ class HostStore:
         return [t for t in vars(self.inner).values() if torch.is_tensor(t)]
 
     def write(self, slots: torch.Tensor, x: torch.Tensor) -> None:
-        if x.device.type == "cuda":
-            buf = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
-            buf.copy_(x, non_blocking=True)                 # device -> pinned host, async
-            event = torch.cuda.Event()
-            event.record()
-            self._pending.append((slots.to("cpu"), buf, event))
+        if not self.staged:
+            self.inner.write(slots.to(self.device), x.to(self.device))
             return
-        self.inner.write(slots, x)
+        i, (buf, ids) = self.writes.acquire((x.shape, x.dtype), (slots.shape, slots.dtype))
+        self.copier.to_host(buf, x)
+        event = self.copier.to_host(ids, slots)            # same stream, after buf: covers both
+        self.writes.hold(i, lambda: (self.copier.sync(event), self.inner.write(ids, buf)))
+        if self._prefetched:
+            self._fresh.append((slots, x))
 
     def _land(self) -> None:
-        for slots, buf, event in self._pending:
-            event.synchronize()
-            self.inner.write(slots, buf)
-        self._pending.clear()
+        self.writes.release_all()
+
+    def prefetch(self, seqs: list[tuple[torch.Tensor, tuple[int, ...]]]) -> None:
+        """Start fetching the V blocks of prefill sequences ``(blocks, block ids)`` to the device."""
+        if not self.staged or type(self.inner) is not DenseStore:
+            return
+        self._land()                                       # the pool is current up to this layer's write
+        self._prefetched.clear()
+        self._fresh.clear()
+        data = self.inner.data                             # [N, bs, heads, dv]
+        for blocks, ids in seqs:
+            n = len(ids) * data.shape[1]
+            i, (buf,) = self.fetches.acquire(((len(ids), *data.shape[1:]), data.dtype))
+            torch.index_select(data, 0, torch.tensor(ids, dtype=torch.long), out=buf)
+            out = torch.empty((n + 1, *data.shape[2:]), dtype=data.dtype, device=self.compute)   # + a spare row
+            event = self.copier.to_device(buf, out[:n].view(buf.shape))
+            self.fetches.hold(i, lambda event=event: self.copier.sync(event))
+            self._prefetched[id(blocks)] = (blocks, out, event)
+            self.prefetch_log.append(len(ids))
+
+    def _patch(self, out: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+        """Prefetched ``out [nblk*bs + 1, heads, dv]`` with the rows written since, as ``[nblk, bs, heads, dv]``.
+        Rows of other sequences go to the spare last row (no host sync: no boolean indexing)."""
+        bs, n = self.inner.data.shape[1], out.shape[0] - 1
+        for slots, x in self._fresh:
+            match = (slots // bs).unsqueeze(1) == blocks.unsqueeze(0)          # [T, nblk]
+            row = match.int().argmax(1) * bs + slots % bs
+            out.index_copy_(0, torch.where(match.any(1), row, torch.full_like(row, n)), x.to(out.dtype))
+        return out[:n].view(-1, bs, *out.shape[1:])
 
     def gather(self, blocks):
+        hit = self._prefetched.get(id(blocks)) if self.staged else None
+        if hit is not None and hit[0] is blocks:
+            self.prefetch_hits += 1
+            self.copier.wait(hit[2])
+            return self._patch(hit[1], blocks)
         self._land()
-        return self.inner.gather(blocks)
+        return self.inner.gather(blocks.to(self.device)).to(blocks.device, non_blocking=True)
 
     def rows(self, slots):
         self._land()
-        return self.inner.rows(slots)
+        return self.inner.rows(slots.to(self.device))
 
     def pick(self, slots, heads):
         self._land()
-        return self.inner.pick(slots, heads)
+        return self.inner.pick(slots.to(self.device), heads.to(self.device))
+
+    def _edit(self) -> None:
+        self._land()
+        self._prefetched.clear()                           # a snapshot taken before a move is stale
+        self._fresh.clear()
 
     def move(self, src, dst):
-        self._land()
-        self.inner.move(src, dst)
+        self._edit()
+        self.inner.move(src.to(self.device), dst.to(self.device))
 
     def move_heads(self, src, dst):
-        self._land()
-        self.inner.move_heads(src, dst)
+        self._edit()
+        self.inner.move_heads(src.to(self.device), dst.to(self.device))
 
 
 class TopNAttention:

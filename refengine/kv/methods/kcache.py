@@ -8,8 +8,10 @@ group moves as one (its first layer decides).
 
 Serving (``refengine.kv.kcache_ops``):
 - prefill attention is unchanged (full softmax over every cached token; V is read
-  back from the host pool), and the V written by prefill is pushed to the host
-  asynchronously on CUDA (pinned staging buffer, copy event, landed before any read);
+  back from the host pool). On CUDA the V written is pushed to the host through two
+  reusable pinned staging buffers, and a prefill's V blocks of the next host-V layer are
+  fetched while the current layer computes (``refengine.kv.kcache_ops.HostStore``; the
+  CUDA timing is untested);
 - decode computes softmax(QK^T) over all cached keys on the device, keeps the
   ``top_n`` largest probabilities per query head, fetches only those N V rows from the
   host and finishes attention with them. ``renormalize`` (default true) divides the kept
@@ -17,8 +19,10 @@ Serving (``refengine.kv.kcache_ops``):
   paper's TopN(softmax) without renormalisation is ``renormalize: false``). With
   ``top_n >=`` the context nothing is dropped and decode equals full attention.
 
-Options: ``top_n`` (N), ``device_layers`` (L), ``renormalize``. ``/metrics`` shows the
-device and host KV bytes (``kv_bytes_*``, ``kv_host_bytes_*``) and ``kcache_*`` gauges
+Options: ``top_n`` (N), ``device_layers`` (L), ``renormalize``. The host pool is bounded by
+``EngineConfig.kv_host_memory_gb`` (``--kv-host-memory-gb``; the pool gets the blocks both
+budgets allow, ``refengine.block_groups.cap_by_host``). ``/metrics`` shows the
+device and host KV bytes (``kv_bytes_*``, ``kv_host_bytes_*``, ``kv_host_bytes_limit``) and ``kcache_*`` gauges
 (N, L, V rows fetched from the host, decode rows served: one per sequence per host-V layer).
 """
 
@@ -70,7 +74,9 @@ class KCacheMethod(KVMethod):
         from refengine.kv.kcache_ops import HostStore
         from refengine.kv.storage import make_store
 
-        return HostStore(make_store(group.codec, num_blocks, block_size, heads, dims, dtype, device, pin))
+        # pin: the engine's device is CUDA (its current device computes; the host copies are staged)
+        return HostStore(make_store(group.codec, num_blocks, block_size, heads, dims, dtype, device, pin),
+                         "cuda" if pin else "cpu")
 
     def wrap_attention(self, group: GroupSpec, op):
         from refengine.kv.kcache_ops import TopNAttention
