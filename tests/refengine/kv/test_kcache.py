@@ -4,7 +4,9 @@ probabilities per query head and fetches only those V rows; nothing dropped = fu
 import torch
 from kv_slot_support import OneSlot, reference
 
+from refengine.kv.kcache_ops import HostStore
 from refengine.kv.methods.kcache import KCacheMethod
+from refengine.kv.storage import DenseStore
 
 
 def _slot(top_n, renormalize=True):
@@ -16,15 +18,36 @@ def _data(T=14, seed=0):
     return (torch.randn(T, h, 8, generator=g) * 2 for h in (4, 2, 2))
 
 
+def nbytes(store) -> int:
+    return sum(t.numel() * t.element_size() for t in vars(getattr(store, "inner", store)).values()
+               if torch.is_tensor(t))
+
+
 def test_v_lives_in_a_host_pool_the_device_pool_does_not_count():
+    """Fails if V were kept in the device pool: the device pool's allocated tensors are K's alone
+    (their bytes are the device total, with no V-wide tensor among them), V's rows are written into
+    the host store's own tensor, and the bytes per token the pool is sized by exclude V."""
     s = _slot(8)
     part = s.slot.parts[0]
     assert s.slot.group.v_on_host and part.v.device.type == "cpu"
+    assert isinstance(part.v, HostStore) and isinstance(part.k, DenseStore)
+    # what is really allocated: device pool = K's tensors only; host = V's
+    assert nbytes(part.k) == s.kv.bytes_total == s.kv.bytes_per_block * s.kv.num_blocks
+    assert nbytes(part.v) == s.kv.host_bytes_total == s.kv.host_bytes_per_block * s.kv.num_blocks > 0
+    assert all(t.shape[-1] == s.d for t in vars(part.k).values() if torch.is_tensor(t) and t.dim() == 4)
     assert s.kv.bytes_per_block == part.k.bytes_per_block                  # device: K only
+    assert s.kv.spec.device_bytes_per_token == s.kvh * s.d * 4             # fp32 K bytes of this one layer
+    assert s.kv.spec.host_bytes_per_token == s.kvh * s.d * 4               # and V's, on the host
     assert s.kv.host_bytes_per_block == part.v.bytes_per_block > 0
     assert s.kv.spec.device_bytes_per_block == s.kv.bytes_per_block
     assert s.kv.spec.host_bytes_per_block == s.kv.host_bytes_per_block
-    assert part.v.data.data_ptr() != part.k.data.data_ptr()
+    # V written through the slot lands in the host store's tensor, not in any device-pool tensor
+    q, k, v = _data(T=6, seed=3)
+    s.step(q, k, v, 0)
+    flat = part.v.inner.data.view(-1, s.kvh, s.d)
+    rows = [s.table[t // s.bs] * s.bs + t % s.bs for t in range(6)]
+    assert torch.equal(flat[rows], v)
+    assert not any(torch.equal(t.view(-1, s.kvh, s.d)[rows], v) for t in vars(part.k).values() if torch.is_tensor(t))
 
 
 def test_top_n_at_least_the_context_is_full_attention():
