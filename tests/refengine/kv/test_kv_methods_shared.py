@@ -7,7 +7,10 @@ slot shared by two layers) and with and without the FP8 codec:
   or (eviction) fewer blocks held while serving;
 - a method's lossless setting (nothing dropped, or 16-bit "quantisation") gives the uncompressed
   engine's greedy tokens (FP8 on: it adds no error beyond FP8's own, checked on teacher-forced
-  log-probs against the dense cache);
+  log-probs against the dense cache). Eviction's exactness setting really evicts (a budget below
+  the longer prompt): its greedy tokens equal those of the uncompressed engine whose decode
+  attention is restricted, per layer and KV head, to the prompt entries eviction kept (what
+  eviction claims: it drops entries, and attends to the kept ones exactly);
 - a combination a method refuses (a second codec) stops before the model loads, with the reason;
 - the combinations the issue names (ZACK x ZipCache, ZACK x eviction, and KCache with ZACK and with
   eviction; each on both layouts) serve with real bytes, their lossless settings together equal the
@@ -45,8 +48,10 @@ CASES = {
     "fp8": Case(None, {}),
     "kcache": Case({"top_n": 4096, "device_layers": 0}, {"top_n": 8, "device_layers": 2}),
     "zipcache": Case({"bits_hi": 16, "bits_lo": 16, "window": 0}, {"window": 0}, fp8="two KV codecs"),
-    "eviction": Case({"budget": 4096, "window": 4}, {"budget": 16, "window": 4}, saves="blocks"),
+    # eviction's "lossless" case evicts (21 of the longer prompt's 37 entries): see KeptOnly
+    "eviction": Case({"budget": 16, "window": 4}, {"budget": 16, "window": 4}, saves="blocks"),
 }
+NO_EVICTION = {"budget": 4096, "window": 4}      # eviction in the lossless combinations: evicts nothing
 PROMPTS = [[1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28],
            list(range(2000, 2037))]
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
@@ -151,9 +156,56 @@ LOSSLESS = [pytest.param(n, fp8, id=f"{n}-{'fp8' if fp8 else 'dense'}") for n, c
             if c.lossless is not None for fp8 in (False, True) if not (fp8 and c.fp8)]
 
 
+class KeptOnly:
+    """An attention op of the uncompressed engine with request ``rid``'s decode rows restricted, per
+    KV head, to the prompt entries in ``keep [heads, budget]`` (cache indices, = positions before
+    eviction) and every entry from ``prompt_len`` on: the attention eviction claims to compute."""
+
+    def __init__(self, op, keep, rid, prompt_len):
+        self.op, self.keep, self.rid, self.prompt_len = op, keep, rid, prompt_len
+
+    def __call__(self, q, part, batch, scale):
+        out = self.op(q, part, batch, scale)
+        d = batch.decode
+        if d is None or self.rid not in d.seq_ids:
+            return out
+        r = d.seq_ids.index(self.rid)
+        n, row = d.lengths[r], d.rows[r]
+        if n <= self.prompt_len:        # a prompt row (SwiftKV's later layers see the last one alone): before eviction
+            return out
+        k, v = (x.flatten(0, 1)[:n].float() for x in part.gather(d.blocks[r]))     # [n, kvh, d]
+        kvh = k.shape[1]
+        allowed = torch.zeros(kvh, n, dtype=torch.bool)
+        allowed[:, self.prompt_len:] = True
+        allowed.scatter_(1, self.keep.to(torch.long), True)
+        qd = q[row].float().view(kvh, -1, k.shape[-1])                             # [kvh, G, d]
+        s = torch.einsum("hgd,lhd->hgl", qd, k) * scale
+        p = s.masked_fill(~allowed[:, None, :], float("-inf")).softmax(-1)
+        out[row] = torch.einsum("hgl,lhd->hgd", p, v).reshape(out.shape[1], -1).to(out.dtype)
+        return out
+
+
+def evicting_equals_attention_to_the_kept(model, opts):
+    """Eviction evicts for real, and its greedy tokens equal the uncompressed engine's restricted by KeptOnly."""
+    eng = engine(model, {"eviction": opts})
+    kept = []
+    compact = eng.runner.kv.compact
+    eng.runner.kv.compact = lambda table, keep: (kept.append(keep), compact(table, keep))[1]
+    got, _ = generate_counting_blocks(eng, PROMPTS, GREEDY)
+    long = max(range(len(PROMPTS)), key=lambda i: len(PROMPTS[i]))
+    assert len(kept) == 1 and eng.stats().extra["eviction_tokens_evicted"] == len(PROMPTS[long]) - opts["budget"]
+    ref = engine(model)
+    for s, slot in enumerate(ref.runner.kv.slots):
+        slot.ops = [KeptOnly(op, kept[0][s][j], f"p{long}", len(PROMPTS[long])) for j, op in enumerate(slot.ops)]
+    want, _ = generate_counting_blocks(ref, PROMPTS, GREEDY)
+    assert got == want
+
+
 @pytest.mark.parametrize("layout", ["base", "swiftkv"])
 @pytest.mark.parametrize("name,fp8", LOSSLESS)
 def test_lossless_setting_equals_the_uncompressed_engine(name, fp8, layout, models, zack_calibrations, reference):
+    if name == "eviction" and not fp8:
+        return evicting_equals_attention_to_the_kept(models[layout], CASES[name].lossless)
     eng = engine(models[layout], {name: options(CASES[name].lossless, zack_calibrations[layout])}, fp8)
     ref_tokens, ref_scores, _, _ = reference[layout, fp8]
     if not fp8:
@@ -173,11 +225,11 @@ def test_lossless_setting_equals_the_uncompressed_engine(name, fp8, layout, mode
 COMBOS = {
     "zack+zipcache": ({"zack": CASES["zack"].lossless, "zipcache": CASES["zipcache"].lossless},
                       {"zack": CASES["zack"].lossy, "zipcache": {"window": 0}}),
-    "zack+eviction": ({"zack": CASES["zack"].lossless, "eviction": CASES["eviction"].lossless},
+    "zack+eviction": ({"zack": CASES["zack"].lossless, "eviction": NO_EVICTION},
                       {"zack": CASES["zack"].lossy, "eviction": CASES["eviction"].lossy}),
     "zack+kcache": ({"zack": CASES["zack"].lossless, "kcache": CASES["kcache"].lossless},
                     {"zack": CASES["zack"].lossy, "kcache": CASES["kcache"].lossy}),
-    "kcache+eviction": ({"kcache": CASES["kcache"].lossless, "eviction": CASES["eviction"].lossless},
+    "kcache+eviction": ({"kcache": CASES["kcache"].lossless, "eviction": NO_EVICTION},
                         {"kcache": CASES["kcache"].lossy, "eviction": CASES["eviction"].lossy}),
 }
 
