@@ -114,3 +114,28 @@ def test_adaptive_zack_slot_is_served_by_the_kernels(kernel):
     widths = [(p.part.k_dim, p.part.v_dim) for p in slot.parts]
     assert spy.prefills == widths and spy.decodes == widths
     assert torch.allclose(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_adaptive_zack_engine_never_falls_back_to_sdpa(zack_dir, monkeypatch):
+    """A served adaptive-ZACK model (ragged per-head ranks) with the kernels on: prefill (in chunks,
+    so with a cached prefix) and decode run without gather + SDPA, which is made to fail here."""
+    from types import SimpleNamespace
+
+    import refengine.attention as attention
+    from refengine.config import EngineConfig
+    from refengine.engine import LLMEngine
+    from refengine.sampling_params import SamplingParams
+
+    eng = LLMEngine(EngineConfig(model=str(zack_dir), decode_kernel="cpp", prefill_kernel="cpp", max_model_len=256,
+                                 num_kv_blocks=32, max_num_batched_tokens=64, enable_prefix_caching=False))
+    zack = next(m for m in eng.runner.kv_methods if m.name == "zack")
+    assert zack.mode == "adaptive" and any(r % 16 for ranks in zack.k_ranks + zack.v_ranks for r in ranks)
+
+    def no_sdpa(*a, **k):
+        raise AssertionError("gather + SDPA used")
+    monkeypatch.setattr(attention, "_sdpa", no_sdpa)
+    monkeypatch.setattr(attention, "F", SimpleNamespace(scaled_dot_product_attention=no_sdpa))
+    out = eng.generate([[1] + [(7 * i) % 4000 + 30 for i in range(99)]], SamplingParams(max_tokens=6, temperature=0))
+    assert len(out[0]) == 6
