@@ -55,8 +55,7 @@ class HostStore:
         self.fetches = StagingRing(2, pin=self.staged)     # host -> device prefetched blocks
         self._prefetched: dict[int, tuple[torch.Tensor, torch.Tensor, object]] = {}  # id(blocks) -> (blocks, out, event)
         self._fresh: list[tuple[torch.Tensor, torch.Tensor]] = []   # (slots, rows) written since the prefetch
-        self.prefetch_log: list[int] = []                  # blocks prefetched per call (tests; cleared by nobody)
-        self.prefetch_hits = 0
+        self.prefetches = self.prefetched_blocks = self.prefetch_hits = 0     # counts (tests)
 
     @property
     def data(self):
@@ -95,7 +94,8 @@ class HostStore:
             event = self.copier.to_device(buf, out[:n].view(buf.shape))
             self.fetches.hold(i, lambda event=event: self.copier.sync(event))
             self._prefetched[id(blocks)] = (blocks, out, event)
-            self.prefetch_log.append(len(ids))
+            self.prefetches += 1
+            self.prefetched_blocks += len(ids)
 
     def _patch(self, out: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
         """Prefetched ``out [nblk*bs + 1, heads, dv]`` with the rows written since, as ``[nblk, bs, heads, dv]``.
