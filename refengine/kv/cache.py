@@ -20,7 +20,9 @@ mapping of its group, and a group's slots may have a pool of their own size
 (``num_blocks`` per group; ``refengine.block_groups``). A slot
 whose spec puts V on the host allocates its V stores in CPU memory (pinned when the
 device is CUDA), apart from the device pool: the pool's budget counts device bytes
-only. ``compact`` moves kept entries of one request to the front of its block table,
+only. Such a store takes indices on the compute device (``on_store``), and the slot of the
+layer before it starts its prefill fetch when it attends (``prefetch_next``; a no-op unless
+the store is staged, i.e. on CUDA: ``refengine.kv.kcache_ops``). ``compact`` moves kept entries of one request to the front of its block table,
 head by head (eviction); RoPE was applied before ``write``, so nothing is re-rotated.
 """
 
