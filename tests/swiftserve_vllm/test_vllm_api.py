@@ -182,3 +182,16 @@ def test_tool_calls_on_vllm(sdk):
         for call in c.message.tool_calls:
             assert call.function.name == "get_weather"
             jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+
+
+def test_responses_text_format_and_tools_on_vllm(sdk):
+    r = sdk.responses.parse(model="smol", input="Describe a pet as JSON.", text_format=Pet, max_output_tokens=80,
+                            temperature=0)
+    assert isinstance(r.output_parsed, Pet), r.output_text
+    tool = {"type": "function", **WEATHER["function"]}
+    r = sdk.responses.create(model="smol", input="Weather in Rome?", tools=[tool], tool_choice="required",
+                             max_output_tokens=80, temperature=0)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert calls and all(c.name == "get_weather" for c in calls)
+    for c in calls:
+        jsonschema.validate(json.loads(c.arguments), WEATHER["function"]["parameters"])
