@@ -195,3 +195,22 @@ def test_responses_text_format_and_tools_on_vllm(sdk):
     assert calls and all(c.name == "get_weather" for c in calls)
     for c in calls:
         jsonschema.validate(json.loads(c.arguments), WEATHER["function"]["parameters"])
+
+
+def test_seeded_requests_whose_prefill_is_chunked_complete(served):
+    # Four ~700-token prompts exceed the step's 2048-token budget: one prefill is split over two
+    # steps. vLLM rewound that request's generator with set_offset, which a CPU generator lacks:
+    # the engine died (compat.fix_seeded_chunked_prefill_on_cpu).
+    import concurrent.futures as cf
+
+    words = " ".join(f"item{i}" for i in range(200))
+
+    def one(seed):
+        return httpx.post(served["worker"] + "/v1/completions", timeout=300, json={
+            "model": "smol", "prompt": f"{seed} {words}", "max_tokens": 4, "temperature": 1.0, "seed": seed})
+
+    with cf.ThreadPoolExecutor(4) as ex:
+        replies = list(ex.map(one, range(4)))
+    assert [r.status_code for r in replies] == [200] * 4, [r.text[:200] for r in replies]
+    assert all(r.json()["usage"]["prompt_tokens"] > 600 for r in replies)
+    assert httpx.get(served["worker"] + "/health", timeout=30).status_code == 200
