@@ -214,3 +214,14 @@ def test_seeded_requests_whose_prefill_is_chunked_complete(served):
     assert [r.status_code for r in replies] == [200] * 4, [r.text[:200] for r in replies]
     assert all(r.json()["usage"]["prompt_tokens"] > 600 for r in replies)
     assert httpx.get(served["worker"] + "/health", timeout=30).status_code == 200
+
+
+def test_vllm_json_is_compact_and_a_whitespace_pattern_is_refused(sdk):
+    msgs = [{"role": "user", "content": "Describe a movie as JSON, nicely indented."}]
+    rf = {"type": "json_schema", "json_schema": {"name": "movie", "schema": MOVIE, "strict": True}}
+    text = sdk.chat.completions.create(model="smol", messages=msgs, response_format=rf, max_tokens=80,
+                                       temperature=0).choices[0].message.content
+    assert text == json.dumps(json.loads(text), separators=(",", ":"), ensure_ascii=False)
+    with pytest.raises(openai.BadRequestError, match="whitespace_pattern"):
+        sdk.chat.completions.create(model="smol", messages=msgs, max_tokens=20,
+                                    extra_body={"structured_outputs": {"json": MOVIE, "whitespace_pattern": "[ ]?"}})
