@@ -4,7 +4,8 @@ Request path: API key (401, before the body is read) -> body size and deadline (
 408) -> JSON and required fields (400; gateway.edge) -> per-key rate limits (429) ->
 admission (a worker with room, else the bounded queue, else 429; no routable worker:
 503) -> forwarding (gateway.proxy: retries before the first byte, whole JSON answers,
-SSE passed through with an in-band error event if the worker fails mid-stream).
+SSE passed through; a stream whose worker fails mid-stream migrates to another worker
+(gateway.failover) or, when it cannot, ends with an in-band error event).
 
 Every answer the gateway makes itself is OpenAI-style JSON, unknown routes (404) and
 wrong methods (405) included; an unexpected exception is a JSON 500 with one log line.
@@ -33,6 +34,7 @@ from gateway.edge import EdgeError, parse_body, read_body
 from gateway.errors import error
 from gateway.health import Health
 from gateway.metrics import GatewayMetrics
+from gateway.migration import StreamTracker
 from gateway.prefix import PrefixIndex, block_hashes, prompt_bytes
 from gateway.prefix_routing import RouteRequest
 from gateway.proxy import Forwarder, upstream_session
@@ -159,7 +161,11 @@ def build_app(config: GatewayConfig) -> FastAPI:
         def on_usage(completion_tokens: int) -> None:
             auth.correct(who, est, est - requested_tokens(body) + completion_tokens)
 
-        return await forwarder.forward(app.state.client, path, raw, on_usage, route_request(request, path, body))
+        tracker = StreamTracker.for_request(path, body, config.max_migrations)
+        if tracker is not None:         # the worker sends token ids, so that the stream can resume elsewhere
+            raw = tracker.upstream()
+        return await forwarder.forward(app.state.client, path, raw, on_usage, route_request(request, path, body),
+                                       tracker)
 
     def guard(flag: bool, request: Request) -> JSONResponse | None:
         if flag and auth.enabled:
