@@ -4,6 +4,7 @@ One real reference-engine worker serves the whole module; relay workers
 (``relay_worker.py``) stand in front of it and fail mid-stream on cue: cut, stall, a
 retryable error event, a drain abort, or SIGKILL of the relay process. Each gateway has
 two relays, so a migrated stream resumes on the other one with the real worker's tokens.
+One test drains a second real worker (SIGTERM past its drain timeout) under the gateway.
 Invariant checked: the client's stream is one complete answer (same ``id`` throughout, one
 chat role chunk, no ``token_ids`` unless asked, ``[DONE]`` at the end) whose greedy text is
 exactly the text of an uninterrupted run, with the whole generation's ``usage``.
@@ -151,3 +152,34 @@ def test_sigkill_of_one_of_two_workers_with_streams_in_flight(procs, worker, exp
         check_stream(data, expected["completion"], chat=False)
     assert migrated_metric(gw) >= 1             # the streams that were on a (jsq spreads them)
     wait_for(lambda: not any(gateway_in_flight(gw).values()), 10, "gateway in-flight back to zero")
+
+
+def test_streams_of_a_worker_whose_drain_time_runs_out_migrate(procs, worker, smollm2_dir):
+    long = {**COMPLETION, "max_tokens": 160}
+    want = httpx.post(worker.url + "/v1/completions", json={**long, "stream": False, "stream_options": None},
+                      timeout=300).json()["choices"][0]["text"]
+    port = free_port()
+    second = Proc([sys.executable, "-m", "worker", "--model", str(smollm2_dir), "--port", str(port),
+                   "--served-model-name", "m", "--max-model-len", "512", "--torch-threads", "1",
+                   "--drain-timeout", "0.5", "--log-level", "info"], f"http://127.0.0.1:{port}")
+    procs.append(second)
+    second.wait_ready(300)
+    gw = gateway([worker, second], "--policy", "jsq")
+    procs.append(gw)
+    n = 4
+
+    async def scenario(client):
+        firsts = [asyncio.Event() for _ in range(n)]
+        tasks = [asyncio.create_task(request(client, gw.url + "/v1/completions", long, f)) for f in firsts]
+        for f in firsts:
+            await asyncio.wait_for(f.wait(), 120)
+        second.signal(signal.SIGTERM)
+        return await asyncio.gather(*tasks)
+
+    results = run_requests(scenario)
+    for status, data, _ in results:
+        objs = events(data)
+        assert not any("error" in o for o in objs), objs[-3:]
+        assert joined(objs, chat=False) == want and objs[-1]["usage"]["completion_tokens"] == 160
+    assert second.proc.wait(30) == 0 and "aborting" in second.output()
+    assert migrated_metric(gw, "worker_drain") >= 1
