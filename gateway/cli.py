@@ -32,6 +32,9 @@ def parse_args(argv=None) -> GatewayConfig:
     s.add_argument("--host", default=d.host)
     s.add_argument("--port", type=int, default=d.port)
     s.add_argument("--log-level", default=envs.log_level())
+    s.add_argument("--drain-timeout", type=float, default=d.drain_timeout,
+                   help="on SIGTERM: new requests get 503 and /health 503 while in-flight requests (streams "
+                        "included) get this many seconds to finish; then the gateway exits (default: %(default)s)")
     r = p.add_argument_group("routing")
     r.add_argument("--policy", choices=POLICIES, default=d.policy,
                    help="routing policy: prefix (cached prompt prefix vs load, bounded load; for prompt-heavy "
@@ -102,6 +105,8 @@ def parse_args(argv=None) -> GatewayConfig:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if x.max_migrations < 0:
         p.error("--max-migrations must be >= 0")
+    if x.drain_timeout < 0:
+        p.error("--drain-timeout must be >= 0")
     for name in ("connect_timeout", "first_byte_timeout", "stall_timeout", "body_timeout", "queue_timeout", "prefix_ttl"):
         if not getattr(x, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be > 0")
@@ -127,13 +132,14 @@ def parse_args(argv=None) -> GatewayConfig:
         health=HealthPolicy(interval=x.health_interval, fail_threshold=x.health_fail_threshold,
                             success_threshold=x.health_success_threshold, breaker_failures=x.breaker_failures,
                             breaker_cooldown=x.breaker_cooldown),
-        log_level=x.log_level)
+        drain_timeout=x.drain_timeout, log_level=x.log_level)
 
 
 def main(argv=None) -> int:
     import uvicorn
 
     from gateway.app import build_app
+    from gateway.shutdown import DrainingServer
     from swiftserve.logs import quiet_probe_logs
 
     cfg = parse_args(argv)
@@ -142,5 +148,8 @@ def main(argv=None) -> int:
     log = logging.getLogger("gateway")
     log.info("policy %s; %d static workers; auth %s (keys %s)", cfg.policy, len(cfg.workers),
              "on" if cfg.api_keys else "off", ", ".join(key_id(k) for k in cfg.api_keys) or "-")
-    uvicorn.run(build_app(cfg), host=cfg.host, port=cfg.port, log_level=cfg.log_level)
+    app = build_app(cfg)
+    server = DrainingServer(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level),
+                            app.state.drain, cfg.drain_timeout)
+    server.run()
     return 0

@@ -48,4 +48,5 @@ class GatewayConfig:
     protect_metrics: bool = False          # require the API key on /metrics
     protect_health: bool = False           # require the API key on /health
     health: HealthPolicy = field(default_factory=HealthPolicy)
+    drain_timeout: float = 30.0            # SIGTERM: seconds in-flight requests get to finish
     log_level: str = "info"

@@ -149,7 +149,8 @@ def up(args: argparse.Namespace) -> int:
                 cmd += ["--cpu-affinity", ",".join(str(c) for c in shares[i])]
             sup.start(f"worker {i + 1} (:{port})", cmd)
             worker_urls.append(f"http://{args.host}:{port}")
-        gw = [py, "-m", "gateway", "--host", args.host, "--port", str(args.port), "--workers", ",".join(worker_urls)]
+        gw = [py, "-m", "gateway", "--host", args.host, "--port", str(args.port), "--workers", ",".join(worker_urls),
+              "--drain-timeout", str(args.drain_timeout)]
         if args.policy:
             gw += ["--policy", args.policy]
         sup.start(f"gateway (:{args.port})", gw)
