@@ -14,8 +14,10 @@ and ``soak.json`` (``swiftserve-loadtest soak``), and writes ``summary.json``:
 * ``soak_seconds``: length of the soak's load phase;
 * ``rss_growth_pct``: the largest RSS growth of any process of the stack over the soak;
 
-and, when ``failover.json`` (``benchmarks/failover_bench.py``) is there, its figures:
-``kill_midstream_completed_pct``, ``hang_midstream_completed_pct``, ``migrated_greedy_identical``.
+and the figures of the runs whose files are there: ``failover.json``
+(``benchmarks/failover_bench.py``: ``kill_midstream_completed_pct``,
+``hang_midstream_completed_pct``, ``migrated_greedy_identical``) and ``rolling_restart.json``
+(``benchmarks/rolling_restart_bench.py``: ``rolling_restart_errors``).
 Keys already in ``summary.json`` that no input produces are kept.
 """
 
@@ -38,13 +40,18 @@ def summarize(directory: Path) -> dict:
         "server_errors": sum(f["server_errors"] for f in fuzz),
         "soak_seconds": round(soak["soak_seconds"], 1),
         "rss_growth_pct": round(soak["rss_growth_pct"], 2),
-        **failover_figures(directory),
+        **run_figures(directory),
     }
 
 
-def failover_figures(directory: Path) -> dict:
-    path = directory / "failover.json"
-    return json.loads(path.read_text())["figures"] if path.exists() else {}
+def run_figures(directory: Path) -> dict:
+    """The ``figures`` of each benchmark run file present."""
+    out = {}
+    for name in ("failover.json", "rolling_restart.json"):
+        path = directory / name
+        if path.exists():
+            out.update(json.loads(path.read_text())["figures"])
+    return out
 
 
 def main(argv: list[str]) -> int:
