@@ -39,10 +39,11 @@ from gateway.metrics import GatewayMetrics
 from gateway.migration import StreamTracker
 from gateway.prefix import PrefixIndex, block_hashes, prompt_bytes
 from gateway.prefix_routing import RouteRequest
-from gateway.proxy import Forwarder, upstream_session
+from gateway.proxy import Forwarder
 from gateway.routing import make_policy
 from gateway.scraper import Scraper
 from gateway.shutdown import Drain
+from gateway.upstream import upstream_session
 
 log = logging.getLogger(__name__)
 

@@ -107,7 +107,8 @@ def parse_args(argv=None) -> GatewayConfig:
         p.error("--max-migrations must be >= 0")
     if x.drain_timeout < 0:
         p.error("--drain-timeout must be >= 0")
-    for name in ("connect_timeout", "first_byte_timeout", "stall_timeout", "body_timeout", "queue_timeout", "prefix_ttl"):
+    for name in ("connect_timeout", "first_byte_timeout", "stall_timeout", "body_timeout", "queue_timeout",
+                 "prefix_ttl"):
         if not getattr(x, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be > 0")
     for name in ("balance_eps", "balance_floor", "prefix_load_weight"):

@@ -28,10 +28,10 @@ OpenAI-style error, and the worker's in-flight count returns to zero.
   does it end with the error event above.
 
 Upstream I/O is aiohttp (C HTTP parser, pooled keep-alive connections, no
-decompression: the bytes read are the bytes of the answer); SSE pass-through lives in
-gateway.streaming.
+decompression: the bytes read are the bytes of the answer; gateway.upstream); SSE
+pass-through lives in gateway.streaming, stream migration in gateway.failover.
 
-Accounting: ``Lease`` holds one dispatch; its ``finish(ok)`` runs exactly once however
+Accounting: ``Lease`` (gateway.upstream) holds one dispatch; its ``finish(ok)`` runs exactly once however
 the attempt ends (in the response's cleanup for streams) and reports the outcome to
 the circuit breaker. A client that goes away is not the worker's fault. Closing the
 upstream response is what tells the worker to abort.
@@ -52,7 +52,7 @@ from gateway.errors import error
 from gateway.failover import Failover
 from gateway.migration import CONTINUATION_HEADER, StreamTracker
 from gateway.upstream import (RETRYABLE, UPSTREAM_HEADERS, AttemptFailed, Lease, close_upstream as _close,
-                              transport_failure as _transport_failure, upstream_session)
+                              transport_failure as _transport_failure)
 from gateway.streaming import SSEStream, StreamStats, error_event, event_end, is_json, stream_ended, valid_prefix
 
 log = logging.getLogger(__name__)
