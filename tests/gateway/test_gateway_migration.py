@@ -4,7 +4,8 @@ One real reference-engine worker serves the whole module; relay workers
 (``relay_worker.py``) stand in front of it and fail mid-stream on cue: cut, stall, a
 retryable error event, a drain abort, or SIGKILL of the relay process. Each gateway has
 two relays, so a migrated stream resumes on the other one with the real worker's tokens.
-One test drains a second real worker (SIGTERM past its drain timeout) under the gateway.
+One test drains a second real worker (SIGTERM past its drain timeout) under the gateway;
+one kills the worker a stream had migrated to (a second migration).
 Invariant checked: the client's stream is one complete answer (same ``id`` throughout, one
 chat role chunk, no ``token_ids`` unless asked, ``[DONE]`` at the end) whose greedy text is
 exactly the text of an uninterrupted run, with the whole generation's ``usage``.
@@ -14,6 +15,7 @@ import asyncio
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -50,10 +52,11 @@ def procs():
         p.kill()
 
 
-def relay(procs, worker, fail: str, after: int = 6, delay: float = 0.0) -> Proc:
+def relay(procs, worker, fail: str, after: int = 6, delay: float = 0.0, queue: int | None = None) -> Proc:
     port = free_port()
+    extra = ["--queue", str(queue)] if queue is not None else []
     p = Proc([sys.executable, str(HERE / "relay_worker.py"), "--port", str(port), "--upstream", worker.url,
-              "--fail", fail, "--after", str(after), "--delay", str(delay)], f"http://127.0.0.1:{port}")
+              "--fail", fail, "--after", str(after), "--delay", str(delay), *extra], f"http://127.0.0.1:{port}")
     procs.append(p)
     return p.wait_ready()
 
@@ -152,6 +155,19 @@ def test_sigkill_of_one_of_two_workers_with_streams_in_flight(procs, worker, exp
         check_stream(data, expected["completion"], chat=False)
     assert migrated_metric(gw) >= 1             # the streams that were on a (jsq spreads them)
     wait_for(lambda: not any(gateway_in_flight(gw).values()), 10, "gateway in-flight back to zero")
+
+
+def test_the_worker_a_stream_migrated_to_dies_too(procs, worker, expected):
+    # jsq by the relays' reported queues: the stream starts on `early`, migrates to `late`, then to `sound`
+    early, late = relay(procs, worker, "exit", after=5, queue=0), relay(procs, worker, "exit", after=14, queue=50)
+    sound = relay(procs, worker, "none", queue=100)
+    gw = gateway([early, late, sound], "--policy", "jsq", "--max-migrations", "2")
+    procs.append(gw)
+    time.sleep(1)                                   # the scrapes have seen the queues
+    status, data, _ = run_requests(lambda c: request(c, gw.url + "/v1/completions", COMPLETION))
+    check_stream(data, expected["completion"], chat=False)
+    assert migrated_metric(gw) == 2
+    assert early.proc.wait(5) == 1 and late.proc.wait(5) == 1        # both died mid-stream
 
 
 def test_streams_of_a_worker_whose_drain_time_runs_out_migrate(procs, worker, smollm2_dir):
