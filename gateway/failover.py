@@ -97,10 +97,10 @@ class Failover:
                 chunk = await self._redispatch()
             except AttemptFailed as exc:
                 m.migrations.labels(failure.reason, "failed").inc()
-                return await self._give_up(send, exc, "migration failed", finished=True)
+                return await self._give_up(send, exc, "migration failed")
             m.migrations.labels(failure.reason, "resumed").inc()
 
-    async def _give_up(self, send, failure, why: str, finished: bool = False) -> None:
+    async def _give_up(self, send, failure, why: str) -> None:
         self.failed = True
         self.fwd.m.retries.labels("after_first_byte_" + failure.reason).inc()
         log.warning("stream from %s ends with an error (%s; %s): %s", self.lease.worker.url, failure.reason, why,

@@ -16,8 +16,8 @@ What the client sees (invariants): one stream, one ``id`` and ``created`` (later
 workers' are rewritten), every generated token's text exactly once (the resuming
 worker replays the ids through its detokenizer and stop matcher, so what the first one
 withheld comes out once), one chat ``role`` chunk, ``usage`` and ``finish_reason`` from
-the last worker (it counts the continuation as output), ``token_ids`` only if the client
-asked for them. A migration is only made when every event with text also carried its
+the last worker (it counts the continuation as output), completions' ``logprobs.text_offset``
+counted from the start of the whole text, ``token_ids`` only if the client asked for them. A migration is only made when every event with text also carried its
 ids and no choice has finished; otherwise the failure ends the stream with an error
 event as before. A resuming worker must confirm the continuation with its
 ``x-swiftserve-continuation`` header (a server that would ignore the field, such as
@@ -75,6 +75,8 @@ class StreamTracker:
         self.started = False             # the client has the first event (and, for chat, the role)
         self.id = self.created = None
         self.migrations = 0
+        self.text_len = 0                # characters of generated text sent to the client
+        self.offset_base = 0             # where the current worker's text starts (its text_offset 0)
 
     @classmethod
     def for_request(cls, path: str, body: dict, max_migrations: int) -> "StreamTracker | None":
@@ -88,6 +90,7 @@ class StreamTracker:
         """The next worker's body and how many continuation tokens it must confirm (0: a plain re-run,
         when no token was generated yet)."""
         body = {**self.body, "return_token_ids": True}
+        self.offset_base = self.text_len
         if self.token_ids:
             body["continuation_token_ids"] = self.token_ids
         return orjson.dumps(body), len(self.token_ids)
@@ -107,10 +110,18 @@ class StreamTracker:
         elif self.migrations:
             data["id"], data["created"] = self.id, self.created
         migrate, keep, choices = None, True, data.get("choices") or ()
+        if not self.want_ids:
+            data.pop("prompt_token_ids", None)          # what vLLM adds with return_token_ids
         for c in choices:
             ids = c.get("token_ids") if self.want_ids else c.pop("token_ids", None)
+            if not self.want_ids:
+                c.pop("prompt_token_ids", None)
             delta = c.get("delta")
             text = c.get("text") or (delta or {}).get("content")
+            self.text_len += len(text or "")
+            lp = c.get("logprobs")
+            if self.offset_base and isinstance(lp, dict) and isinstance(lp.get("text_offset"), list):
+                lp["text_offset"] = [o + self.offset_base for o in lp["text_offset"]]   # completions' offsets
             if ids is None:
                 self.ids_complete = self.ids_complete and not text
             else:

@@ -31,9 +31,10 @@ def ev(obj) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
-def chunk(rid, text, ids, finish=None, stop=None, **extra):
+def chunk(rid, text, ids, finish=None, stop=None, logprobs=None):
     return {"id": rid, "created": 1 if rid == "a" else 2, "choices": [
-        {"index": 0, "text": text, "token_ids": ids, "finish_reason": finish, "stop_reason": stop}], **extra}
+        {"index": 0, "text": text, "token_ids": ids, "logprobs": logprobs, "finish_reason": finish,
+         "stop_reason": stop}]}
 
 
 def parsed(out: bytes) -> list:
@@ -79,3 +80,12 @@ def test_a_rerun_chat_stream_sends_one_role_chunk():
     assert rewrite(t, ev({**role, "id": "b"}))[0] == b""
     body, n = t.resume()
     assert n == 0 and "continuation_token_ids" not in json.loads(body)       # nothing generated yet: a re-run
+
+
+def test_completion_text_offsets_count_from_the_start_of_the_whole_text():
+    t = StreamTracker({"prompt": "x", "stream": True, "logprobs": 1}, max_migrations=2)
+    rewrite(t, ev(chunk("a", "Hello", [1], logprobs={"text_offset": [0]})))
+    t.resume()
+    t.migrations = 1
+    out, _, _ = rewrite(t, ev(chunk("b", " you", [2], logprobs={"text_offset": [0]})))
+    assert parsed(out)[0]["choices"][0]["logprobs"]["text_offset"] == [5]
