@@ -110,10 +110,8 @@ class Forwarder:
                 raise
             try:
                 if resp.headers.get("content-type", "").startswith("text/event-stream") and resp.status < 400:
-                    if tracker is not None:
-                        return await self._stream(resp, lease, t0, endpoint, on_usage,
-                                                  (session, path, choose, tried, tracker))
-                    return await self._stream(resp, lease, t0, endpoint, on_usage)
+                    failover = (session, path, choose, tried, tracker) if tracker is not None else None
+                    return await self._stream(resp, lease, t0, endpoint, on_usage, failover)
                 return await self._buffered(resp, lease, t0, endpoint, last_try)
             except AttemptFailed as exc:
                 last = self._failed(worker, exc)
