@@ -225,3 +225,21 @@ def test_vllm_json_is_compact_and_a_whitespace_pattern_is_refused(sdk):
     with pytest.raises(openai.BadRequestError, match="whitespace_pattern"):
         sdk.chat.completions.create(model="smol", messages=msgs, max_tokens=20,
                                     extra_body={"structured_outputs": {"json": MOVIE, "whitespace_pattern": "[ ]?"}})
+
+
+def test_a_greedy_continuation_on_vllm_joins_into_the_uninterrupted_text(served):
+    # What a gateway sends when it moves a stream to a vLLM worker (worker/continuation.py).
+    body = {"model": "smol", "prompt": "The three primary colours are", "max_tokens": 24, "temperature": 0,
+            "return_token_ids": True}
+    whole = httpx.post(served["worker"] + "/v1/completions", json=body, timeout=300).json()["choices"][0]
+    ids = whole["token_ids"]
+    assert len(ids) == 24
+    for k in (1, 9):
+        r = httpx.post(served["worker"] + "/v1/completions", timeout=300,
+                       json={**body, "continuation_token_ids": ids[:k]})
+        assert r.status_code == 200 and r.headers["x-swiftserve-continuation"] == str(k), r.text
+        rest = r.json()["choices"][0]
+        assert ids[:k] + rest["token_ids"] == ids and r.json()["usage"]["completion_tokens"] == 24
+        head = httpx.post(served["worker"] + "/v1/completions", timeout=300,
+                          json={**body, "max_tokens": k}).json()["choices"][0]["text"]
+        assert head + rest["text"] == whole["text"]
