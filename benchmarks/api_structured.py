@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch threads of the in-process engine")
     ap.add_argument("--skip-throughput", action="store_true")
     ap.add_argument("--skip-tools", action="store_true")
+    ap.add_argument("--skip-json", action="store_true", help="no json_schema_valid_rate run")
     ap.add_argument("--keep-logs", action="store_true", help="keep the workers' logs (the path is printed)")
     ap.add_argument("--limit", type=int, default=None, help="first N schemas only (a smoke run)")
     ap.add_argument("--out", default="results/api")
@@ -204,9 +205,10 @@ def main(argv: list[str] | None = None) -> int:
             proc, url = _start_worker(python, model, engine, Path(tmp))
             try:
                 r = doc["engines"][engine] = {"start_s": time.perf_counter() - t0}
-                r["json_schema"] = schema_validity(url, cases, args.parallel)
-                print(f"{engine}: json_schema_valid_rate {r['json_schema']['rate']:.3f} "
-                      f"({r['json_schema']['n']} schemas)", flush=True)
+                if not args.skip_json:
+                    r["json_schema"] = schema_validity(url, cases, args.parallel)
+                    print(f"{engine}: json_schema_valid_rate {r['json_schema']['rate']:.3f} "
+                          f"({r['json_schema']['n']} schemas)", flush=True)
                 if not args.skip_tools:
                     r["tools"] = tool_validity(url, cases, args.parallel)
                     print(f"{engine}: tool_call_valid_rate {r['tools']['rate']:.3f} {r['tools']['rate_by_mode']}",

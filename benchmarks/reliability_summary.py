@@ -12,7 +12,13 @@ and ``soak.json`` (``swiftserve-loadtest soak``), and writes ``summary.json``:
 * ``malformed_cases``: hostile / malformed requests sent by the fuzz suites;
 * ``server_errors``: 5xx answers among them;
 * ``soak_seconds``: length of the soak's load phase;
-* ``rss_growth_pct``: the largest RSS growth of any process of the stack over the soak.
+* ``rss_growth_pct``: the largest RSS growth of any process of the stack over the soak;
+
+and the figures of the runs whose files are there: ``failover.json``
+(``benchmarks/failover_bench.py``: ``kill_midstream_completed_pct``,
+``hang_midstream_completed_pct``, ``migrated_greedy_identical``) and ``rolling_restart.json``
+(``benchmarks/rolling_restart_bench.py``: ``rolling_restart_errors``).
+Keys already in ``summary.json`` that no input produces are kept.
 """
 
 from __future__ import annotations
@@ -34,13 +40,25 @@ def summarize(directory: Path) -> dict:
         "server_errors": sum(f["server_errors"] for f in fuzz),
         "soak_seconds": round(soak["soak_seconds"], 1),
         "rss_growth_pct": round(soak["rss_growth_pct"], 2),
+        **run_figures(directory),
     }
+
+
+def run_figures(directory: Path) -> dict:
+    """The ``figures`` of each benchmark run file present."""
+    out = {}
+    for name in ("failover.json", "rolling_restart.json"):
+        path = directory / name
+        if path.exists():
+            out.update(json.loads(path.read_text())["figures"])
+    return out
 
 
 def main(argv: list[str]) -> int:
     directory = Path(argv[0] if argv else "results/reliability")
-    summary = summarize(directory)
-    (directory / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    out = directory / "summary.json"
+    summary = {**(json.loads(out.read_text()) if out.exists() else {}), **summarize(directory)}
+    out.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -4,7 +4,10 @@ Request path: API key (401, before the body is read) -> body size and deadline (
 408) -> JSON and required fields (400; gateway.edge) -> per-key rate limits (429) ->
 admission (a worker with room, else the bounded queue, else 429; no routable worker:
 503) -> forwarding (gateway.proxy: retries before the first byte, whole JSON answers,
-SSE passed through with an in-band error event if the worker fails mid-stream).
+SSE passed through; a stream whose worker fails mid-stream migrates to another worker
+(gateway.failover) or, when it cannot, ends with an in-band error event). On SIGTERM
+the gateway drains (gateway.shutdown: new requests 503, ``/health`` 503, in-flight ones
+finish).
 
 Every answer the gateway makes itself is OpenAI-style JSON, unknown routes (404) and
 wrong methods (405) included; an unexpected exception is a JSON 500 with one log line.
@@ -33,11 +36,14 @@ from gateway.edge import EdgeError, parse_body, read_body
 from gateway.errors import error
 from gateway.health import Health
 from gateway.metrics import GatewayMetrics
+from gateway.migration import StreamTracker
 from gateway.prefix import PrefixIndex, block_hashes, prompt_bytes
 from gateway.prefix_routing import RouteRequest
-from gateway.proxy import Forwarder, upstream_session
+from gateway.proxy import Forwarder
 from gateway.routing import make_policy
 from gateway.scraper import Scraper
+from gateway.shutdown import Drain
+from gateway.upstream import upstream_session
 
 log = logging.getLogger(__name__)
 
@@ -73,18 +79,26 @@ class FastPath:
 
     PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/tokenize", "/detokenize")
 
-    def __init__(self, app, handler) -> None:
-        self.app, self.handler = app, handler
+    def __init__(self, app, handler, drain: Drain) -> None:
+        self.app, self.handler, self.drain = app, handler, drain
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.PATHS:
             return await self.app(scope, receive, send)
+        if self.drain.draining:         # gateway.shutdown: another replica takes it
+            response = error(503, "The gateway is shutting down; retry.", "service_unavailable",
+                             code="shutting_down", headers={"Retry-After": "1"})
+            return await response(scope, receive, send)
+        self.drain.in_flight += 1
         try:
-            response = await self.handler(Request(scope, receive), scope["path"])
-        except Exception as exc:  # noqa: BLE001 - the client gets JSON, the log one line
-            log.error("unhandled %s on POST %s: %s", type(exc).__name__, scope["path"], exc)
-            response = error(500, f"Internal gateway error: {type(exc).__name__}", "internal_error")
-        await response(scope, receive, send)
+            try:
+                response = await self.handler(Request(scope, receive), scope["path"])
+            except Exception as exc:  # noqa: BLE001 - the client gets JSON, the log one line
+                log.error("unhandled %s on POST %s: %s", type(exc).__name__, scope["path"], exc)
+                response = error(500, f"Internal gateway error: {type(exc).__name__}", "internal_error")
+            await response(scope, receive, send)
+        finally:
+            self.drain.in_flight -= 1
 
 
 def build_app(config: GatewayConfig) -> FastAPI:
@@ -125,6 +139,7 @@ def build_app(config: GatewayConfig) -> FastAPI:
     app.state.config, app.state.pool, app.state.metrics = config, pool, metrics
     app.state.admission, app.state.health, app.state.auth = admission, health, auth
     app.state.prefix_index = prefix_index
+    drain = app.state.drain = Drain()
 
     def choose(cands, req=None):
         return policy(cands, time.monotonic(), config.stale_after, rng, req)
@@ -159,7 +174,11 @@ def build_app(config: GatewayConfig) -> FastAPI:
         def on_usage(completion_tokens: int) -> None:
             auth.correct(who, est, est - requested_tokens(body) + completion_tokens)
 
-        return await forwarder.forward(app.state.client, path, raw, on_usage, route_request(request, path, body))
+        tracker = StreamTracker.for_request(path, body, config.max_migrations)
+        if tracker is not None:         # the worker sends token ids, so that the stream can resume elsewhere
+            raw = tracker.upstream()
+        return await forwarder.forward(app.state.client, path, raw, on_usage, route_request(request, path, body),
+                                       tracker)
 
     def guard(flag: bool, request: Request) -> JSONResponse | None:
         if flag and auth.enabled:
@@ -172,7 +191,7 @@ def build_app(config: GatewayConfig) -> FastAPI:
     # The proxied routes skip FastAPI's middleware and routing layers (per-request and
     # per-chunk cost); the routes below stay for the OpenAPI schema.
     inner_stack = app.build_middleware_stack
-    app.build_middleware_stack = lambda: FastPath(inner_stack(), proxy)
+    app.build_middleware_stack = lambda: FastPath(inner_stack(), proxy, drain)
 
     def proxied(path: str):
         async def route(request: Request):
@@ -209,9 +228,9 @@ def build_app(config: GatewayConfig) -> FastAPI:
             return denied
         now = time.monotonic()
         live = sum(w.routable(now) for w in pool)
-        body = {"status": "ok" if live else "unavailable", "routable_workers": live, "workers": len(pool),
-                "queued": admission.queued}
-        return JSONResponse(body, status_code=200 if live else 503)
+        status = "draining" if drain.draining else "ok" if live else "unavailable"
+        body = {"status": status, "routable_workers": live, "workers": len(pool), "queued": admission.queued}
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     @app.get("/metrics")
     async def metrics_endpoint(request: Request):

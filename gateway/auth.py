@@ -129,13 +129,13 @@ def estimate_tokens(body: dict) -> float:
         inp = body["input"]
         prompt, msgs = (inp, None) if isinstance(inp, str) else (prompt, inp)
     if isinstance(msgs, list):
-        n = sum(_chars(m.get("content")) + _json_chars(m.get("tool_calls")) for m in msgs if isinstance(m, dict)) / 4
-        n += _json_chars(body.get("tools")) / 4
+        n = sum(_chars(m.get("content")) + _json_chars(m.get("tool_calls")) + _chars(m.get("output"))
+                + _chars(m.get("arguments")) for m in msgs if isinstance(m, dict)) / 4   # + responses' call items
     elif isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
         n = len(prompt)
     else:
         n = _chars(prompt) / 4
-    return n + requested_tokens(body)
+    return n + _json_chars(body.get("tools")) / 4 + requested_tokens(body)
 
 
 def _json_chars(value) -> int:

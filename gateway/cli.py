@@ -32,6 +32,9 @@ def parse_args(argv=None) -> GatewayConfig:
     s.add_argument("--host", default=d.host)
     s.add_argument("--port", type=int, default=d.port)
     s.add_argument("--log-level", default=envs.log_level())
+    s.add_argument("--drain-timeout", type=float, default=d.drain_timeout,
+                   help="on SIGTERM: new requests get 503 and /health 503 while in-flight requests (streams "
+                        "included) get this many seconds to finish; then the gateway exits (default: %(default)s)")
     r = p.add_argument_group("routing")
     r.add_argument("--policy", choices=POLICIES, default=d.policy,
                    help="routing policy: prefix (cached prompt prefix vs load, bounded load; for prompt-heavy "
@@ -61,10 +64,18 @@ def parse_args(argv=None) -> GatewayConfig:
     f = p.add_argument_group("failures and health")
     f.add_argument("--connect-timeout", type=float, default=d.connect_timeout)
     f.add_argument("--first-byte-timeout", type=float, default=d.first_byte_timeout,
-                   help="seconds without a byte from a worker (before the first byte: fail over; "
-                        "mid-stream: an error event ends the stream) (default: %(default)s)")
+                   help="seconds without a byte from a worker before its first byte: fail over "
+                        "(default: %(default)s)")
+    f.add_argument("--stall-timeout", type=float, default=d.stall_timeout,
+                   help="seconds without a byte from a worker mid-stream: the worker has failed (the stream "
+                        "migrates when it can, else ends with an error event) (default: %(default)s)")
     f.add_argument("--max-attempts", type=int, default=d.max_attempts,
-                   help="workers tried before the first byte reaches the client (default: %(default)s)")
+                   help="workers tried before the first byte reaches the client, and per migration "
+                        "(default: %(default)s)")
+    f.add_argument("--max-migrations", type=int, default=d.max_migrations,
+                   help="times one stream may move to another worker when its worker fails mid-stream "
+                        "(streamed completions and chat with one choice, resumed from the token ids already "
+                        "sent; 0 turns migration off) (default: %(default)s)")
     f.add_argument("--health-interval", type=float, default=h.interval)
     f.add_argument("--health-fail-threshold", type=int, default=h.fail_threshold)
     f.add_argument("--health-success-threshold", type=int, default=h.success_threshold)
@@ -92,7 +103,12 @@ def parse_args(argv=None) -> GatewayConfig:
                  "prefix_record_blocks"):
         if getattr(x, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
-    for name in ("connect_timeout", "first_byte_timeout", "body_timeout", "queue_timeout", "prefix_ttl"):
+    if x.max_migrations < 0:
+        p.error("--max-migrations must be >= 0")
+    if x.drain_timeout < 0:
+        p.error("--drain-timeout must be >= 0")
+    for name in ("connect_timeout", "first_byte_timeout", "stall_timeout", "body_timeout", "queue_timeout",
+                 "prefix_ttl"):
         if not getattr(x, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be > 0")
     for name in ("balance_eps", "balance_floor", "prefix_load_weight"):
@@ -108,7 +124,8 @@ def parse_args(argv=None) -> GatewayConfig:
         prefix_max_blocks=x.prefix_max_blocks, prefix_record_blocks=x.prefix_record_blocks, prefix_ttl=x.prefix_ttl,
         session_header=x.session_header.strip().lower(),
         scrape_interval=x.scrape_interval, stale_after=x.stale_after, connect_timeout=x.connect_timeout,
-        first_byte_timeout=x.first_byte_timeout, max_attempts=x.max_attempts, max_body_bytes=x.max_body_bytes,
+        first_byte_timeout=x.first_byte_timeout, max_attempts=x.max_attempts, max_migrations=x.max_migrations,
+        stall_timeout=x.stall_timeout, max_body_bytes=x.max_body_bytes,
         body_timeout=x.body_timeout, max_response_bytes=x.max_response_bytes,
         max_inflight_per_worker=x.max_inflight_per_worker, max_queue=x.max_queue, queue_timeout=x.queue_timeout,
         api_keys=load_keys(envs.api_keys(), x.api_keys_file), requests_per_minute=x.requests_per_minute,
@@ -116,13 +133,14 @@ def parse_args(argv=None) -> GatewayConfig:
         health=HealthPolicy(interval=x.health_interval, fail_threshold=x.health_fail_threshold,
                             success_threshold=x.health_success_threshold, breaker_failures=x.breaker_failures,
                             breaker_cooldown=x.breaker_cooldown),
-        log_level=x.log_level)
+        drain_timeout=x.drain_timeout, log_level=x.log_level)
 
 
 def main(argv=None) -> int:
     import uvicorn
 
     from gateway.app import build_app
+    from gateway.shutdown import DrainingServer
     from swiftserve.logs import quiet_probe_logs
 
     cfg = parse_args(argv)
@@ -131,5 +149,8 @@ def main(argv=None) -> int:
     log = logging.getLogger("gateway")
     log.info("policy %s; %d static workers; auth %s (keys %s)", cfg.policy, len(cfg.workers),
              "on" if cfg.api_keys else "off", ", ".join(key_id(k) for k in cfg.api_keys) or "-")
-    uvicorn.run(build_app(cfg), host=cfg.host, port=cfg.port, log_level=cfg.log_level)
+    app = build_app(cfg)
+    server = DrainingServer(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level),
+                            app.state.drain, cfg.drain_timeout)
+    server.run()
     return 0

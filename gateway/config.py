@@ -33,7 +33,9 @@ class GatewayConfig:
     stale_after: float = 2.0               # scraped figures older than this count as unknown
     connect_timeout: float = 5.0
     first_byte_timeout: float = 600.0      # no byte from the worker for this long: fail over
-    max_attempts: int = 2                  # workers tried before the first byte reaches the client
+    max_attempts: int = 2                  # workers tried before the first byte reaches the client (and per migration)
+    max_migrations: int = 2                # times one stream may move to another worker after its first byte (0: off)
+    stall_timeout: float = 60.0            # mid-stream: no byte for this long is a worker failure
     max_body_bytes: int = 8 * 1024 * 1024
     body_timeout: float = 30.0             # the whole request body must arrive within this (else 408)
     max_response_bytes: int = 256 * 1024 * 1024   # a worker's answer larger than this is cut with an error
@@ -46,4 +48,5 @@ class GatewayConfig:
     protect_metrics: bool = False          # require the API key on /metrics
     protect_health: bool = False           # require the API key on /health
     health: HealthPolicy = field(default_factory=HealthPolicy)
+    drain_timeout: float = 30.0            # SIGTERM: seconds in-flight requests get to finish
     log_level: str = "info"

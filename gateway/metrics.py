@@ -22,6 +22,8 @@ class GatewayMetrics:
                               registry=r)
         self.retries = Counter(p + "retries", "Re-dispatches to another worker before the first byte", ["reason"],
                                registry=r)
+        self.migrations = Counter(p + "migrations", "Streams moved to another worker after the first byte, by "
+                                  "failure and outcome (resumed, failed)", ["reason", "outcome"], registry=r)
         self.rejected = Counter(p + "rejected_requests", "Requests refused by the gateway", ["reason"], registry=r)
         self.ttft = Histogram(p + "time_to_first_token_seconds", "Time from request to the first generated text",
                               buckets=LATENCY_BUCKETS, registry=r)

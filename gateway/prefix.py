@@ -48,13 +48,23 @@ def _content_text(content) -> str:
     return json.dumps(content, sort_keys=True, default=str)
 
 
+def _response_item(item):
+    """A /v1/responses input item as the chat message the worker renders it as."""
+    if not isinstance(item, dict) or item.get("type") not in ("function_call", "function_call_output"):
+        return item
+    if item["type"] == "function_call":
+        return {"role": "assistant", "tool_calls": [item]}
+    return {"role": "tool", "content": item.get("output")}
+
+
 def render_prompt(path: str, body: dict) -> str:
     if path == "/v1/responses":
         inp = body.get("input")
         msgs = [{"role": "user", "content": inp}] if isinstance(inp, str) else inp if isinstance(inp, list) else []
         if isinstance(body.get("instructions"), str):
             msgs = [{"role": "system", "content": body["instructions"]}, *msgs]
-        return render_prompt("/v1/chat/completions", {"messages": msgs})
+        return render_prompt("/v1/chat/completions", {"messages": [_response_item(m) for m in msgs],
+                                                      "tools": body.get("tools")})
     if path.endswith("/chat/completions") or (path == "/tokenize" and "messages" in body):
         parts = []
         if body.get("tools"):

@@ -13,19 +13,25 @@ OpenAI-style error, and the worker's in-flight count returns to zero.
   truncated body.
 * An SSE stream passes through event by event, bytes unchanged (an event is sent once
   its blank line has arrived, and only if its ``data:`` is JSON or ``[DONE]``). If the
-  worker fails after the first byte (connection lost, no byte for ``first_byte_timeout``,
+  worker fails after the first byte (connection lost, no byte for ``stall_timeout``,
   an event that is not JSON, the stream ends without ``data: [DONE]`` (or, for
   /v1/responses, without its terminal ``response.completed|incomplete|failed`` event), or it exceeds
   ``max_response_bytes``), the client gets one error event
   ``data: {"error": {...}}`` and ``data: [DONE]``, and the stream ends cleanly (the
-  same in-band form the worker uses for its own errors). Nothing is retried after the
-  first byte, so an answer is never duplicated.
+  same in-band form the worker uses for its own errors). Such a stream is never
+  re-sent, so an answer is never duplicated.
+* A *migratable* stream (gateway.migration: one streamed completion or chat choice) is
+  relayed by ``gateway.failover.Failover`` instead: the same failures, a stall of
+  ``stall_timeout`` seconds, a retryable worker error event or a drain abort move it to
+  another worker with the tokens already sent as a continuation, and the client's stream
+  goes on (same ``id``, nothing repeated or missing); only when no migration is possible
+  does it end with the error event above.
 
 Upstream I/O is aiohttp (C HTTP parser, pooled keep-alive connections, no
-decompression: the bytes read are the bytes of the answer); SSE pass-through lives in
-gateway.streaming.
+decompression: the bytes read are the bytes of the answer; gateway.upstream); SSE
+pass-through lives in gateway.streaming, stream migration in gateway.failover.
 
-Accounting: ``Lease`` holds one dispatch; its ``finish(ok)`` runs exactly once however
+Accounting: ``Lease`` (gateway.upstream) holds one dispatch; its ``finish(ok)`` runs exactly once however
 the attempt ends (in the response's cleanup for streams) and reports the outcome to
 the circuit breaker. A client that goes away is not the worker's fault. Closing the
 upstream response is what tells the worker to abort.
@@ -43,61 +49,15 @@ from yarl import URL
 
 from gateway.admission import Rejected
 from gateway.errors import error
+from gateway.failover import Failover
+from gateway.migration import CONTINUATION_HEADER, StreamTracker
+from gateway.upstream import (RETRYABLE, UPSTREAM_HEADERS, AttemptFailed, Lease, close_upstream as _close,
+                              transport_failure as _transport_failure)
 from gateway.streaming import SSEStream, StreamStats, error_event, event_end, is_json, stream_ended, valid_prefix
 
 log = logging.getLogger(__name__)
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding", "date",
                "server"}
-RETRYABLE = (aiohttp.ClientError, asyncio.TimeoutError)
-# identity: the bytes read are the bytes of the answer (checked, counted, passed on)
-UPSTREAM_HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
-
-
-def upstream_session(connect_timeout: float, read_timeout: float) -> aiohttp.ClientSession:
-    """The forwarding client: keep-alive pool, ``read_timeout`` = longest silence from a worker."""
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=2000, limit_per_host=0, keepalive_timeout=60),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout),
-        auto_decompress=False, skip_auto_headers=("User-Agent",), cookie_jar=aiohttp.DummyCookieJar())
-
-
-class AttemptFailed(Exception):
-    """One worker could not answer; ``status`` is what the client gets if it was the last."""
-
-    def __init__(self, reason: str, message: str, status: int = 502) -> None:
-        super().__init__(message)
-        self.reason, self.status = reason, status
-
-
-class Lease:
-    """One dispatch to one worker; ``finish`` releases it exactly once."""
-
-    def __init__(self, worker, health, admission, pool) -> None:
-        self.worker, self.health, self.admission, self.pool = worker, health, admission, pool
-        self.done = False
-        worker.in_flight += 1
-        health.on_dispatch(worker, time.monotonic())
-
-    def finish(self, ok: bool | None) -> None:
-        """Release the dispatch; ``ok`` is reported to the circuit breaker (None: not the worker's doing)."""
-        if self.done:
-            return
-        self.done = True
-        self.worker.in_flight -= 1
-        if ok is not None:
-            self.health.on_result(self.worker, ok)
-        else:
-            self.worker.trial_in_flight = False
-        self.admission.release()
-        self.pool.reap()
-
-
-def _close(resp: aiohttp.ClientResponse) -> None:
-    """Return a fully read connection to the pool; close one cut short (the worker then aborts)."""
-    if resp.content.at_eof():
-        resp.release()
-    else:
-        resp.close()
 
 
 def _headers(resp: aiohttp.ClientResponse) -> dict[str, str]:
@@ -118,9 +78,11 @@ class Forwarder:
             url = self._urls[(base, path)] = URL(base + path)
         return url
 
-    async def forward(self, session: aiohttp.ClientSession, path: str, raw: bytes, on_usage, route=None):
+    async def forward(self, session: aiohttp.ClientSession, path: str, raw: bytes, on_usage, route=None,
+                      tracker: StreamTracker | None = None):
         """Send ``raw`` to a worker's ``path``; ``on_usage(completion_tokens)`` once a stream's usage is seen;
-        ``route`` (a RouteRequest or None) is what the routing policy may know about the request."""
+        ``route`` (a RouteRequest or None) is what the routing policy may know about the request;
+        ``tracker``: the request's stream may migrate after the first byte (gateway.failover)."""
         t0, tried, last = time.monotonic(), set(), None
         endpoint = path.rsplit("/", 1)[-1]
         choose = (lambda cands: self.choose(cands, route)) if route is not None else self.choose
@@ -148,7 +110,8 @@ class Forwarder:
                 raise
             try:
                 if resp.headers.get("content-type", "").startswith("text/event-stream") and resp.status < 400:
-                    return await self._stream(resp, lease, t0, endpoint, on_usage)
+                    failover = (session, path, choose, tried, tracker) if tracker is not None else None
+                    return await self._stream(resp, lease, t0, endpoint, on_usage, failover)
                 return await self._buffered(resp, lease, t0, endpoint, last_try)
             except AttemptFailed as exc:
                 last = self._failed(worker, exc)
@@ -207,7 +170,10 @@ class Forwarder:
         self.m.e2e.observe(time.monotonic() - t0)
         return Response(content, status_code=status, headers=_headers(resp))
 
-    async def _stream(self, resp: aiohttp.ClientResponse, lease: Lease, t0: float, endpoint: str, on_usage):
+    async def _stream(self, resp: aiohttp.ClientResponse, lease: Lease, t0: float, endpoint: str, on_usage,
+                      failover=None):
+        """The SSE response: events passed through as they are, or (``failover``: the session, path, choose,
+        tried and tracker of a migratable request) relayed by a ``Failover`` that can change workers."""
         try:
             first = await resp.content.readany()
         except RETRYABLE as exc:
@@ -220,7 +186,10 @@ class Forwarder:
             raise AttemptFailed("empty_stream", "the worker ended the stream before any event")
         stats = StreamStats(t0)
         outcome = {"failed": False}
-        limit, url = self.cfg.max_response_bytes, lease.worker.url
+        limit, url, stall = self.cfg.max_response_bytes, lease.worker.url, self.cfg.stall_timeout
+        if failover is not None:
+            return self._failover_stream(resp, Failover(self, *failover, lease, resp, first, stats), t0, endpoint,
+                                         on_usage, stats)
 
         async def pump(send):
             pending, sent, ended, chunk = b"", 0, False, first
@@ -241,7 +210,7 @@ class Forwarder:
                             raise AttemptFailed("bad_event", "the worker sent an event that is not JSON")
                         ended = stream_ended(out)
                         await send({"type": "http.response.body", "body": out, "more_body": True})
-                    chunk = await resp.content.readany()
+                    chunk = await asyncio.wait_for(resp.content.readany(), stall)
                 if not ended:
                     raise AttemptFailed("truncated_stream", "the worker ended the stream without [DONE]")
             except (AttemptFailed, *RETRYABLE) as exc:
@@ -267,8 +236,18 @@ class Forwarder:
         headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in _headers(resp).items()]
         return SSEStream(resp.status, headers, pump, on_close)
 
+    def _failover_stream(self, resp, fo: Failover, t0: float, endpoint: str, on_usage, stats: StreamStats):
+        async def on_close():
+            fo.close()
+            self.m.requests.labels(endpoint, "502" if fo.failed else "200").inc()
+            self.m.e2e.observe(time.monotonic() - t0)
+            if stats.ttft is not None:
+                self.m.ttft.observe(stats.ttft)
+            if stats.tpot is not None:
+                self.m.tpot.observe(stats.tpot)
+            if stats.completion_tokens is not None:
+                on_usage(stats.completion_tokens)
 
-def _transport_failure(exc: BaseException) -> AttemptFailed:
-    if isinstance(exc, asyncio.TimeoutError):
-        return AttemptFailed("timeout", f"{type(exc).__name__}: no answer in time", 504)
-    return AttemptFailed(type(exc).__name__, f"{type(exc).__name__}: {exc or 'connection lost'}", 502)
+        headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in _headers(resp).items()
+                   if k.lower() != CONTINUATION_HEADER]
+        return SSEStream(resp.status, headers, fo.pump, on_close)

@@ -7,7 +7,9 @@ it (a child that exits during start-up stops everything: that is a configuration
 error). Then it supervises (``swiftserve.supervisor``): a child that exits is
 restarted with backoff, up to ``--max-restarts`` times in ``--restart-window``
 seconds, while the gateway and the other workers keep serving (the gateway's health
-checks take a dead worker out of rotation and re-admit it when it is back). Only
+checks take a dead worker out of rotation and re-admit it when it is back). SIGHUP
+restarts the workers one at a time (``swiftserve.rolling``: drain, restart, wait until the
+gateway routes to it again; streams the drain cannot finish migrate). Only
 Ctrl-C / SIGTERM stops the stack: SIGTERM to every child (workers drain their
 in-flight requests for ``--drain-timeout`` seconds), then SIGKILL after a grace period.
 """
@@ -22,6 +24,7 @@ import sys
 import time
 import urllib.request
 
+from swiftserve.rolling import RollingRestart
 from swiftserve.supervisor import RestartPolicy, Supervisor
 
 
@@ -30,7 +33,7 @@ Gateway ready at http://{host}:{port}  (model "{model}", {n} workers: {workers})
 Try:
   curl http://{host}:{port}/v1/completions -H 'Content-Type: application/json' \\
     -d '{{"model": "{model}", "prompt": "The capital of France is", "max_tokens": 16, "temperature": 0}}'
-Metrics: http://{host}:{port}/metrics   Stop: Ctrl-C
+Metrics: http://{host}:{port}/metrics   Stop: Ctrl-C   Rolling restart of the workers: kill -HUP {pid}
 """
 
 
@@ -39,7 +42,10 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start a gateway and N reference-engine workers on this machine",
                         description="Prepare the model, start N workers and a gateway, wait until healthy, "
-                                    "print a curl example, and supervise until Ctrl-C.")
+                                    "print a curl example, and supervise until Ctrl-C. SIGHUP (kill -HUP <pid>) "
+                                    "restarts the workers one at a time: each drains, starts again and is routed "
+                                    "to before the next; streams its drain cannot finish migrate to another "
+                                    "worker.")
     up.add_argument("--model", default="default",
                     help="model directory, or 'default' for the embedded SmolLM2-135M-Instruct (default: %(default)s)")
     up.add_argument("--served-model-name", default=None,
@@ -65,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--restart-window", type=float, default=sv.window,
                     help="seconds over which restarts are counted (default: %(default)s)")
     up.add_argument("--drain-timeout", type=float, default=30.0,
-                    help="on Ctrl-C / SIGTERM, seconds workers give in-flight requests to finish (default: %(default)s)")
+                    help="on Ctrl-C / SIGTERM (and for each worker of a rolling restart), seconds workers give "
+                         "in-flight requests to finish (default: %(default)s)")
     return p
 
 
@@ -124,8 +131,14 @@ def up(args: argparse.Namespace) -> int:
             sup.kill()
         stopping = True
 
+    roll = {"asked": False, "run": None}
+
+    def on_hup(_signum, _frame):
+        roll["asked"] = True
+
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_hup)
     try:
         for i in range(args.workers):
             port = args.worker_base_port + i
@@ -136,7 +149,8 @@ def up(args: argparse.Namespace) -> int:
                 cmd += ["--cpu-affinity", ",".join(str(c) for c in shares[i])]
             sup.start(f"worker {i + 1} (:{port})", cmd)
             worker_urls.append(f"http://{args.host}:{port}")
-        gw = [py, "-m", "gateway", "--host", args.host, "--port", str(args.port), "--workers", ",".join(worker_urls)]
+        gw = [py, "-m", "gateway", "--host", args.host, "--port", str(args.port), "--workers", ",".join(worker_urls),
+              "--drain-timeout", str(args.drain_timeout)]
         if args.policy:
             gw += ["--policy", args.policy]
         sup.start(f"gateway (:{args.port})", gw)
@@ -163,9 +177,18 @@ def up(args: argparse.Namespace) -> int:
         if stopping:
             return 130
         print(CURL_EXAMPLE.format(host=args.host, port=args.port, model=name, n=args.workers,
-                                  workers=", ".join(worker_urls)), flush=True)
+                                  workers=", ".join(worker_urls), pid=os.getpid()), flush=True)
         while not stopping:
             sup.poll()
+            if roll["asked"] and (roll["run"] is None or roll["run"].done):
+                roll["asked"] = False
+                roll["run"] = RollingRestart(
+                    sup, list(zip(sup.children[:args.workers], worker_urls)),
+                    ready=lambda: _healthy(gateway_url, routable=args.workers), healthy=_healthy,
+                    exit_timeout=args.drain_timeout + 15, health_timeout=args.startup_timeout)
+                sup.say("rolling restart of the workers, one at a time")
+            if roll["run"] is not None:
+                roll["run"].step()
             time.sleep(0.5)
         return 0
     finally:

@@ -6,6 +6,7 @@ is restarted with the same command after an exponential backoff
 the last ``window`` seconds). A child that needed ``max_restarts`` restarts within
 ``window`` seconds is given up (it stays down, loudly); the other children keep
 running either way: one crashing worker never stops the gateway or the other workers.
+A child that a rolling restart holds (``Child.held``, swiftserve.rolling) is left to it.
 Only ``stop()`` (Ctrl-C / SIGTERM in ``swiftserve up``) ends them: SIGTERM to all,
 then SIGKILL to whatever is still running after the grace period (``kill()`` at once).
 Children run in their own session, so a terminal's Ctrl-C reaches only the supervisor,
@@ -44,6 +45,7 @@ class Child:
     restart_at: float | None = None                     # scheduled restart
     given_up: bool = False
     total_restarts: int = 0
+    held: bool = False          # a rolling restart (swiftserve.rolling) stops and starts it: not restarted here
 
     @property
     def running(self) -> bool:
@@ -72,7 +74,7 @@ class Supervisor:
     def poll(self) -> None:
         now, p = self.now(), self.policy
         for c in self.children:
-            if c.given_up:
+            if c.given_up or c.held:
                 continue
             if c.restart_at is not None:
                 if now >= c.restart_at:
@@ -96,6 +98,11 @@ class Supervisor:
             c.restart_at = now + delay
             self.say(f"{c.name} exited with {code}; restarting in {delay:.0f}s "
                      f"(restart {len(c.restarts) + 1} of at most {p.max_restarts} in {p.window:.0f}s)")
+
+    def respawn(self, child: Child) -> None:
+        """Start an ended child again now (a planned restart: no backoff, not counted)."""
+        child.proc = self.popen(child.cmd)
+        self.say(f"{child.name} started again (pid {child.proc.pid})")
 
     def kill(self) -> None:
         for c in self.children:

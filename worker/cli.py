@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="accept a chat_template sent in a request (it runs on this worker; off: refused with 400)")
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM: stop admitting, report unhealthy, give in-flight requests this many seconds, "
-                        "then abort them and exit")
+                        "then abort them (finish_reason 'abort', stop_reason 'worker_shutdown': a SwiftServe "
+                        "gateway migrates such streams to another worker) and exit")
     g.add_argument("--log-level", "--uvicorn-log-level", dest="log_level", default=envs.log_level(),
                    choices=["critical", "error", "warning", "info", "debug", "trace"],
                    help="log level of the worker and uvicorn (default from SWIFTSERVE_LOG_LEVEL)")

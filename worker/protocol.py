@@ -21,11 +21,12 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from refengine.sampling_params import SamplingParams
 from worker.errors import bad_request
 from worker.request_fields import pop_unimplemented
+from worker.continuation import check_continuation
 from worker.structured import structured_spec
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -99,6 +100,10 @@ class _SamplingRequest(_Request):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     guided_whitespace_pattern: str | None = None
+    # Migration (worker.continuation): vLLM's ``return_token_ids`` puts the generated ids on each
+    # choice / chunk; ``continuation_token_ids`` (SwiftServe) resumes a generation after these ids.
+    return_token_ids: bool | None = False
+    continuation_token_ids: list[int] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -200,6 +205,7 @@ def validate_request(req: AnyRequest, max_logprobs: int = 20) -> None:
         if req.stream:
             raise bad_request("prompt_logprobs are not available when stream is true (use echo with logprobs "
                               "on /v1/completions).", "prompt_logprobs")
+    check_continuation(req)
     if req.vllm_unimplemented:
         name = req.vllm_unimplemented[0]
         raise bad_request(f"{name} (a vLLM request field) is not supported by this server; remove it or leave it "
@@ -262,9 +268,12 @@ def _check_prompt_shape(prompt: Any) -> None:
             raise bad_request("Prompt token ids must be non-negative.", "prompt")
 
 
-def to_sampling_params(req: AnyRequest, *, prompt_len: int, max_model_len: int, vocab_size: int) -> SamplingParams:
+def to_sampling_params(req: AnyRequest, *, prompt_len: int, max_model_len: int, vocab_size: int,
+                       done: int = 0) -> SamplingParams:
     """The one conversion from an API request to engine parameters, for one prompt.
 
+    ``done``: continuation tokens already generated; ``prompt_len`` includes them (the engine's
+    prompt is prompt + continuation), and ``max_tokens`` / ``min_tokens`` shrink by them.
     Raises a 400 naming the numbers when the prompt (plus ``max_tokens``) does not fit."""
     if prompt_len >= max_model_len:
         raise bad_request(
@@ -272,6 +281,8 @@ def to_sampling_params(req: AnyRequest, *, prompt_len: int, max_model_len: int, 
             f"{prompt_len} tokens, which leaves no room for a completion. Please reduce the prompt length.",
             "messages" if isinstance(req, ChatCompletionRequest) else "prompt")
     requested = req.requested_max_tokens()
+    if requested is not None and done:
+        requested -= done               # > 0: check_continuation refused the rest
     if requested is None:
         max_tokens = max_model_len - prompt_len
     elif requested == 0:
@@ -292,7 +303,7 @@ def to_sampling_params(req: AnyRequest, *, prompt_len: int, max_model_len: int, 
         raise bad_request(f"logit_bias token ids must be < the vocabulary size {vocab_size}.", "logit_bias")
     return SamplingParams(
         max_tokens=max_tokens,
-        min_tokens=min(req.min_tokens, max_tokens),
+        min_tokens=min(max(0, req.min_tokens - done), max_tokens),
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=0 if top_k == -1 else top_k,
@@ -352,7 +363,19 @@ class PromptLogprob(_Response):
 PromptLogprobs = list[dict[int, PromptLogprob] | None]
 
 
-class CompletionChoice(_Response):
+class _TokenIdsChoice(_Response):
+    """A choice whose ``token_ids`` appear only when asked for (``return_token_ids``)."""
+    token_ids: list[int] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_absent_ids(self, handler):
+        out = handler(self)
+        if out.get("token_ids", 0) is None:
+            del out["token_ids"]
+        return out
+
+
+class CompletionChoice(_TokenIdsChoice):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
@@ -402,7 +425,7 @@ class ChatMessageOut(_Response):
     tool_calls: list[dict[str, Any]] | None = None     # OpenAI's [{id, type: "function", function: {name, arguments}}]
 
 
-class ChatChoice(_Response):
+class ChatChoice(_TokenIdsChoice):
     index: int
     message: ChatMessageOut
     logprobs: ChatChoiceLogprobs | None = None

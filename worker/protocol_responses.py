@@ -5,15 +5,24 @@ declares either takes effect or is refused with a 400 naming it (``validate``).
 ``input`` is text or a list of message items (``{"role", "content"}`` with an optional
 ``"type": "message"``; content as text or ``input_text`` / ``output_text`` parts);
 ``instructions`` becomes a leading system message; ``developer`` messages are system
-messages. ``to_chat`` turns the request into a ``ChatCompletionRequest`` (rendered with
-the model's chat template), from which ``to_sampling_params`` makes the engine's
-parameters once, exactly as for /v1/chat/completions.
+messages; ``function_call`` items become an assistant message's ``tool_calls`` (consecutive
+ones in one message) and ``function_call_output`` items ``role: "tool"`` messages.
+``to_chat`` turns the request into a ``ChatCompletionRequest`` (rendered with the model's
+chat template), from which ``to_sampling_params`` makes the engine's parameters once,
+exactly as for /v1/chat/completions:
+
+- ``text.format``: ``text``, ``json_object`` or ``json_schema`` (``name``, ``schema``,
+  ``strict``, flat as the Responses API has it) -> the chat ``response_format``.
+- ``tools`` (function tools, flat: ``name``, ``description``, ``parameters``, ``strict``),
+  ``tool_choice`` (``none``, ``auto``, ``required``, ``{"type": "function", "name"}``) and
+  ``parallel_tool_calls`` -> the chat fields; the calls come back as ``function_call``
+  output items (``worker.serving_responses``).
 
 Refused: ``store: true`` and ``previous_response_id`` (nothing is stored: an absent
-``store`` is taken as false and reported as such), ``text.format`` other than
-``{"type": "text"}`` (JSON output needs structured outputs, not built yet), tools,
-reasoning, background mode, ``truncation: "auto"``, ``include`` and
-``top_logprobs`` (no logprobs in this API yet), reusable prompts and conversations.
+``store`` is taken as false and reported as such), tools other than functions (web and
+file search, computer use, MCP: nothing here runs them), ``max_tool_calls``, reasoning,
+background mode, ``truncation: "auto"``, ``include`` and ``top_logprobs`` (no logprobs in
+this API yet), reusable prompts and conversations.
 """
 
 from __future__ import annotations
@@ -44,12 +53,12 @@ class ResponsesRequest(_Request):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None              # prefix caching is automatic here; accepted
     service_tier: str | None = None
-    parallel_tool_calls: bool | None = None          # meaningless without tools: accepted
+    parallel_tool_calls: bool | None = None
     tool_choice: str | dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
     # Declared so that they are refused rather than silently ignored:
     store: bool | None = None
     previous_response_id: str | None = None
-    tools: list[dict[str, Any]] | None = None
     reasoning: dict[str, Any] | None = None
     background: bool | None = None
     truncation: Literal["auto", "disabled"] | None = None
@@ -73,17 +82,17 @@ def validate(req: ResponsesRequest) -> None:
         raise bad_request("previous_response_id is not supported: this server keeps no responses. Pass the "
                           "earlier turns in input instead.", "previous_response_id")
     fmt = req.text_format()
-    if fmt.get("type") != "text":
-        raise bad_request(f"text.format of type {fmt.get('type')!r} is not supported: JSON output needs "
-                          "structured outputs, which this server does not have yet. Use {'type': 'text'}.",
+    if fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise bad_request(f"text.format type {fmt.get('type')!r} is not supported (text, json_object, json_schema).",
                           "text.format")
     extra = set(req.text or {}) - {"format", "verbosity"}
     if extra or (req.text or {}).get("verbosity") not in (None, "medium"):
-        raise bad_request("text supports only format {'type': 'text'} (and verbosity 'medium').", "text")
-    if req.tools:
-        raise bad_request("tools (function calling) are not supported.", "tools")
-    if req.tool_choice not in (None, "none", "auto"):
-        raise bad_request("tool_choice requires tools, which are not supported.", "tool_choice")
+        raise bad_request("text supports only format (and verbosity 'medium').", "text")
+    for i, t in enumerate(req.tools or []):
+        if not isinstance(t, dict) or t.get("type") != "function":
+            kind = t.get("type") if isinstance(t, dict) else None
+            raise bad_request(f"Tools of type {kind!r} are not supported: only function tools (the client runs "
+                              "them).", f"tools.{i}")
     for name, ok in (("reasoning", req.reasoning is None), ("background", not req.background),
                      ("truncation", req.truncation in (None, "disabled")), ("include", not req.include),
                      ("top_logprobs", not req.top_logprobs), ("prompt", req.prompt is None),
@@ -106,7 +115,21 @@ def _content(value: Any, where: str) -> str:
     return "\n".join(texts)
 
 
-def messages(req: ResponsesRequest) -> list[dict[str, str]]:
+def _function_call(item: dict, where: str) -> dict:
+    args = item.get("arguments", "{}")
+    if not isinstance(item.get("name"), str) or not isinstance(item.get("call_id"), str) or not isinstance(args, str):
+        raise bad_request("A function_call item needs call_id, name and arguments (a JSON string).", where)
+    return {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": args}}
+
+
+def _tool_output(item: dict, where: str) -> dict:
+    out = item.get("output")
+    if not isinstance(item.get("call_id"), str) or not isinstance(out, (str, list)):
+        raise bad_request("A function_call_output item needs call_id and output.", where)
+    return {"role": "tool", "tool_call_id": item["call_id"], "content": _content(out, f"{where}.output")}
+
+
+def messages(req: ResponsesRequest) -> list[dict]:
     """``instructions`` + ``input`` -> chat messages."""
     out = [{"role": "system", "content": req.instructions}] if req.instructions is not None else []
     if isinstance(req.input, str):
@@ -114,16 +137,57 @@ def messages(req: ResponsesRequest) -> list[dict[str, str]]:
     if not req.input:
         raise bad_request("input must not be empty.", "input")
     for i, item in enumerate(req.input):
-        if item.get("type", "message") != "message":       # function calls, reasoning, references
-            raise bad_request(f"Input items of type {item.get('type')!r} are not supported (messages only).",
-                              f"input.{i}")
+        kind, where = item.get("type", "message"), f"input.{i}"
+        if kind == "function_call":
+            call = _function_call(item, where)
+            if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls") and not out[-1]["content"]:
+                out[-1]["tool_calls"].append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            continue
+        if kind == "function_call_output":
+            out.append(_tool_output(item, where))
+            continue
+        if kind != "message":                               # reasoning, references, other tools' calls
+            raise bad_request(f"Input items of type {kind!r} are not supported (messages, function_call, "
+                              "function_call_output).", where)
         role = ROLES.get(item["role"]) if isinstance(item.get("role"), str) else None
         if role is None:
-            raise bad_request(f"Input message role must be one of {sorted(ROLES)}.", f"input.{i}.role")
-        out.append({"role": role, "content": _content(item.get("content"), f"input.{i}.content")})
+            raise bad_request(f"Input message role must be one of {sorted(ROLES)}.", f"{where}.role")
+        out.append({"role": role, "content": _content(item.get("content"), f"{where}.content")})
     return out
 
 
+def _response_format(fmt: dict) -> dict | None:
+    if fmt["type"] != "json_schema":
+        return None if fmt["type"] == "text" else {"type": fmt["type"]}
+    js = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+    return {"type": "json_schema", "json_schema": js}
+
+
+def _chat_tool(t: dict) -> dict:
+    return {"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters", "strict")
+                                             if k in t}}
+
+
+def _tool_choice(choice):
+    if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice
+
+
 def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
+    extra = {}
+    if req.tools:
+        extra = {"tools": [_chat_tool(t) for t in req.tools], "tool_choice": _tool_choice(req.tool_choice),
+                 "parallel_tool_calls": req.parallel_tool_calls}
+    elif req.tool_choice not in (None, "none", "auto"):
+        raise bad_request("tool_choice requires tools.", "tool_choice")
     return ChatCompletionRequest(messages=messages(req), model=req.model, max_completion_tokens=req.max_output_tokens,
-                                 temperature=req.temperature, top_p=req.top_p, seed=req.seed, user=req.user)
+                                 temperature=req.temperature, top_p=req.top_p, seed=req.seed, user=req.user,
+                                 response_format=_response_format(req.text_format()), **extra)
+
+
+def echo_format(req: ResponsesRequest) -> dict:
+    """``text`` as the Response object reports it."""
+    return {"format": req.text_format()}

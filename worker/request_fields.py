@@ -37,7 +37,6 @@ VLLM_UNIMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "prompt_embeds": (None,),
     "priority": (None, 0),
     "return_tokens_as_token_ids": _OFF_FLAG,
-    "return_token_ids": _OFF_FLAG,
     "return_token_offsets": _OFF_FLAG,
     "return_prompt_text": _OFF_FLAG,
     "routed_experts_prompt_start": (None, 0),

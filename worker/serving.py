@@ -30,11 +30,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
-from starlette.responses import StreamingResponse
+from starlette.responses import JSONResponse, StreamingResponse
 
 from refengine.outputs import RequestFailed, TokenLogprob
 from refengine.sampling_params import SamplingParams
 from worker.config import WorkerConfig
+from worker.continuation import DRAIN_ABORT
 from worker.detokenizer import OutputText
 from worker.errors import APIError, bad_request, model_not_found
 from worker.logprobs import TokenTexts
@@ -57,6 +58,7 @@ class ServingState:
         self.in_flight = 0
         self.draining = False                 # SIGTERM: no new requests, /health 503 (worker.shutdown)
         self.active: set[str] = set()         # engine request ids of running choices
+        self.drain_aborting = False           # the drain time ran out: aborts now are the worker's (shutdown)
         self.metrics = WorkerMetrics(config.model_name, engine, in_flight=lambda: self.in_flight)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
 
@@ -123,6 +125,7 @@ class ChoiceEvent:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     prompt_logprobs: list[TokenLogprob | None] | None = None     # on the choice's first event, when asked
+    token_ids: list[int] = field(default_factory=list)           # generated ids of this event (EOS included)
 
 
 @dataclass
@@ -133,13 +136,25 @@ class ChoiceSpec:
     params: SamplingParams
     skip_special_tokens: bool = True
     score_only: bool = False        # echo with max_tokens 0: the engine's one sampled token is dropped
+    continuation: list[int] = field(default_factory=list)   # already generated elsewhere (worker.continuation)
+    text_min_tokens: int | None = None      # the request's min_tokens, counted from the first generated token
+    report_ids: bool = False        # return_token_ids: every token is reported, with text or not
+
+
+def engine_prompt(spec: ChoiceSpec) -> list[int]:
+    return spec.prompt_token_ids + spec.continuation if spec.continuation else spec.prompt_token_ids
 
 
 async def run_choice(state: ServingState, spec: ChoiceSpec, tracker: RequestTracker) -> AsyncIterator[ChoiceEvent]:
     engine, params = state.engine, spec.params
+    min_tokens = params.min_tokens if spec.text_min_tokens is None else spec.text_min_tokens
     text = OutputText(state.tokenizer, spec.prompt_token_ids, params.stop, params.include_stop_str_in_output,
-                      params.min_tokens, spec.skip_special_tokens)
-    gen = engine.generate(spec.engine_request_id, spec.prompt_token_ids, params)
+                      min_tokens, spec.skip_special_tokens)
+    # Replay the continuation unreported: the detokenizer and the stop matcher reach the state the first
+    # worker was in (what it withheld, a split character or a possible stop prefix, comes out here).
+    text.add_tokens(spec.continuation)
+    n_done = len(spec.continuation)
+    gen = engine.generate(spec.engine_request_id, engine_prompt(spec), params)
     done = False
     n_prompt = len(spec.prompt_token_ids)
     state.active.add(spec.engine_request_id)
@@ -150,11 +165,13 @@ async def run_choice(state: ServingState, spec: ChoiceSpec, tracker: RequestTrac
             ended_by_token = out.finished and out.finish_reason == "stop" and ids
             text_ids = ids[:-1] if ended_by_token and not params.include_stop_str_in_output else ids
             delta = text.add_tokens(text_ids)
+            # usage counts the whole generation: the continuation is output, not prompt
             ev = ChoiceEvent(spec.index, delta.text, list(out.new_logprobs or []),
-                             num_prompt_tokens=out.num_prompt_tokens or n_prompt,
-                             num_output_tokens=out.num_output_tokens, prompt_logprobs=out.prompt_logprobs)
+                             num_prompt_tokens=n_prompt if n_done else (out.num_prompt_tokens or n_prompt),
+                             num_output_tokens=out.num_output_tokens + n_done, prompt_logprobs=out.prompt_logprobs,
+                             token_ids=list(ids))
             if spec.score_only:         # max_tokens 0: nothing generated is reported (its one token ends it)
-                ev.text, ev.logprobs, ev.num_output_tokens = "", [], 0
+                ev.text, ev.logprobs, ev.num_output_tokens, ev.token_ids = "", [], 0, []
             if delta.stop_string is not None and not out.finished:
                 done = True
                 # Free the engine first, then report: the stop string is the finish.
@@ -170,6 +187,10 @@ async def run_choice(state: ServingState, spec: ChoiceSpec, tracker: RequestTrac
                     ev.finish_reason = "length"
                 elif delta.stop_string is not None:
                     ev.finish_reason, ev.stop_reason = "stop", delta.stop_string
+                elif out.finish_reason == "abort" and state.drain_aborting:
+                    # Migratable (worker.continuation): the withheld tail stays withheld, as the worker
+                    # that resumes replays these tokens and sends it then.
+                    ev.finish_reason, ev.stop_reason = "abort", DRAIN_ABORT
                 else:
                     ev.text += text.finish().text
                     ev.finish_reason = out.finish_reason or "stop"
@@ -177,12 +198,15 @@ async def run_choice(state: ServingState, spec: ChoiceSpec, tracker: RequestTrac
                 tracker.on_finish(ev.finish_reason, out.timings)
                 yield ev
                 return
-            if ev.text or ev.logprobs or ev.prompt_logprobs:
+            # A token without text (a skipped special token, a withheld byte) still counts when ids are reported.
+            if ev.text or ev.logprobs or ev.prompt_logprobs or (spec.report_ids and ev.token_ids):
                 yield ev
         # The contract says a stream ends with a finished increment; treat anything else as an abort.
         done = True
         tracker.on_finish("abort")
-        yield ChoiceEvent(spec.index, text.finish().text, finish_reason="abort",
+        draining = state.drain_aborting
+        yield ChoiceEvent(spec.index, "" if draining else text.finish().text, finish_reason="abort",
+                          stop_reason=DRAIN_ABORT if draining else None,
                           num_prompt_tokens=n_prompt, num_output_tokens=text.num_tokens)
     finally:
         state.active.discard(spec.engine_request_id)
@@ -292,6 +316,13 @@ class GuardedStreamingResponse(StreamingResponse):
                 await self.body_iterator.aclose()
             finally:
                 self._on_close()
+
+
+def with_headers(model, headers: dict[str, str] | None):
+    """A response model as is, or as JSON with ``headers`` (FastAPI then skips its own serialisation)."""
+    if not headers:
+        return model
+    return JSONResponse(model.model_dump(mode="json"), headers=headers)
 
 
 def sse(payload: str) -> str:

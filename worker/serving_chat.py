@@ -17,6 +17,9 @@ outputs are held back and sent as ``tool_calls`` deltas when the choice ends (pe
 delta with ``id``, ``type`` and ``function.name``, then one with ``function.arguments``);
 "auto" streams content as usual once the output cannot be the start of a call, and
 holds it back while it can.
+
+``return_token_ids`` adds each choice's generated ids (``token_ids``); ``continuation_token_ids``
+resumes a generation (worker.continuation: no role chunk, usage for the whole generation).
 """
 
 from __future__ import annotations
@@ -27,13 +30,14 @@ import json
 from fastapi import Request, Response
 
 from worker import tools as tool_calls
+from worker.continuation import response_headers
 from worker.errors import APIError, bad_request
 from worker.logprobs import chat_logprobs, prompt_logprobs_out
 from worker.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionRequest, ChatCompletionResponse,
                              ChatMessageOut, UsageInfo, child_seed, now, to_sampling_params, validate_request)
 from worker.structured import structured_spec
 from worker.serving import (SSE_DONE, ChoiceSpec, ChoiceStreams, ClientDisconnected, GuardedStreamingResponse,
-                            ServingState, engine_error, monotonic, new_id, sse, until_disconnect)
+                            ServingState, engine_error, monotonic, new_id, sse, until_disconnect, with_headers)
 
 # Arguments of apply_chat_template that chat_template_kwargs must not override.
 _RESERVED_KWARGS = {"conversation", "tokenize", "add_generation_prompt", "continue_final_message", "chat_template",
@@ -110,14 +114,19 @@ def check_tools(state: ServingState, req: ChatCompletionRequest, msgs: list[dict
 
 async def chat_prompt(state: ServingState, req: ChatCompletionRequest, msgs: list[dict], tools=None, plan=None):
     """After admission: the template in the executor, truncation, and the one conversion to
-    engine parameters. -> (prompt token ids, SamplingParams)."""
+    engine parameters. -> (prompt token ids, SamplingParams). A continuation (worker.continuation)
+    counts in the engine's context but not in the returned prompt."""
     ids = await state.run_sync(render_chat, state.tokenizer, msgs, req, tools)
     if req.truncate_prompt_tokens is not None and len(ids) > req.truncate_prompt_tokens:
         ids = ids[-req.truncate_prompt_tokens:]
     if not ids:
         raise bad_request("The rendered prompt is empty.", "messages")
-    params = to_sampling_params(req, prompt_len=len(ids), max_model_len=state.engine.max_model_len,
-                                vocab_size=state.vocab_size)
+    cont = req.continuation_token_ids or []
+    if any(t >= state.vocab_size for t in cont):
+        raise bad_request(f"continuation_token_ids must be < the vocabulary size {state.vocab_size}.",
+                          "continuation_token_ids")
+    params = to_sampling_params(req, prompt_len=len(ids) + len(cont), max_model_len=state.engine.max_model_len,
+                                vocab_size=state.vocab_size, done=len(cont))
     if plan is not None and plan.spec is not None:
         params = dataclasses.replace(params, structured=plan.spec)
     return ids, params
@@ -135,13 +144,16 @@ async def create_chat_completion(state: ServingState, req: ChatCompletionRequest
         request_id = new_id("chatcmpl")
         specs = [ChoiceSpec(i, f"{request_id}-{i}", ids,
                             dataclasses.replace(base, seed=child_seed(base.seed, i)) if i else base,
-                            req.skip_special_tokens) for i in range(req.n)]
+                            req.skip_special_tokens, continuation=list(req.continuation_token_ids or []),
+                            text_min_tokens=req.min_tokens, report_ids=bool(req.return_token_ids))
+                 for i in range(req.n)]
         if req.stream:
             body = _stream(state, req, request_id, specs, len(ids), arrival, plan)
             handed_over = True
-            return GuardedStreamingResponse(body, on_close=state.release)
+            return GuardedStreamingResponse(body, on_close=state.release, headers=response_headers(req))
         try:
-            return await until_disconnect(raw, _full(state, req, request_id, specs, len(ids), arrival, plan))
+            out = await until_disconnect(raw, _full(state, req, request_id, specs, len(ids), arrival, plan))
+            return with_headers(out, response_headers(req))
         except ClientDisconnected:
             return Response(status_code=499)
     finally:
@@ -163,6 +175,8 @@ async def _full(state, req, request_id, specs, prompt_tokens, arrival, plan=None
             if ev.prompt_logprobs is not None and prompt_lps is None:     # the same for every choice
                 prompt_lps = prompt_logprobs_out(state.token_texts, ev.prompt_logprobs, req.prompt_logprobs)
             c.message.content += ev.text
+            if req.return_token_ids:
+                c.token_ids = (c.token_ids or []) + ev.token_ids
             out_tokens[ev.index] = ev.num_output_tokens
             if k is not None and ev.logprobs:
                 c.logprobs.content.extend(chat_logprobs(state.token_texts, ev.logprobs, k))
@@ -212,10 +226,12 @@ async def _stream(state, req, request_id, specs, prompt_tokens, arrival, plan=No
     include_usage, continuous = req.include_usage, req.continuous_usage
     out_tokens = {s.index: 0 for s in specs}
 
-    def chunk(index: int, delta: dict, logprobs=None, finish=None, stop=None) -> str:
+    def chunk(index: int, delta: dict, logprobs=None, finish=None, stop=None, token_ids=None) -> str:
         obj = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
                "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish,
                             "stop_reason": stop}]}
+        if req.return_token_ids:
+            obj["choices"][0]["token_ids"] = token_ids or []
         if continuous:
             n = out_tokens[index]
             obj["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
@@ -227,7 +243,8 @@ async def _stream(state, req, request_id, specs, prompt_tokens, arrival, plan=No
     events = streams.events()
     try:
         for s in specs:
-            yield chunk(s.index, {"role": "assistant", "content": ""})
+            if not s.continuation:          # a resumed stream: the client has its role chunk already
+                yield chunk(s.index, {"role": "assistant", "content": ""})
         async for ev in events:
             out_tokens[ev.index] = ev.num_output_tokens
             lp = None
@@ -245,7 +262,7 @@ async def _stream(state, req, request_id, specs, prompt_tokens, arrival, plan=No
                     yield chunk(ev.index, delta, None, finish, ev.stop_reason if finish == ev.finish_reason else None)
                 continue
             delta = {"content": text} if text else {}
-            yield chunk(ev.index, delta, lp, ev.finish_reason, ev.stop_reason)
+            yield chunk(ev.index, delta, lp, ev.finish_reason, ev.stop_reason, ev.token_ids)
         if include_usage:
             n = sum(out_tokens.values())
             yield _dumps({"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,

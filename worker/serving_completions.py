@@ -12,7 +12,8 @@ logprobs once the engine has computed them.
 
 Choice ``index`` is ``prompt_index * n + i`` (as vLLM). ``usage.prompt_tokens``
 counts each prompt once, ``completion_tokens`` every generated token of every
-choice (including the EOS / stop token, as vLLM). Flow: cheap checks ->
+choice (including the EOS / stop token, as vLLM). ``return_token_ids`` adds each choice's generated
+ids (``token_ids``); ``continuation_token_ids`` resumes a generation (worker.continuation). Flow: cheap checks ->
 admission slot -> tokenise in the executor -> ``to_sampling_params`` per prompt ->
 one engine request per choice (``ChoiceStreams``).
 """
@@ -24,12 +25,13 @@ import json
 
 from fastapi import Request, Response
 
+from worker.continuation import response_headers
 from worker.errors import APIError, bad_request
 from worker.logprobs import completion_logprobs, echo_logprobs, extend_logprobs, prompt_logprobs_out
 from worker.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
                              UsageInfo, child_seed, now, to_sampling_params, validate_request)
 from worker.serving import (SSE_DONE, ChoiceSpec, ChoiceStreams, ClientDisconnected, GuardedStreamingResponse,
-                            ServingState, engine_error, monotonic, new_id, sse, until_disconnect)
+                            ServingState, engine_error, monotonic, new_id, sse, until_disconnect, with_headers)
 
 
 def _tokenize(tokenizer, prompt, add_special_tokens: bool, truncate: int | None, echo: bool, vocab_size: int):
@@ -79,6 +81,10 @@ async def create_completion(state: ServingState, req: CompletionRequest, raw: Re
         prompts = await state.run_sync(_tokenize, state.tokenizer, req.prompt, req.add_special_tokens,
                                        req.truncate_prompt_tokens, bool(req.echo), state.vocab_size)
         specs: list[ChoiceSpec] = []
+        cont = list(req.continuation_token_ids or [])
+        if any(t >= state.vocab_size for t in cont):
+            raise bad_request(f"continuation_token_ids must be < the vocabulary size {state.vocab_size}.",
+                              "continuation_token_ids")
         request_id = new_id("cmpl")
         max_model_len = state.engine.max_model_len
         for p_idx, (ids, _) in enumerate(prompts):
@@ -86,21 +92,22 @@ async def create_completion(state: ServingState, req: CompletionRequest, raw: Re
                 raise bad_request("The prompt is empty after tokenisation.", "prompt")
             if any(t >= state.vocab_size for t in ids):
                 raise bad_request(f"Prompt token ids must be < the vocabulary size {state.vocab_size}.", "prompt")
-            base = to_sampling_params(req, prompt_len=len(ids), max_model_len=max_model_len,
-                                      vocab_size=state.vocab_size)
+            base = to_sampling_params(req, prompt_len=len(ids) + len(cont), max_model_len=max_model_len,
+                                      vocab_size=state.vocab_size, done=len(cont))
             for i in range(req.n):
                 index = p_idx * req.n + i
                 params = dataclasses.replace(base, seed=child_seed(base.seed, i)) if i else base
                 specs.append(ChoiceSpec(index, f"{request_id}-{index}", ids, params, req.skip_special_tokens,
-                                        req.score_only))
+                                        req.score_only, cont, req.min_tokens, bool(req.return_token_ids)))
         echo = {s.index: prompts[s.index // req.n][1] for s in specs} if req.echo else {}
         prompt_tokens = sum(len(ids) for ids, _ in prompts)
         if req.stream:
             body = _stream(state, req, request_id, specs, echo, prompt_tokens, arrival)
             handed_over = True
-            return GuardedStreamingResponse(body, on_close=state.release)
+            return GuardedStreamingResponse(body, on_close=state.release, headers=response_headers(req))
         try:
-            return await until_disconnect(raw, _full(state, req, request_id, specs, echo, prompt_tokens, arrival))
+            out = await until_disconnect(raw, _full(state, req, request_id, specs, echo, prompt_tokens, arrival))
+            return with_headers(out, response_headers(req))
         except ClientDisconnected:
             return Response(status_code=499)
     finally:
@@ -134,6 +141,8 @@ async def _full(state, req, request_id, specs, echo, prompt_tokens, arrival) -> 
                     c.prompt_logprobs = prompt_logprobs_out(state.token_texts, ev.prompt_logprobs,
                                                             req.prompt_logprobs)
             c.text += ev.text
+            if req.return_token_ids:
+                c.token_ids = (c.token_ids or []) + ev.token_ids
             out_tokens[ev.index] = ev.num_output_tokens
             if k is not None and ev.logprobs:
                 block, offsets[ev.index] = completion_logprobs(state.token_texts, ev.logprobs, k, offsets[ev.index])
@@ -162,10 +171,12 @@ async def _stream(state, req, request_id, specs, echo, prompt_tokens, arrival):
     offsets = {s.index: 0 for s in specs}
     out_tokens = {s.index: 0 for s in specs}
 
-    def chunk(index: int, text: str, logprobs=None, finish=None, stop=None) -> str:
+    def chunk(index: int, text: str, logprobs=None, finish=None, stop=None, token_ids=None) -> str:
         obj = {"id": request_id, "object": "text_completion", "created": created, "model": model,
                "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish,
                             "stop_reason": stop}]}
+        if req.return_token_ids:
+            obj["choices"][0]["token_ids"] = token_ids or []
         if continuous:
             n = out_tokens[index]
             obj["usage"] = {"prompt_tokens": prompt_len[index], "completion_tokens": n,
@@ -190,7 +201,7 @@ async def _stream(state, req, request_id, specs, echo, prompt_tokens, arrival):
             if k is not None and ev.logprobs:
                 block, offsets[ev.index] = completion_logprobs(state.token_texts, ev.logprobs, k, offsets[ev.index])
                 lp = block.model_dump()
-            yield chunk(ev.index, ev.text, lp, ev.finish_reason, ev.stop_reason)
+            yield chunk(ev.index, ev.text, lp, ev.finish_reason, ev.stop_reason, ev.token_ids)
         if include_usage:
             n = sum(out_tokens.values())
             yield _dumps({"id": request_id, "object": "text_completion", "created": created, "model": model,

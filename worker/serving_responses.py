@@ -3,8 +3,10 @@
 Flow: checks (``protocol_responses.validate``) -> ``to_chat`` -> the chat request's own
 checks -> admission -> chat template in the executor -> ``to_sampling_params`` once ->
 one engine request (``ChoiceStreams``, as a chat choice). The answer is one assistant
-``message`` output item holding one ``output_text`` part; ``usage`` counts input and
-output tokens. ``finish_reason == "length"`` makes the response ``incomplete`` with
+``message`` output item holding one ``output_text`` part, or, with tools, the calls the
+output holds (``worker.tools.calls``) as ``function_call`` items (after a ``message``
+item for any text before them); ``usage`` counts input and output tokens.
+``finish_reason == "length"`` makes the response ``incomplete`` with
 ``incomplete_details.reason = "max_output_tokens"``.
 
 Streaming sends OpenAI's event sequence as ``event: <type>`` + ``data: <json>`` SSE
@@ -12,7 +14,10 @@ events, each with a ``sequence_number``: ``response.created``, ``response.in_pro
 ``response.output_item.added``, ``response.content_part.added``,
 ``response.output_text.delta`` per text piece, ``response.output_text.done``,
 ``response.content_part.done``, ``response.output_item.done``, then
-``response.completed`` (or ``response.incomplete``); an engine failure after the first
+``response.completed`` (or ``response.incomplete``). With tools, text is held back while
+it may be a call (as on the chat path); each call is sent at the end as
+``response.output_item.added`` (arguments empty), ``response.function_call_arguments.delta``,
+``response.function_call_arguments.done`` and ``response.output_item.done``. An engine failure after the first
 byte ends the stream with ``response.failed`` carrying the error. No ``[DONE]``
 follows, as in OpenAI's API: the terminal event ends the stream.
 """
@@ -27,20 +32,22 @@ from fastapi.responses import JSONResponse
 
 from worker.errors import APIError
 from worker.protocol import now
-from worker.protocol_responses import ResponsesRequest, to_chat, validate
+from worker import tools as tool_calls
+from worker.protocol_responses import ResponsesRequest, echo_format, to_chat, validate
 from worker.serving import (ChoiceSpec, ChoiceStreams, ClientDisconnected, GuardedStreamingResponse, ServingState,
                             engine_error, monotonic, new_id, until_disconnect)
-from worker.serving_chat import chat_prompt, check_chat
+from worker.serving_chat import chat_prompt, check_chat, check_tools
 
 # The chat path names its own parameters in errors; a Responses client sent these instead.
 _PARAMS = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens", "messages": "input"}
+_PREFIXES = (("response_format.json_schema", "text.format"), ("response_format", "text.format"))
 
 
 class ResponseView:
-    """Builds the Response object and its message item for one request."""
+    """Builds the Response object and its output items for one request."""
 
-    def __init__(self, req: ResponsesRequest, model: str, input_tokens: int) -> None:
-        self.req, self.model, self.input_tokens = req, model, input_tokens
+    def __init__(self, req: ResponsesRequest, model: str, input_tokens: int, plan=None) -> None:
+        self.req, self.model, self.input_tokens, self.plan = req, model, input_tokens, plan
         self.id, self.msg_id = new_id("resp"), new_id("msg")
         self.created = now()
 
@@ -51,19 +58,37 @@ class ResponseView:
         content = [] if text is None else [self.part(text)]
         return {"type": "message", "id": self.msg_id, "status": status, "role": "assistant", "content": content}
 
-    def response(self, status: str, text: str | None = None, output_tokens: int = 0, finish: str | None = None,
+    @staticmethod
+    def function_call(name: str, arguments: str, status: str = "completed") -> dict:
+        call_id = tool_calls.call_objects([(name, arguments)])[0]["id"]
+        return {"type": "function_call", "id": new_id("fc"), "call_id": call_id, "name": name,
+                "arguments": arguments, "status": status}
+
+    def split(self, text: str, finish: str | None) -> tuple[str | None, list]:
+        """(text for a message item or None, [(name, arguments)]) of a finished output."""
+        if self.plan is None:
+            return text, []
+        content, found = tool_calls.calls(self.plan, text, finish)
+        return (content if content else None) if found else text, found
+
+    def items(self, status: str, text: str, finish: str | None) -> list[dict]:
+        content, found = self.split(text, finish)
+        out = [self.message(status, content)] if content is not None else []
+        return out + [self.function_call(n, a) for n, a in found]
+
+    def response(self, status: str, output: list | None = None, output_tokens: int = 0, finish: str | None = None,
                  error: dict | None = None) -> dict:
         r = self.req
         done = status in ("completed", "incomplete")
         return {
             "id": self.id, "object": "response", "created_at": self.created, "status": status,
-            "model": self.model, "output": [self.message(status, text)] if done else [],
+            "model": self.model, "output": output or [],
             "error": error,
             "incomplete_details": {"reason": "max_output_tokens"} if finish == "length" else None,
             "instructions": r.instructions, "max_output_tokens": r.max_output_tokens,
             "temperature": 1.0 if r.temperature is None else r.temperature,
             "top_p": 1.0 if r.top_p is None else r.top_p,
-            "text": {"format": {"type": "text"}}, "tools": [], "tool_choice": r.tool_choice or "auto",
+            "text": echo_format(r), "tools": r.tools or [], "tool_choice": r.tool_choice or "auto",
             "parallel_tool_calls": True if r.parallel_tool_calls is None else r.parallel_tool_calls,
             "previous_response_id": None, "store": False, "truncation": "disabled", "background": False,
             "reasoning": None, "metadata": r.metadata or {}, "user": r.user, "service_tier": "default",
@@ -86,7 +111,16 @@ def _responses_params():
     try:
         yield
     except APIError as exc:
-        exc.param = _PARAMS.get(exc.param, exc.param)
+        p = exc.param
+        if p in _PARAMS:
+            exc.param = _PARAMS[p]
+        elif isinstance(p, str):
+            for old, new in _PREFIXES:
+                if p.startswith(old):
+                    exc.param = new + p[len(old):]
+                    break
+            if p.startswith("tools.") and ".function." in p:
+                exc.param = p.replace(".function.", ".", 1)
         raise
 
 
@@ -96,13 +130,14 @@ async def create_response(state: ServingState, req: ResponsesRequest, raw: Reque
     with _responses_params():
         chat = to_chat(req)
         msgs = check_chat(state, chat)
+        plan, msgs, tools = check_tools(state, chat, msgs)
     arrival = monotonic()
     state.admit()
     handed_over = False
     try:
         with _responses_params():
-            ids, params = await chat_prompt(state, chat, msgs)
-        view = ResponseView(req, state.config.model_name, len(ids))
+            ids, params = await chat_prompt(state, chat, msgs, tools, plan)
+        view = ResponseView(req, state.config.model_name, len(ids), plan)
         spec = ChoiceSpec(0, view.id, ids, params)
         if req.stream:
             body = _stream(state, view, spec, arrival)
@@ -129,11 +164,13 @@ async def _full(state, view: ResponseView, spec: ChoiceSpec, arrival) -> dict:
         raise engine_error(exc) from exc
     finally:
         await events.aclose()
-    return view.response(_status(finish), text, n, finish)
+    status = _status(finish)
+    return view.response(status, view.items(status, text, finish), n, finish)
 
 
 async def _stream(state, view: ResponseView, spec: ChoiceSpec, arrival):
     seq = 0
+    plan = view.plan
 
     def event(kind: str, **fields) -> str:
         nonlocal seq
@@ -143,25 +180,60 @@ async def _stream(state, view: ResponseView, spec: ChoiceSpec, arrival):
         return f"event: {kind}\ndata: {payload}\n\n"
 
     where = {"item_id": view.msg_id, "output_index": 0, "content_index": 0}
+
+    def opened():
+        yield event("response.output_item.added", output_index=0, item=view.message("in_progress", None))
+        yield event("response.content_part.added", part=view.part(""), **where)
+
+    def closed(status: str, text: str):
+        yield event("response.output_text.done", text=text, logprobs=[], **where)
+        yield event("response.content_part.done", part=view.part(text), **where)
+        yield event("response.output_item.done", output_index=0, item=view.message(status, text))
+
     text, n, finish = "", 0, None
+    free = plan is None                       # text streams as it comes; else held while it may be a call
     streams = ChoiceStreams(state, [spec], arrival)
     events = streams.events()
     try:
         yield event("response.created", response=view.response("in_progress"))
         yield event("response.in_progress", response=view.response("in_progress"))
-        yield event("response.output_item.added", output_index=0, item=view.message("in_progress", None))
-        yield event("response.content_part.added", part=view.part(""), **where)
+        if free:
+            for e in opened():
+                yield e
         async for ev in events:
             n = ev.num_output_tokens
             finish = ev.finish_reason or finish
-            if ev.text:
-                text += ev.text
+            text += ev.text
+            if not free and plan.mode == "auto" and not plan.fmt.may_start_call(text):
+                free = True                   # prose: what was held goes out as the first delta
+                for e in opened():
+                    yield e
+                if text:
+                    yield event("response.output_text.delta", delta=text, logprobs=[], **where)
+            elif free and ev.text:
                 yield event("response.output_text.delta", delta=ev.text, logprobs=[], **where)
         status = _status(finish)
-        yield event("response.output_text.done", text=text, logprobs=[], **where)
-        yield event("response.content_part.done", part=view.part(text), **where)
-        yield event("response.output_item.done", output_index=0, item=view.message(status, text))
-        yield event(f"response.{status}", response=view.response(status, text, n, finish))
+        if free:
+            for e in closed(status, text):
+                yield e
+            output = [view.message(status, text)]
+        else:
+            output = view.items(status, text, finish)
+            for i, item in enumerate(output):
+                if item["type"] == "message":
+                    for e in opened():
+                        yield e
+                    yield event("response.output_text.delta", delta=item["content"][0]["text"], logprobs=[], **where)
+                    for e in closed(status, item["content"][0]["text"]):
+                        yield e
+                    continue
+                yield event("response.output_item.added", output_index=i,
+                            item={**item, "arguments": "", "status": "in_progress"})
+                at = {"item_id": item["id"], "output_index": i}
+                yield event("response.function_call_arguments.delta", delta=item["arguments"], **at)
+                yield event("response.function_call_arguments.done", arguments=item["arguments"], **at)
+                yield event("response.output_item.done", output_index=i, item=item)
+        yield event(f"response.{status}", response=view.response(status, output, n, finish))
     except Exception as exc:  # noqa: BLE001 - the status line is gone: the failure is the last event
         err = exc if isinstance(exc, APIError) else engine_error(exc)
         yield event("response.failed", response=view.response("failed", error={"code": str(err.code or err.type),

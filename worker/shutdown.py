@@ -7,7 +7,9 @@ On the first SIGTERM or SIGINT the worker *drains* instead of closing at once:
 2. ``/health`` answers 503, so routers' health checks take the worker out of rotation;
 3. in-flight requests run to completion, for at most ``drain_timeout`` seconds; those
    still running then are aborted in the engine, so each ends with an explicit
-   ``finish_reason: "abort"`` (streams still end with ``[DONE]``), never a cut connection;
+   ``finish_reason: "abort"`` and ``stop_reason: "worker_shutdown"`` (streams still end with
+   ``[DONE]``), never a cut connection; a SwiftServe gateway migrates such a stream to
+   another worker (``worker.continuation``), so the client does not see the abort;
 4. when nothing is in flight the server closes (uvicorn's normal shutdown, then the
    app's lifespan stops the engine) and the process exits 0.
 
@@ -51,6 +53,7 @@ class DrainingServer(uvicorn.Server):
                 self.should_exit = True
             elif now >= self.drain_deadline and not self.aborted:
                 self.aborted = True
+                s.drain_aborting = True     # the aborted choices say so (stop_reason DRAIN_ABORT): gateways migrate them
                 log.warning("drain deadline: aborting %d engine requests", len(s.active))
                 for rid in list(s.active):
                     await s.engine.abort(rid)

@@ -24,6 +24,9 @@ request's matcher when it finishes or aborts.
 
 The compiled template of a spec (an ``LLMatcher`` before any token) is copied per
 request (``deep_copy``), so a schema is compiled once while it stays in the cache.
+
+JSON constraints also follow their output's numbers (``refengine.structured.numbers``): a
+fraction stops offering digits after 17 significant digits, what a double carries.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from refengine.structured.grammar import GrammarError, to_grammar
+from refengine.structured.numbers import JsonNumberState, cap_row, digit_start_words
 from refengine.structured.spec import StructuredSpec
 
 CACHE_SIZE = 256
@@ -48,11 +52,12 @@ class TokenMasks:
 
 
 class _State:
-    __slots__ = ("matcher", "consumed")
+    __slots__ = ("matcher", "consumed", "numbers")
 
-    def __init__(self, matcher) -> None:
+    def __init__(self, matcher, json: bool) -> None:
         self.matcher = matcher
         self.consumed = 0
+        self.numbers = JsonNumberState() if json else None
 
 
 class GrammarMasks:
@@ -65,6 +70,7 @@ class GrammarMasks:
         self.overlap = overlap
         self._tokenizer = None                   # built on first use (~1 s), on the executor's thread
         self._ll = None
+        self._digit_words = None                 # [ceil(V/32)] int32: tokens starting with a digit
         self._templates: collections.OrderedDict[StructuredSpec, object] = collections.OrderedDict()
         self._states: dict[str, _State] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
@@ -80,6 +86,7 @@ class GrammarMasks:
         self._ll = llguidance
         self._tokenizer = llguidance.LLTokenizer(f"{self.tokenizer_dir}/tokenizer.json", n_vocab=self.vocab_size,
                                                  eos_token=self.eos_token_ids)
+        self._digit_words = digit_start_words(self._tokenizer, self.vocab_size)
 
     def _template(self, spec: StructuredSpec):
         m = self._templates.get(spec)
@@ -104,22 +111,27 @@ class GrammarMasks:
         for j, (_, rid, spec, out_ids) in enumerate(todo):
             st = self._states.get(rid)
             if st is None:
-                st = self._states[rid] = _State(self._template(spec).deep_copy())
+                st = self._states[rid] = _State(self._template(spec).deep_copy(), spec.kind == "json")
             new = out_ids[st.consumed:]
             if new:
                 if not st.matcher.consume_tokens(new):
                     raise GrammarError(f"request {rid}: the output left its grammar: {st.matcher.get_error()}")
                 st.consumed += len(new)
-            pairs.append((st.matcher, j))
+                if st.numbers is not None:
+                    st.numbers.feed(self._tokenizer.decode_bytes(new))
+            pairs.append((st, j))
         bits = torch.full((len(todo), (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
         row_bytes = bits.shape[1] * 4
-        for m, j in pairs:
+        for st, j in pairs:
             # One row at a time on this thread (the GIL is released inside). llguidance's parallel
             # executor keeps a pool of spinning worker threads, which on a small CPU took cores from
             # the forward pass (a 16-request constrained batch ran at half speed).
+            m = st.matcher
             m.unsafe_compute_mask_ptr(bits.data_ptr() + j * row_bytes, row_bytes)
             if m.is_error():
                 raise GrammarError(m.get_error())
+            if st.numbers is not None and st.numbers.capped:
+                cap_row(bits[j], self._digit_words)
         per_row = 1e3 * (time.perf_counter() - t0) / len(todo)
         self.mask_ms.extend([per_row] * len(todo))
         return TokenMasks([row for row, *_ in todo], bits)

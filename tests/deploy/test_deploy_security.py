@@ -1,15 +1,19 @@
 """Security properties of the deployment artifacts: workers are reachable only through the
 gateway (compose: no published port, an internal network; Kubernetes: a headless Service, a
 NetworkPolicy admitting only the gateway and Prometheus, only the gateway exposed), and every
-artifact leaves a worker time to drain on SIGTERM (worker.shutdown) before it is killed."""
+artifact leaves a worker and a gateway time to drain on SIGTERM (worker.shutdown,
+gateway.shutdown) before it is killed; rolling updates replace one pod at a time, surging first."""
 
 import pytest
 import yaml
 from deploy_support import K8S, ROOT, container, find, render
 
+from gateway.config import GatewayConfig
+from gateway.shutdown import ABORT_GRACE
 from worker.cli import build_parser
 
 DRAIN = build_parser().parse_args([]).drain_timeout
+GATEWAY_DRAIN = GatewayConfig().drain_timeout
 
 
 def test_compose_workers_only_behind_the_gateway():
@@ -23,6 +27,7 @@ def test_compose_workers_only_behind_the_gateway():
         grace = int(str(svc["stop_grace_period"]).rstrip("s"))
         assert grace >= DRAIN + 10, f"{name}: stop_grace_period {grace}s < drain {DRAIN}s + margin"
     gw = services["gateway"]
+    assert int(str(gw["stop_grace_period"]).rstrip("s")) >= GATEWAY_DRAIN + ABORT_GRACE
     assert gw["ports"] == ["8000:8000"]
     backend = set(next(iter(workers.values()))["networks"])
     assert backend & set(gw["networks"]) and backend & set(services["prometheus"]["networks"])
@@ -54,3 +59,16 @@ def test_kubernetes_termination_grace_covers_the_drain(base):
     pre_stop = int(c["lifecycle"]["preStop"]["exec"]["command"][-1])
     drain = next((float(a.split("=", 1)[1]) for a in c.get("args", []) if a.startswith("--drain-timeout=")), DRAIN)
     assert spec["terminationGracePeriodSeconds"] >= pre_stop + drain + 10
+
+
+def test_kubernetes_gateway_grace_and_rolling_updates(base):
+    gw = find(base, "Deployment", "swiftserve-gateway")
+    c = container(gw, "gateway")
+    drain = next((float(a.split("=", 1)[1]) for a in c.get("args", []) if a.startswith("--drain-timeout=")),
+                 GATEWAY_DRAIN)
+    assert gw["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= drain + ABORT_GRACE
+    # One pod at a time, the new one ready before an old one drains: a drain's aborted streams
+    # always have another worker to migrate to (gateway.failover).
+    for name in ("swiftserve-gateway", "swiftserve-worker"):
+        ru = find(base, "Deployment", name)["spec"]["strategy"]["rollingUpdate"]
+        assert ru["maxUnavailable"] == 0 and ru["maxSurge"] == 1, name

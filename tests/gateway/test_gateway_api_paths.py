@@ -76,3 +76,17 @@ def test_tools_and_structured_fields_count_and_hash():
     assert "get_weather" in text and "Paris" in text and "18C" in text
     other = dict(full, tools=[{"type": "function", "function": {"name": "get_time"}}])
     assert render_prompt("/v1/chat/completions", other) != text
+
+
+def test_responses_tools_and_call_items_count_and_hash():
+    tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+    items = [{"role": "user", "content": "Weather in Paris?"},
+             {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city":"Paris"}'},
+             {"type": "function_call_output", "call_id": "c1", "output": "18C"}]
+    doc = {"model": "m", "input": items, "tools": [tool], "max_output_tokens": 10}
+    bare = {"model": "m", "input": items[:1], "max_output_tokens": 10}
+    assert estimate_tokens(doc) >= estimate_tokens(bare) + (len(json.dumps([tool])) + len(items[1]["arguments"])
+                                                           + len("18C")) / 4 - 1
+    text = render_prompt("/v1/responses", doc)
+    assert "get_weather" in text and "Paris" in text and "18C" in text
+    assert estimate_tokens({"model": "m", "input": "hi", "tools": [tool]}) > estimate_tokens({"model": "m", "input": "hi"})

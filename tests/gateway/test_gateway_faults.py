@@ -72,6 +72,8 @@ def test_worker_killed_before_the_first_byte_is_retried_elsewhere(procs, reliabi
 
 
 def test_worker_killed_mid_stream_gives_an_error_event(procs, reliability_log):
+    # Fault workers send no token ids, so their streams cannot migrate (gateway.migration): this is
+    # the non-migratable path. Migration itself: test_gateway_migration.py.
     a, b = start(procs, fault_worker("a")), start(procs, fault_worker("b"))
     set_fault(a, token_delay=0.2, tokens=100)
     set_fault(b, queue=BUSY)

@@ -139,3 +139,41 @@ def test_masks_beside_the_forward_pass_equal_inline_ones(smollm2_dir):
         m.release("a")
         m.release("b")
         m.close()
+
+
+def test_json_number_state_caps_only_long_fractions():
+    from refengine.structured.numbers import JsonNumberState
+
+    def capped(text: str) -> bool:
+        st = JsonNumberState()
+        st.feed(text.encode())
+        return st.capped
+
+    assert capped('{"x":0.54228000000000017') and capped('[1234567890.1234567')
+    assert not capped('{"x":0.5422800000000001')                  # 16 significant digits
+    assert not capped('{"x":0.0000000000000000001234')            # leading zeros are not significant
+    assert not capped('{"id":123456789012345678901234')           # integers are not capped
+    assert not capped('{"x":1.2345678901234567e1')                # the exponent is free
+    assert not capped('{"s":"0.123456789012345678') and not capped('{"s":"\\"0.12345678901234567890')
+    assert capped('{"s":"a\\"b","x":-3.1415926535897932')         # escaped quote closed, then a number
+    assert not capped('{"x":1.23456789012345678,"y":')            # ended by the comma
+
+
+@pytest.mark.model
+def test_a_capped_fraction_offers_no_digit(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    from refengine.model_config import load_model_spec
+    from refengine.structured.masks import GrammarMasks
+
+    spec = load_model_spec(str(smollm2_dir))
+    masks = GrammarMasks(str(smollm2_dir), spec.vocab_size, spec.eos_token_ids, overlap=False)
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    schema = spec_json({"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]})
+    allowed = lambda bits, t: bool((int(bits[t // 32]) >> (t % 32)) & 1)   # noqa: E731
+    digit, comma_close = tok.encode("3", add_special_tokens=False)[0], tok.encode("}", add_special_tokens=False)[0]
+    for text, digits_ok in (('{"x":0.5422800000000001', True), ('{"x":0.54228000000000017', False)):
+        bits = masks.result(masks.start([(0, text, schema, tok.encode(text, add_special_tokens=False))])).bits[0]
+        assert allowed(bits, digit) == digits_ok and allowed(bits, comma_close), text
+        masks.release(text)
+    masks.close()

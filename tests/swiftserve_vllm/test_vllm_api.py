@@ -182,3 +182,64 @@ def test_tool_calls_on_vllm(sdk):
         for call in c.message.tool_calls:
             assert call.function.name == "get_weather"
             jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+
+
+def test_responses_text_format_and_tools_on_vllm(sdk):
+    r = sdk.responses.parse(model="smol", input="Describe a pet as JSON.", text_format=Pet, max_output_tokens=80,
+                            temperature=0)
+    assert isinstance(r.output_parsed, Pet), r.output_text
+    tool = {"type": "function", **WEATHER["function"]}
+    r = sdk.responses.create(model="smol", input="Weather in Rome?", tools=[tool], tool_choice="required",
+                             max_output_tokens=80, temperature=0)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert calls and all(c.name == "get_weather" for c in calls)
+    for c in calls:
+        jsonschema.validate(json.loads(c.arguments), WEATHER["function"]["parameters"])
+
+
+def test_seeded_requests_whose_prefill_is_chunked_complete(served):
+    # Four ~700-token prompts exceed the step's 2048-token budget: one prefill is split over two
+    # steps. vLLM rewound that request's generator with set_offset, which a CPU generator lacks:
+    # the engine died (compat.fix_seeded_chunked_prefill_on_cpu).
+    import concurrent.futures as cf
+
+    words = " ".join(f"item{i}" for i in range(200))
+
+    def one(seed):
+        return httpx.post(served["worker"] + "/v1/completions", timeout=300, json={
+            "model": "smol", "prompt": f"{seed} {words}", "max_tokens": 4, "temperature": 1.0, "seed": seed})
+
+    with cf.ThreadPoolExecutor(4) as ex:
+        replies = list(ex.map(one, range(4)))
+    assert [r.status_code for r in replies] == [200] * 4, [r.text[:200] for r in replies]
+    assert all(r.json()["usage"]["prompt_tokens"] > 600 for r in replies)
+    assert httpx.get(served["worker"] + "/health", timeout=30).status_code == 200
+
+
+def test_vllm_json_is_compact_and_a_whitespace_pattern_is_refused(sdk):
+    msgs = [{"role": "user", "content": "Describe a movie as JSON, nicely indented."}]
+    rf = {"type": "json_schema", "json_schema": {"name": "movie", "schema": MOVIE, "strict": True}}
+    text = sdk.chat.completions.create(model="smol", messages=msgs, response_format=rf, max_tokens=80,
+                                       temperature=0).choices[0].message.content
+    assert text == json.dumps(json.loads(text), separators=(",", ":"), ensure_ascii=False)
+    with pytest.raises(openai.BadRequestError, match="whitespace_pattern"):
+        sdk.chat.completions.create(model="smol", messages=msgs, max_tokens=20,
+                                    extra_body={"structured_outputs": {"json": MOVIE, "whitespace_pattern": "[ ]?"}})
+
+
+def test_a_greedy_continuation_on_vllm_joins_into_the_uninterrupted_text(served):
+    # What a gateway sends when it moves a stream to a vLLM worker (worker/continuation.py).
+    body = {"model": "smol", "prompt": "The three primary colours are", "max_tokens": 24, "temperature": 0,
+            "return_token_ids": True}
+    whole = httpx.post(served["worker"] + "/v1/completions", json=body, timeout=300).json()["choices"][0]
+    ids = whole["token_ids"]
+    assert len(ids) == 24
+    for k in (1, 9):
+        r = httpx.post(served["worker"] + "/v1/completions", timeout=300,
+                       json={**body, "continuation_token_ids": ids[:k]})
+        assert r.status_code == 200 and r.headers["x-swiftserve-continuation"] == str(k), r.text
+        rest = r.json()["choices"][0]
+        assert ids[:k] + rest["token_ids"] == ids and r.json()["usage"]["completion_tokens"] == 24
+        head = httpx.post(served["worker"] + "/v1/completions", timeout=300,
+                          json={**body, "max_tokens": k}).json()["choices"][0]["text"]
+        assert head + rest["text"] == whole["text"]

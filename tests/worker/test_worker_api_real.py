@@ -140,8 +140,7 @@ def test_responses_api_with_the_sdk(sdk):
     assert [e.sequence_number for e in events] == list(range(len(events)))
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas == r.output_text == events[-1].response.output_text
-    for bad in ({"store": True}, {"previous_response_id": "resp_1"},
-                {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}}):
+    for bad in ({"store": True}, {"previous_response_id": "resp_1"}, {"tools": [{"type": "web_search"}]}):
         with pytest.raises(openai.BadRequestError) as e:
             sdk.responses.create(model="smol", input="hi", **bad)
         assert "not supported" in e.value.body["message"]

@@ -85,9 +85,13 @@ def test_engine_failure_mid_stream_is_response_failed(client_for):
 @pytest.mark.parametrize("extra, param", [
     ({"store": True}, "store"),
     ({"previous_response_id": "resp-1"}, "previous_response_id"),
-    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format"),
-    ({"text": {"format": {"type": "json_object"}}}, "text.format"),
-    ({"tools": [{"type": "function", "name": "f"}]}, "tools"),
+    ({"text": {"format": {"type": "xml"}}}, "text.format"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object", "uniqueItems": 3}}}},
+     "text.format"),
+    ({"tools": [{"type": "web_search"}]}, "tools.0"),
+    ({"tools": [{"type": "function", "name": "bad name"}]}, "tools.0.name"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"max_tool_calls": 1}, "max_tool_calls"),
     ({"reasoning": {"effort": "low"}}, "reasoning"),
     ({"background": True}, "background"),
     ({"truncation": "auto"}, "truncation"),
@@ -97,7 +101,9 @@ def test_engine_failure_mid_stream_is_response_failed(client_for):
     ({"max_output_tokens": 10**6}, "max_output_tokens"),
     ({"temperature": 3}, "temperature"),
     ({"input": []}, "input"),
-    ({"input": [{"type": "function_call_output", "call_id": "x", "output": "y"}]}, "input.0"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input.0"),
+    ({"input": [{"type": "function_call_output", "output": "y"}]}, "input.0"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}]}, "input.0"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input.0.content.0"),
 ])
@@ -138,3 +144,76 @@ def test_tokenize_and_detokenize(client):
                               ("/tokenize", {"messages": msgs, "chat_template": "{{ 'x' }}"}, "chat_template")):
         r = client.post(path, json=body)
         assert r.status_code in (400, 404) and r.json()["error"]["param"] == param, (path, body, r.text)
+
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "Weather of a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+CALL = '[{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+
+
+def scripted(text: str) -> FakeEngineClient:
+    return FakeEngineClient(make_tokenizer().encode(text, add_special_tokens=False) + [2], max_model_len=4096)
+
+
+def test_text_format_is_the_chat_response_format(client_for):
+    client, engine = client_for(scripted('{"city": "Paris"}'))
+    fmt = {"type": "json_schema", "name": "place", "schema": WEATHER["parameters"], "strict": True}
+    body = client.post("/v1/responses", json={"model": "fake-model", "input": "hi", "text": {"format": fmt}}).json()
+    (_, params), = engine.requests.values()
+    assert params.structured.kind == "json" and json.loads(params.structured.text) == WEATHER["parameters"]
+    assert body["text"] == {"format": fmt} and body["output"][0]["content"][0]["text"] == '{"city": "Paris"}'
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_tool_calls_are_function_call_items(client_for, stream):
+    client, engine = client_for(scripted(CALL))
+    r = client.post("/v1/responses", json={"model": "fake-model", "input": "Weather in Paris?", "tools": [WEATHER],
+                                           "tool_choice": "required", "stream": stream})
+    assert r.status_code == 200, r.text
+    (_, params), = engine.requests.values()
+    assert params.structured.kind == "json"                       # enforced by the grammar, as on chat
+    if stream:
+        events = sse_events(r.text)
+        names = [n for n, _ in events]
+        assert names[2:] == ["response.output_item.added", "response.function_call_arguments.delta",
+                             "response.function_call_arguments.done", "response.output_item.done",
+                             "response.completed"]
+        assert events[2][1]["item"]["arguments"] == "" and events[3][1]["delta"] == '{"city": "Paris"}'
+        body = events[-1][1]["response"]
+    else:
+        body = r.json()
+    (item,) = body["output"]
+    assert item["type"] == "function_call" and item["name"] == "get_weather" and item["status"] == "completed"
+    assert json.loads(item["arguments"]) == {"city": "Paris"} and item["call_id"].startswith("call_")
+    assert body["status"] == "completed" and body["tools"] == [WEATHER]
+
+
+def test_function_call_history_reaches_the_prompt(client_for):
+    client, engine = client_for(FakeEngineClient(max_model_len=4096))
+    items = [{"role": "user", "content": "Weather in Paris?"},
+             {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+             {"type": "function_call_output", "call_id": "call_1", "output": "sunny, 21 C"}]
+    r = client.post("/v1/responses", json={"model": "fake-model", "input": items, "tools": [WEATHER]})
+    assert r.status_code == 200, r.text
+    (prompt, _), = engine.requests.values()
+    rendered = make_tokenizer().decode(prompt)
+    assert '"city": "Paris"' in rendered and "sunny, 21 C" in rendered and "get_weather" in rendered
+
+
+def test_sdk_responses_parse_and_tools(serve):
+    from pydantic import BaseModel
+
+    class Place(BaseModel):
+        city: str
+
+    srv, engine = serve(scripted('{"city": "Paris"}'))
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+    r = client.responses.parse(model="fake-model", input="Where?", text_format=Place)
+    assert r.output_parsed == Place(city="Paris")
+    srv2, _ = serve(scripted(CALL))
+    client2 = openai.OpenAI(base_url=srv2.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+    r = client2.responses.create(model="fake-model", input="Weather?", tools=[WEATHER], tool_choice="required")
+    (call,) = [o for o in r.output if o.type == "function_call"]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
+    client.close()
+    client2.close()

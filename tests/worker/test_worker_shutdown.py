@@ -91,6 +91,7 @@ def test_sigterm_past_the_deadline_aborts_cleanly(smollm2_dir, tmp_path):
             assert events[-1] == "[DONE]"
             last = [e for e in events[:-1] if e["choices"]][-1]["choices"][0]
             assert last["finish_reason"] == "abort", json.dumps(events[-3:])
+            assert last["stop_reason"] == "worker_shutdown"        # a gateway migrates it (worker.continuation)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -171,3 +171,20 @@ def test_tool_result_round_trip(sdk):
     n_with = second.usage.prompt_tokens
     without = sdk.chat.completions.create(model="smol", messages=msgs[:-1], tools=[WEATHER], max_tokens=1)
     assert n_with > without.usage.prompt_tokens
+
+
+def test_responses_parse_and_function_tools(sdk):
+    r = sdk.responses.parse(model="smol", input="Describe a city as JSON.", text_format=City, max_output_tokens=120,
+                            temperature=0)
+    assert r.status == "completed" and isinstance(r.output_parsed, City), r.output_text
+    tool = {"type": "function", **WEATHER["function"]}
+    r = sdk.responses.create(model="smol", input="What is the weather in Paris?", tools=[tool], tool_choice="required",
+                             parallel_tool_calls=False, max_output_tokens=100, temperature=0)
+    (call,) = [o for o in r.output if o.type == "function_call"]
+    assert call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), WEATHER["function"]["parameters"])
+    follow = [{"role": "user", "content": "What is the weather in Paris?"},
+              {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+              {"type": "function_call_output", "call_id": call.call_id, "output": "18 degrees and sunny"}]
+    again = sdk.responses.create(model="smol", input=follow, tools=[tool], max_output_tokens=30, temperature=0)
+    assert again.status in ("completed", "incomplete") and again.usage.input_tokens > r.usage.input_tokens

@@ -52,6 +52,13 @@ class VllmEngineClient:
         log.info("vLLM %s on %s; %s", version, V.platform_device(), "; ".join(s.notes) or "defaults")
         log.info("vLLM engine arguments: %s", s.engine_kwargs)
         args = V.AsyncEngineArgs(**s.engine_kwargs)
+        # Compact JSON, as on the reference engine. vLLM (0.31-0.33) reads this per engine, not
+        # per request: its xgrammar and guidance backends ignore a request's disable_any_whitespace,
+        # and left at False a small model indents and spends max_tokens on whitespace. The setting
+        # needs a named backend ("auto" refuses it): guidance is llguidance, the library the edge
+        # checks schemas with and the reference engine runs, so both engines accept the same schemas.
+        args.structured_outputs_config.backend = "guidance"
+        args.structured_outputs_config.disable_any_whitespace = True
         # Built on the loop: AsyncLLM binds its output handler to it. The lifespan runs this
         # before the server accepts connections, and vLLM's engine core is its own process.
         self.engine = V.AsyncLLM.from_engine_args(args, stat_loggers=[self._stat_logger_factory(V)])
@@ -207,13 +214,15 @@ class VllmEngineClient:
 
 def _structured(V, spec):
     """Our ``StructuredSpec`` -> vLLM's ``StructuredOutputsParams`` (its own backends enforce it).
-    JSON is compact on both engines unless the request gave a whitespace pattern."""
+    JSON is compact (set for the whole engine in ``start``); a whitespace pattern is refused:
+    vLLM's backends take whitespace per engine, so it would be ignored."""
     if spec is None:
         return None
     if spec.kind == "json":
-        ws = {"disable_any_whitespace": True} if spec.whitespace_pattern is None else \
-            {"whitespace_pattern": spec.whitespace_pattern}
-        return V.StructuredOutputsParams(json=json.loads(spec.text), **ws)
+        if spec.whitespace_pattern is not None:
+            raise ValueError("whitespace_pattern is not supported with --engine vllm (vLLM sets JSON whitespace "
+                             "for the whole engine; this worker runs it compact). Leave it out.")
+        return V.StructuredOutputsParams(json=json.loads(spec.text), disable_any_whitespace=True)
     if spec.kind == "choice":
         return V.StructuredOutputsParams(choice=json.loads(spec.text))
     if spec.kind == "regex":

@@ -106,7 +106,9 @@ def build_settings(worker_config, device: str) -> VllmSettings:
         kv_cache_dtype=kv.kv_cache_dtype, disable_log_stats=False, enable_prefix_caching=ec.enable_prefix_caching,
         enforce_eager=eager, gpu_memory_utilization=wc.vllm_gpu_memory_utilization or (0.5 if cpu else 0.9),
         max_logprobs=wc.max_logprobs, tensor_parallel_size=tp, pipeline_parallel_size=pp,
-        worker_extension_cls="swiftserve_vllm.rpc.SwiftServeWorkerExtension")
+        worker_extension_cls="swiftserve_vllm.rpc.SwiftServeWorkerExtension",
+        # The reference engine's JSON number cap (swiftserve_vllm/json_numbers.py).
+        logits_processors=["swiftserve_vllm.json_numbers:JsonNumberCap"])
     kwargs["max_model_len"] = ec.max_model_len or min(int(config.get("max_position_embeddings", 8192)), 8192)
     if layout.swiftkv:
         fast = wc.vllm_fast_prefill is not False

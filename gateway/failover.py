@@ -1,0 +1,156 @@
+"""The pump of a migratable stream: relay events, and on a worker failure resume on another worker.
+
+``Failover.pump(send)`` is the ``SSEStream`` pump of one migratable request
+(gateway.migration). It relays the current worker's events through
+``migration.rewrite`` (token ids stripped unless asked for, ``id`` kept) and reads with a
+stall timeout (``--stall-timeout``: mid-stream silence counts as a failure). When the
+worker fails after the first byte it:
+
+1. releases the failed dispatch as a worker failure (circuit breaker) and closes its
+   upstream (so a live worker aborts the request);
+2. picks another routable worker through the gateway's routing policy (prefix-aware
+   routing sees the same prompt, so it prefers a worker that holds the prefix),
+   excluding every worker this request has tried, and sends the continuation
+   (``StreamTracker.resume``); up to ``max_attempts`` workers per migration, at most
+   ``--max-migrations`` migrations per request;
+3. accepts the new stream only if it is a 200 SSE that confirms the continuation
+   (``x-swiftserve-continuation``), then relays it as the same stream.
+
+If no migration is possible (limit reached, no other worker, a worker that does not send
+token ids, the request already finished) the stream ends as a non-migratable one does:
+one in-band error event and ``data: [DONE]``; a stream whose choice had already finished
+just gets its ``[DONE]``. ``finish(ok)`` of the current dispatch runs exactly once, from
+``close()`` (the response's cleanup).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from gateway.admission import Rejected
+from gateway.migration import CONTINUATION_HEADER, Migrate, StreamTracker, rewrite
+from gateway.streaming import error_event, event_end
+from gateway.upstream import RETRYABLE, UPSTREAM_HEADERS, AttemptFailed, Lease, close_upstream, transport_failure
+
+log = logging.getLogger(__name__)
+
+
+class Failover:
+    def __init__(self, fwd, session, path: str, choose, tried: set[str], tracker: StreamTracker,
+                 lease, resp, first: bytes, stats) -> None:
+        self.fwd, self.session, self.path, self.choose, self.tried = fwd, session, path, choose, tried
+        self.tracker, self.lease, self.resp, self.first, self.stats = tracker, lease, resp, first, stats
+        self.failed = False
+        self.size = 0
+
+    async def _read(self) -> bytes:
+        return await asyncio.wait_for(self.resp.content.readany(), self.fwd.cfg.stall_timeout)
+
+    async def _relay(self, send, chunk: bytes) -> None:
+        """Relay the current worker's stream until ``[DONE]``; raise on any failure."""
+        pending = b""
+        while chunk:
+            pending += chunk
+            cut = event_end(pending)
+            if cut:
+                events, pending = pending[:cut], pending[cut:]
+                self.size += len(events)
+                if self.size > self.fwd.cfg.max_response_bytes:
+                    self.tracker.finished = True        # not resumable: the answer itself is too large
+                    raise AttemptFailed("response_too_large", f"the stream exceeds {self.fwd.cfg.max_response_bytes}"
+                                                          " bytes")
+                try:
+                    out, migrate, ended = rewrite(self.tracker, events)
+                except ValueError:
+                    raise AttemptFailed("bad_event", "the worker sent an event that is not JSON") from None
+                if out:
+                    self.stats.feed(out)
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                if migrate is not None:
+                    raise migrate
+                if ended:
+                    return
+            chunk = await self._read()
+        raise AttemptFailed("truncated_stream", "the worker ended the stream without [DONE]")
+
+    async def pump(self, send) -> None:
+        chunk = self.first
+        while True:
+            try:
+                await self._relay(send, chunk)
+                return
+            except (Migrate, AttemptFailed, *RETRYABLE) as exc:
+                failure = exc if isinstance(exc, (Migrate, AttemptFailed)) else transport_failure(exc)
+            url, m = self.lease.worker.url, self.fwd.m
+            if self.tracker.finished and failure.reason != "response_too_large":
+                log.warning("stream from %s failed after its finish (%s): ending it", url, failure.reason)
+                await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+                return
+            if not self.tracker.can_migrate():
+                return await self._give_up(send, failure, "not migratable")
+            log.warning("stream from %s failed after the first byte (%s): %s; migrating", url, failure.reason, failure)
+            self.lease.finish(False)
+            self.resp.close()
+            self.tracker.migrations += 1
+            try:
+                chunk = await self._redispatch()
+            except AttemptFailed as exc:
+                m.migrations.labels(failure.reason, "failed").inc()
+                return await self._give_up(send, exc, "migration failed")
+            m.migrations.labels(failure.reason, "resumed").inc()
+
+    async def _give_up(self, send, failure, why: str) -> None:
+        self.failed = True
+        self.fwd.m.retries.labels("after_first_byte_" + failure.reason).inc()
+        log.warning("stream from %s ends with an error (%s; %s): %s", self.lease.worker.url, failure.reason, why,
+                    failure)
+        await send({"type": "http.response.body", "body": error_event(
+            f"The worker failed during the stream: {failure}", failure.reason), "more_body": True})
+
+    async def _redispatch(self) -> bytes:
+        """Start the continuation on another worker -> its first bytes; the new dispatch becomes current.
+        Until then the current lease is the failed one, already finished (``close`` ignores it)."""
+        fwd, last = self.fwd, AttemptFailed("no_worker", "no other worker to resume on", 503)
+        for _ in range(fwd.cfg.max_attempts):
+            try:
+                worker = await fwd.admission.acquire(lambda: fwd.pool, self.choose, self.tried)
+            except Rejected as exc:
+                raise AttemptFailed("no_worker", f"no other worker to resume on ({exc})", exc.status) from None
+            self.tried.add(worker.url)
+            fwd.m.routed.labels(fwd.cfg.policy, worker.url).inc()
+            lease = Lease(worker, fwd.health, fwd.admission, fwd.pool)
+            body, n = self.tracker.resume()
+            resp = None
+            try:
+                resp = await self.session.post(fwd._url(worker.url, self.path), data=body, headers=UPSTREAM_HEADERS)
+                confirmed = n == 0 or resp.headers.get(CONTINUATION_HEADER) == str(n)
+                if resp.status != 200 or not resp.headers.get("content-type", "").startswith("text/event-stream"):
+                    raise AttemptFailed(f"http_{resp.status}", f"HTTP {resp.status} to the continuation")
+                if not confirmed:
+                    raise AttemptFailed("no_continuation", "the worker does not resume generations "
+                                                           "(no x-swiftserve-continuation header)")
+                first = await resp.content.readany()
+                if not first:
+                    raise AttemptFailed("empty_stream", "the worker ended the stream before any event")
+            except (AttemptFailed, *RETRYABLE) as exc:
+                last = exc if isinstance(exc, AttemptFailed) else transport_failure(exc)
+                # a 4xx (e.g. the continuation refused) says nothing about the worker's health
+                lease.finish(None if last.reason.startswith("http_4") or last.reason == "no_continuation" else False)
+                if resp is not None:
+                    resp.close()
+                log.warning("migration to %s failed (%s): %s", worker.url, last.reason, last)
+                continue
+            except BaseException:       # cancelled (the client left, shutdown)
+                lease.finish(None)
+                if resp is not None:
+                    resp.close()
+                raise
+            self.lease, self.resp = lease, resp
+            return first
+        raise last
+
+    def close(self) -> None:
+        """Release the current dispatch (once) and its upstream connection."""
+        self.lease.finish(not self.failed)
+        close_upstream(self.resp)

@@ -1,0 +1,177 @@
+"""Stream migration: which streams may move to another worker, and what the client sees of them.
+
+A streamed ``/v1/completions`` or ``/v1/chat/completions`` request with one choice (no
+``echo``, no structured output, no tools, a single prompt) is *migratable*. The gateway
+then asks the worker for the generated token ids (``return_token_ids``, vLLM's field)
+and parses every SSE event. ``StreamTracker`` keeps what the client has been sent: the
+token ids, the stream's ``id`` and ``created``, whether a choice has finished. When the
+worker fails after the first byte (connection lost, stream cut without ``[DONE]``, no
+byte for ``--stall-timeout``, an in-band error whose code says the engine or worker
+failed, or a choice aborted by the worker's drain: ``finish_reason "abort"`` with
+``stop_reason "worker_shutdown"``), the request is re-sent to another worker with
+``continuation_token_ids`` = those ids (``worker.continuation``): that worker resumes
+exactly after them, and its events continue the same stream.
+
+What the client sees (invariants): one stream, one ``id`` and ``created`` (later
+workers' are rewritten), every generated token's text exactly once (the resuming
+worker replays the ids through its detokenizer and stop matcher, so what the first one
+withheld comes out once), one chat ``role`` chunk, ``usage`` and ``finish_reason`` from
+the last worker (it counts the continuation as output), completions' ``logprobs.text_offset``
+counted from the start of the whole text, ``token_ids`` only if the client asked for them. A migration is only made when every event with text also carried its
+ids and no choice has finished; otherwise the failure ends the stream with an error
+event as before. A resuming worker must confirm the continuation with its
+``x-swiftserve-continuation`` header (a server that would ignore the field, such as
+stock vLLM, is not trusted with it).
+"""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+
+MIGRATABLE_PATHS = ("/v1/completions", "/v1/chat/completions")
+CONTINUATION_HEADER = "x-swiftserve-continuation"       # worker.continuation
+DRAIN_ABORT = "worker_shutdown"                          # worker.continuation: a drain aborted the choice
+# In-band worker errors that say the worker or its engine failed, not the request.
+RETRYABLE_CODES = frozenset({"engine_error", "engine_unavailable", "shutting_down"})
+_STRUCTURED = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+class Migrate(Exception):
+    """The worker failed after the first byte in a way another worker can resume from."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def migratable(path: str, body: dict) -> bool:
+    """True for a streamed single-choice request whose state a worker can rebuild from token ids."""
+    if path not in MIGRATABLE_PATHS or body.get("stream") is not True:
+        return False
+    if body.get("n", 1) not in (1, None) or body.get("echo") or body.get("continuation_token_ids") is not None:
+        return False
+    fmt = body.get("response_format")
+    if any(body.get(k) is not None for k in _STRUCTURED) or (fmt is not None and fmt != {"type": "text"}):
+        return False
+    if body.get("tools") and body.get("tool_choice") != "none":
+        return False
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) and len(prompt) != 1:
+        return False
+    return True
+
+
+class StreamTracker:
+    """What one migratable stream has sent to the client; builds the bodies sent upstream."""
+
+    def __init__(self, body: dict, max_migrations: int) -> None:
+        self.body, self.max_migrations = body, max_migrations
+        self.want_ids = body.get("return_token_ids") is True
+        self.token_ids: list[int] = []
+        self.ids_complete = True         # every event with text carried its token ids
+        self.finished = False            # a choice ended: nothing left to resume
+        self.started = False             # the client has the first event (and, for chat, the role)
+        self.id = self.created = None
+        self.migrations = 0
+        self.text_len = 0                # characters of generated text sent to the client
+        self.offset_base = 0             # where the current worker's text starts (its text_offset 0)
+
+    @classmethod
+    def for_request(cls, path: str, body: dict, max_migrations: int) -> "StreamTracker | None":
+        return cls(body, max_migrations) if max_migrations > 0 and migratable(path, body) else None
+
+    def upstream(self) -> bytes:
+        """The first worker's body: the client's, asking for token ids."""
+        return orjson.dumps({**self.body, "return_token_ids": True})
+
+    def resume(self) -> tuple[bytes, int]:
+        """The next worker's body and how many continuation tokens it must confirm (0: a plain re-run,
+        when no token was generated yet)."""
+        body = {**self.body, "return_token_ids": True}
+        self.offset_base = self.text_len
+        if self.token_ids:
+            body["continuation_token_ids"] = self.token_ids
+        return orjson.dumps(body), len(self.token_ids)
+
+    def can_migrate(self) -> bool:
+        return self.migrations < self.max_migrations and self.ids_complete and not self.finished
+
+    def event(self, data: dict) -> tuple[dict | None, Migrate | None]:
+        """One parsed ``data:`` object -> (what the client gets, or None; a Migrate to act on after it)."""
+        err = data.get("error")
+        if err is not None:
+            if isinstance(err, dict) and err.get("code") in RETRYABLE_CODES:
+                return None, Migrate("worker_error", f"the worker reported {err.get('code')}: {err.get('message')}")
+            return data, None
+        if self.id is None:
+            self.id, self.created = data.get("id"), data.get("created")
+        elif self.migrations:
+            data["id"], data["created"] = self.id, self.created
+        migrate, keep, choices = None, True, data.get("choices") or ()
+        if not self.want_ids:
+            data.pop("prompt_token_ids", None)          # what vLLM adds with return_token_ids
+        for c in choices:
+            ids = c.get("token_ids") if self.want_ids else c.pop("token_ids", None)
+            if not self.want_ids:
+                c.pop("prompt_token_ids", None)
+            delta = c.get("delta")
+            text = c.get("text") or (delta or {}).get("content")
+            self.text_len += len(text or "")
+            lp = c.get("logprobs")
+            if self.offset_base and isinstance(lp, dict) and isinstance(lp.get("text_offset"), list):
+                lp["text_offset"] = [o + self.offset_base for o in lp["text_offset"]]   # completions' offsets
+            if ids is None:
+                self.ids_complete = self.ids_complete and not text
+            else:
+                self.token_ids.extend(ids)
+                if not (self.want_ids or text or c.get("finish_reason") or c.get("logprobs") or data.get("usage")
+                        or (isinstance(delta, dict) and "role" in delta)):
+                    keep = False         # only there for its ids (a token without text): not the client's
+            if self.started and isinstance(delta, dict) and "role" in delta and not text:
+                keep = False             # a re-run's role chunk: the client has one
+            if c.get("finish_reason") == "abort" and c.get("stop_reason") == DRAIN_ABORT:
+                c["finish_reason"] = c["stop_reason"] = None
+                migrate = Migrate("worker_drain", "the worker's drain time ran out")
+                keep = bool(text or (self.want_ids and ids))
+            elif c.get("finish_reason") is not None:
+                self.finished = True
+        self.started = self.started or keep
+        return (data if keep else None), migrate
+
+
+def _py_dumps(obj) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def rewrite(tracker: StreamTracker, events: bytes) -> tuple[bytes, Migrate | None, bool]:
+    """Complete SSE events from a worker -> (bytes for the client, a Migrate to act on, [DONE] seen).
+
+    Events after a Migrate are dropped (the next worker regenerates them). A ``data:`` line that is
+    not JSON raises ``ValueError``."""
+    out, ended = [], False
+    for block in events.replace(b"\r\n", b"\n").split(b"\n\n"):
+        if not block.strip():
+            continue
+        lines = block.split(b"\n")
+        data = [ln[5:].strip() for ln in lines if ln.startswith(b"data:")]
+        if len(data) != 1:
+            out.append(block + b"\n\n")          # comments, or several data lines: passed as they are
+            continue
+        if data[0] == b"[DONE]":
+            ended = True
+            out.append(b"data: [DONE]\n\n")
+            continue
+        try:
+            obj, dumps = orjson.loads(data[0]), orjson.dumps
+        except orjson.JSONDecodeError:           # what orjson refuses but Python emits (-Infinity logprobs)
+            obj, dumps = json.loads(data[0]), _py_dumps
+        if not isinstance(obj, dict):
+            raise ValueError("an event that is not a JSON object")
+        obj, migrate = tracker.event(obj)
+        if obj is not None:
+            out.append(b"data: " + dumps(obj) + b"\n\n")
+        if migrate is not None:
+            return b"".join(out), migrate, False
+    return b"".join(out), None, ended

@@ -1,0 +1,91 @@
+"""gateway.migration without processes: which requests may migrate, and how events are rewritten."""
+
+import json
+
+import pytest
+
+from gateway.migration import StreamTracker, migratable, rewrite
+
+C, CHAT = "/v1/completions", "/v1/chat/completions"
+
+
+@pytest.mark.parametrize("path,body,ok", [
+    (C, {"prompt": "x", "stream": True}, True),
+    (CHAT, {"messages": [], "stream": True, "tools": [{}], "tool_choice": "none"}, True),
+    (C, {"prompt": ["x"], "stream": True}, True),
+    (C, {"prompt": "x"}, False),                                        # not streamed: re-run instead
+    (C, {"prompt": "x", "stream": True, "n": 2}, False),
+    (C, {"prompt": "x", "stream": True, "echo": True}, False),
+    (C, {"prompt": ["x", "y"], "stream": True}, False),
+    (CHAT, {"messages": [], "stream": True, "tools": [{}]}, False),
+    (CHAT, {"messages": [], "stream": True, "response_format": {"type": "json_object"}}, False),
+    (C, {"prompt": "x", "stream": True, "guided_regex": "a+"}, False),
+    (C, {"prompt": "x", "stream": True, "continuation_token_ids": [1]}, False),
+    ("/v1/responses", {"input": "x", "stream": True}, False),
+])
+def test_which_requests_may_migrate(path, body, ok):
+    assert migratable(path, body) is ok
+
+
+def ev(obj) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def chunk(rid, text, ids, finish=None, stop=None, logprobs=None):
+    return {"id": rid, "created": 1 if rid == "a" else 2, "choices": [
+        {"index": 0, "text": text, "token_ids": ids, "logprobs": logprobs, "finish_reason": finish,
+         "stop_reason": stop}]}
+
+
+def parsed(out: bytes) -> list:
+    return [json.loads(e[6:]) if e != b"data: [DONE]" else "[DONE]" for e in out.split(b"\n\n") if e]
+
+
+def test_ids_are_kept_for_the_gateway_and_the_stream_keeps_its_id():
+    t = StreamTracker({"prompt": "x", "stream": True}, max_migrations=2)
+    out, migrate, ended = rewrite(t, ev(chunk("a", "He", [1])) + ev(chunk("a", "", [2])) + ev(chunk("a", "llo", [3])))
+    assert [e["choices"][0]["text"] for e in parsed(out)] == ["He", "llo"]     # the ids-only chunk is dropped
+    assert not any("token_ids" in e["choices"][0] for e in parsed(out))
+    assert t.token_ids == [1, 2, 3] and migrate is None and not ended and t.can_migrate()
+    assert json.loads(t.resume()[0])["continuation_token_ids"] == [1, 2, 3]
+    t.migrations = 1
+    out, _, ended = rewrite(t, ev(chunk("b", " world", [4], "length")) + b"data: [DONE]\n\n")
+    first = parsed(out)[0]
+    assert first["id"] == "a" and first["created"] == 1 and ended and t.finished and not t.can_migrate()
+
+
+def test_drain_abort_and_engine_errors_migrate_other_errors_pass():
+    t = StreamTracker({"prompt": "x", "stream": True, "return_token_ids": True}, max_migrations=1)
+    out, migrate, _ = rewrite(t, ev(chunk("a", "Hi", [1], "abort", "worker_shutdown")) + b"data: [DONE]\n\n")
+    (only,) = parsed(out)
+    assert only["choices"][0]["finish_reason"] is None and only["choices"][0]["token_ids"] == [1]
+    assert migrate.reason == "worker_drain" and t.can_migrate()
+    out, migrate, _ = rewrite(t, ev({"error": {"message": "x", "code": "engine_error"}}))
+    assert out == b"" and migrate.reason == "worker_error"
+    out, migrate, _ = rewrite(t, ev({"error": {"message": "bad", "code": None}}))
+    assert migrate is None and parsed(out)[0]["error"]["message"] == "bad"
+
+
+def test_a_worker_without_token_ids_cannot_be_migrated_from():
+    t = StreamTracker({"prompt": "x", "stream": True}, max_migrations=2)
+    rewrite(t, ev({"choices": [{"index": 0, "text": "tok", "finish_reason": None}]}))
+    assert not t.can_migrate()
+
+
+def test_a_rerun_chat_stream_sends_one_role_chunk():
+    t = StreamTracker({"messages": [], "stream": True}, max_migrations=2)
+    role = {"id": "a", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "token_ids": []}]}
+    assert len(parsed(rewrite(t, ev(role))[0])) == 1
+    t.migrations = 1
+    assert rewrite(t, ev({**role, "id": "b"}))[0] == b""
+    body, n = t.resume()
+    assert n == 0 and "continuation_token_ids" not in json.loads(body)       # nothing generated yet: a re-run
+
+
+def test_completion_text_offsets_count_from_the_start_of_the_whole_text():
+    t = StreamTracker({"prompt": "x", "stream": True, "logprobs": 1}, max_migrations=2)
+    rewrite(t, ev(chunk("a", "Hello", [1], logprobs={"text_offset": [0]})))
+    t.resume()
+    t.migrations = 1
+    out, _, _ = rewrite(t, ev(chunk("b", " you", [2], logprobs={"text_offset": [0]})))
+    assert parsed(out)[0]["choices"][0]["logprobs"]["text_offset"] == [5]
