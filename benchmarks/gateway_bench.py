@@ -63,7 +63,8 @@ async def one(client: httpx.AsyncClient, url: str) -> tuple[float, float]:
     async with client.stream("POST", url + "/v1/completions",
                              json={"model": "stub", "prompt": "x", "max_tokens": 5, "stream": True}) as r:
         async for line in r.aiter_lines():
-            if ttft is None and line.startswith("data: {\"choices\": [{"):
+            # The first event with a choice (the gateway may re-serialise events: parse, not match bytes).
+            if ttft is None and line.startswith("data: {") and json.loads(line[6:]).get("choices"):
                 ttft = time.perf_counter() - t0
     return ttft or 0.0, time.perf_counter() - t0
 
