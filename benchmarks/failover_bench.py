@@ -8,8 +8,9 @@ engine unless ``--model`` / ``--worker-python`` / ``--engine`` say otherwise) an
 sends ``--streams`` greedy streamed completions at once (distinct prompts, ``--max-tokens``
 tokens each, ``ignore_eos``), waits until every stream has its first event, then:
 
-* ``kill``: SIGKILL of one worker;
-* ``hang``: SIGSTOP of one worker (the gateway's stall timeout must notice), SIGCONT after.
+* ``kill``: SIGKILL of one worker's process group (a vLLM worker's engine processes too);
+* ``hang``: SIGSTOP of one worker's process group (the gateway's stall timeout must
+  notice), SIGCONT after.
 
 A stream *completed correctly* when it ends with ``[DONE]``, has no error event, keeps
 one ``id``, reports ``completion_tokens`` = ``--max-tokens`` and its text equals the same
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -54,7 +56,16 @@ class Server:
     def __init__(self, cmd: list[str], port: int) -> None:
         self.cmd, self.url = cmd, f"http://127.0.0.1:{port}"
         self.log = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        # Its own process group: a vLLM worker's engine runs in child processes, and a fault (or
+        # stop) must reach them all, as a pod's death or a node's hang does. Signalling the API
+        # process alone left the killed worker's engine running, orphaned, beside the next scenario.
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
 
     def wait_healthy(self, timeout: float) -> "Server":
         deadline = time.monotonic() + timeout
@@ -71,9 +82,8 @@ class Server:
         raise RuntimeError(f"{self.url} never became healthy")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGKILL)
         self.proc.wait(30)
 
 
@@ -121,14 +131,24 @@ async def scenario(gw: Server, victim: Server, kind: str, n: int, max_tokens: in
         tasks = [asyncio.create_task(stream(client, gw.url, body(i, max_tokens), firsts[i])) for i in range(n)]
         for f in firsts:
             await asyncio.wait_for(f.wait(), 300)
-        victim.proc.send_signal(signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
+        victim.signal(signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
         results = await asyncio.gather(*tasks)
     if kind == "hang":
-        victim.proc.send_signal(signal.SIGCONT)
+        victim.signal(signal.SIGCONT)
     outcomes = [judge(d, wants[i], max_tokens) for i, d in enumerate(results)]
     counts = {k: outcomes.count(k) for k in ("complete", "wrong", "error", "lost")}
     return {"streams": n, **counts, "migrations": migrations(gw) - before,
-            "completed_pct": round(100.0 * counts["complete"] / n, 1)}
+            "completed_pct": round(100.0 * counts["complete"] / n, 1),
+            "error_messages": sorted(set(filter(None, (_error_text(d) for d in results))))[:5]}
+
+
+def _error_text(data: bytes) -> str | None:
+    """The first error event's message of a stream (what a failed stream told its client)."""
+    for e in data.decode(errors="replace").split("\n\n"):
+        if e.startswith("data: {") and '"error"' in e:
+            err = json.loads(e[len("data: "):]).get("error") or {}
+            return f"{err.get('code')}: {str(err.get('message'))[:160]}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
