@@ -28,10 +28,10 @@ def engine(smollm2_dir):
 def poisoned_sampler(monkeypatch):
     real = model_runner.sample
 
-    def sample(logits, rows, gen):
+    def sample(logits, rows, gen, *rest, **kw):     # rest: the step's token masks (structured outputs)
         if any(r.params.seed == POISON_SEED for r in rows):
             raise IndexError("index 49999 is out of bounds for dimension 1 with size 49152")
-        return real(logits, rows, gen)
+        return real(logits, rows, gen, *rest, **kw)
 
     monkeypatch.setattr(model_runner, "sample", sample)
 
