@@ -11,7 +11,9 @@ Only ``stop()`` (Ctrl-C / SIGTERM in ``swiftserve up``) ends them: SIGTERM to al
 then SIGKILL to whatever is still running after the grace period (``kill()`` at once).
 Children run in their own session, so a terminal's Ctrl-C reaches only the supervisor,
 which then sends each child exactly one SIGTERM (a second signal would make a worker
-skip its drain).
+skip its drain). When a child has exited, whatever is left of its session's process group
+is SIGKILLed (``reap_group``): a vLLM worker's engine processes outlive a killed API
+process and would sit beside its replacement.
 
 Pure bookkeeping around ``popen`` and ``now`` (injectable), so the policy is tested
 with short-lived real processes.
@@ -19,6 +21,7 @@ with short-lived real processes.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -50,6 +53,18 @@ class Child:
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+def reap_group(proc) -> None:
+    """SIGKILL what is left of a child's process group (it was started as a session leader).
+    A vLLM worker runs its engine in child processes that outlive a killed or crashed API
+    process: 2-3 GB orphans beside the restarted worker. Only real ``Popen`` children (tests
+    pass fakes, whose pids are not ours)."""
+    if isinstance(proc, subprocess.Popen):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 class Supervisor:
@@ -89,6 +104,7 @@ class Supervisor:
             while c.restarts and now - c.restarts[0] > p.window:
                 c.restarts.popleft()
             code = c.proc.returncode
+            reap_group(c.proc)
             if len(c.restarts) >= p.max_restarts:
                 c.given_up = True
                 self.say(f"{c.name} exited with {code}; {len(c.restarts)} restarts in {p.window:.0f}s: giving up on "
@@ -108,6 +124,8 @@ class Supervisor:
         for c in self.children:
             if c.running:
                 c.proc.kill()
+            if c.proc is not None:
+                reap_group(c.proc)
 
     def stop(self, grace: float = 10.0) -> None:
         live = [c.proc for c in self.children if c.running]
@@ -120,3 +138,4 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            reap_group(proc)

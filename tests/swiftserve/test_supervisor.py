@@ -87,3 +87,33 @@ def test_stop_kills_a_child_that_ignores_sigterm():
     sup.stop(grace=1.0)
     assert polite.proc.returncode == -15 and stubborn.proc.returncode == -9
     assert time.monotonic() - t0 < 10
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"     # a zombie waiting for its reaper
+    except FileNotFoundError:
+        return True
+
+
+def test_a_dead_childs_leftover_processes_are_killed(tmp_path):
+    # A vLLM worker's engine processes outlive its killed API process; the supervisor reaps its group.
+    pid_file = tmp_path / "grandchild"
+    sup = Supervisor(RestartPolicy(backoff_initial=60), say=lambda m: None)
+    child = sup.start("w", ["sh", "-c", f"sleep 60 & echo $! > {pid_file}; exec sleep 60"])
+    for _ in range(100):
+        if pid_file.exists() and pid_file.read_text().strip():
+            break
+        time.sleep(0.05)
+    grandchild = int(pid_file.read_text())
+    child.proc.kill()
+    child.proc.wait()
+    assert not _gone(grandchild)                       # the orphan lives on its own
+    sup.poll()                                         # sees the exit: reaps the group, schedules a restart
+    for _ in range(100):
+        if _gone(grandchild):
+            break
+        time.sleep(0.05)
+    assert _gone(grandchild)
+    sup.kill()
