@@ -223,30 +223,27 @@ class Forwarder:
 
         async def on_close():
             lease.finish(not outcome["failed"])
-            self.m.requests.labels(endpoint, "502" if outcome["failed"] else str(resp.status)).inc()
-            self.m.e2e.observe(time.monotonic() - t0)
-            if stats.ttft is not None:
-                self.m.ttft.observe(stats.ttft)
-            if stats.tpot is not None:
-                self.m.tpot.observe(stats.tpot)
-            if stats.completion_tokens is not None:
-                on_usage(stats.completion_tokens)
+            self._stream_ended(endpoint, "502" if outcome["failed"] else str(resp.status), t0, stats, on_usage)
             _close(resp)          # closing a stream cut short makes the worker abort
 
         headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in _headers(resp).items()]
         return SSEStream(resp.status, headers, pump, on_close)
 
+    def _stream_ended(self, endpoint: str, status: str, t0: float, stats: StreamStats, on_usage) -> None:
+        """A proxied stream's metrics and usage, once it is over (plain or with failover)."""
+        self.m.requests.labels(endpoint, status).inc()
+        self.m.e2e.observe(time.monotonic() - t0)
+        if stats.ttft is not None:
+            self.m.ttft.observe(stats.ttft)
+        if stats.tpot is not None:
+            self.m.tpot.observe(stats.tpot)
+        if stats.completion_tokens is not None:
+            on_usage(stats.completion_tokens)
+
     def _failover_stream(self, resp, fo: Failover, t0: float, endpoint: str, on_usage, stats: StreamStats):
         async def on_close():
             fo.close()
-            self.m.requests.labels(endpoint, "502" if fo.failed else "200").inc()
-            self.m.e2e.observe(time.monotonic() - t0)
-            if stats.ttft is not None:
-                self.m.ttft.observe(stats.ttft)
-            if stats.tpot is not None:
-                self.m.tpot.observe(stats.tpot)
-            if stats.completion_tokens is not None:
-                on_usage(stats.completion_tokens)
+            self._stream_ended(endpoint, "502" if fo.failed else "200", t0, stats, on_usage)
 
         headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in _headers(resp).items()
                    if k.lower() != CONTINUATION_HEADER]

@@ -79,28 +79,24 @@ class Copier:
 
     def to_host(self, buf: torch.Tensor, x: torch.Tensor):
         """``buf`` (host) <- ``x`` (device); an event to sync on before reading ``buf`` (None: done)."""
-        if not self.cuda:
-            buf.copy_(x)
-            return None
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream):
-            buf.copy_(x, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self.stream)
-        x.record_stream(self.stream)                    # x is not reused before the copy read it
-        return event
+        return self._copy(buf, x, device_side=x)        # x is not reused before the copy read it
 
     def to_device(self, buf: torch.Tensor, out: torch.Tensor):
         """``out`` (device) <- ``buf`` (host); an event the consumer waits for (None: done)."""
+        return self._copy(out, buf, device_side=out)
+
+    def _copy(self, dst: torch.Tensor, src: torch.Tensor, device_side: torch.Tensor):
+        """``dst`` <- ``src`` on the copy stream after the work queued so far; ``device_side`` (the
+        device tensor of the two) is recorded on that stream so its memory outlives the copy."""
         if not self.cuda:
-            out.copy_(buf)
+            dst.copy_(src)
             return None
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
-            out.copy_(buf, non_blocking=True)
+            dst.copy_(src, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self.stream)
-        out.record_stream(self.stream)
+        device_side.record_stream(self.stream)
         return event
 
     def wait(self, event) -> None:
