@@ -114,6 +114,7 @@ def convert_gguf(gguf: Path, out_dir: Path, quiet: bool = False, architecture: s
             bar.set_postfix_str("dequantising weights")
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
             bar.update()
+            _apply_gguf_special_ids(gguf, tok, model)
         except ImportError as exc:   # the gguf package
             raise PrepareError(f"reading GGUF needs the engine extra (pip install 'swiftserve[engine]'): {exc}") from exc
         bar.set_postfix_str("model.safetensors")
@@ -140,6 +141,35 @@ def convert_gguf(gguf: Path, out_dir: Path, quiet: bool = False, architecture: s
             tc["chat_template"] = tok.chat_template
         tc_path.write_text(json.dumps(tc, indent=2, sort_keys=True) + "\n")
         bar.update()
+
+
+def gguf_special_ids(gguf: Path) -> dict[str, int]:
+    """The GGUF's own ``tokenizer.ggml.{bos,eos,padding}_token_id`` (the keys present), by role."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(gguf)).fields
+    ids = {}
+    for role, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("pad", "padding_token_id")):
+        field = fields.get(f"tokenizer.ggml.{key}")
+        if field is not None and field.data:
+            ids[role] = int(field.parts[field.data[0]][0])
+    return ids
+
+
+def _apply_gguf_special_ids(gguf: Path, tok, model) -> None:
+    """Make the tokenizer, config and generation config name the GGUF's special tokens.
+
+    transformers 5.17 (the CUDA image's) maps SmolLM2's eos to ``<|im_start|>`` (id 1, the bos)
+    although the file says 2; 5.24 reads it right. The file is the authority, so its ids win
+    whatever a transformers version makes of them."""
+    ids = gguf_special_ids(gguf)
+    for role, token_id in ids.items():
+        if getattr(tok, f"{role}_token_id") != token_id:
+            setattr(tok, f"{role}_token", tok.convert_ids_to_tokens(token_id))
+        attr = "pad_token_id" if role == "pad" else f"{role}_token_id"
+        setattr(model.config, attr, token_id)
+        if model.generation_config is not None:
+            setattr(model.generation_config, attr, token_id)
 
 
 def _sanity_check(model_dir: Path) -> None:

