@@ -40,7 +40,7 @@ from modelkit.artifacts import (
     install_dir,
     write_manifest,
 )
-from swiftserve import envs
+from swiftcommon import envs
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 FORMAT = 2            # bump when the written directory changes; older directories are rebuilt

@@ -37,7 +37,7 @@ ZACK_VARIANTS: dict[str, tuple[str, str, float, str]] = {
 
 
 def checkpoint_dirs() -> list[Path]:
-    from swiftserve import envs
+    from swiftcommon import envs
 
     return envs.checkpoint_dirs() or [CHECKPOINTS]
 
@@ -72,7 +72,7 @@ def _materialize_zack(key: str) -> Path:
     from modelkit.prepare import PrepareError, _lock, default_model_dir, ensure_default_model
     from modelkit.zack import write_zack_model
     from refengine.kv.methods.zack import CALIBRATION_FILE, ROTATIONS_FILE
-    from swiftserve import envs
+    from swiftcommon import envs
 
     rel, base_name, rate, mode = ZACK_VARIANTS[key]
     found = find(f"{rel}/{CALIBRATION_FILE}")
@@ -100,7 +100,7 @@ def materialize(name: str) -> Path:
 
     from modelkit.prepare import PrepareError, _lock, default_model_dir, ensure_default_model
     from modelkit.swiftkv import write_swiftkv_checkpoint
-    from swiftserve import envs
+    from swiftcommon import envs
 
     key = next(n for n in (*VARIANTS, *ZACK_VARIANTS) if n.lower() == name.lower())
     if key in ZACK_VARIANTS:

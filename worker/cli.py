@@ -19,7 +19,7 @@ import sys
 from refengine.config import EngineConfig
 from refengine.kv import registry as kv_registry
 from refengine.kv.base import MethodError
-from swiftserve import envs
+from swiftcommon import envs
 from worker.config import ENGINE_CORES, ENGINE_KINDS, OVERLOAD_STATUSES, WorkerConfig
 
 log = logging.getLogger("worker")
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = create_engine_client(config)
     app = build_app(config, engine, tokenizer)
     log.info("serving %s (%s) on http://%s:%d", config.model_name, config.model_dir, config.host, config.port)
-    from swiftserve.logs import quiet_probe_logs
+    from swiftcommon.logs import quiet_probe_logs
 
     quiet_probe_logs()
     from worker.shutdown import DrainingServer

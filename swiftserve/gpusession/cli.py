@@ -19,7 +19,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from swiftserve import envs
+from swiftcommon import envs
 from swiftserve.gpusession import park, payloads
 from swiftserve.gpusession.limits import MIB, Limits, largest_tree_files, tree_bytes
 from swiftserve.gpusession.pack import PackError, build_pack

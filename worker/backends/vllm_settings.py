@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swiftserve import envs
+from swiftcommon import envs
 from swiftserve_vllm.layout import ModelLayout, parse_layout
 from worker.backends.vllm_kv import translate
 
