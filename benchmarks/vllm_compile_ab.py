@@ -33,7 +33,7 @@ MODELS = ("SmolLM2-135M-Instruct-SwiftKV", "SmolLM2-135M-Instruct")
 
 
 def child(args) -> int:
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
     from refengine.config import EngineConfig
     from worker.backends.vllm_settings import build_settings
     from worker.config import WorkerConfig

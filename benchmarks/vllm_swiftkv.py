@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--zack", default=None, help="ZACK checkpoint directory (default: rank 32 made from the base)")
     ap.add_argument("--out", default=None, help="directory for bench.md, raw.json, summary.json")
     args = ap.parse_args(argv)
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
     from swiftserve_vllm import compat as V
 
     device = V.platform_device()

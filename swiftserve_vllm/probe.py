@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="reference engine's KV methods as JSON (its --kv-methods), e.g. for its ZACK")
     p.add_argument("--out", default=None, help="write the JSON here too")
     args = p.parse_args(argv)
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
     from swiftserve_vllm.layout import load_layout
 
     prompts = args.prompt or DEFAULT_PROMPTS

@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> WorkerConfig:
     """Build the WorkerConfig. ``model_dir``: the resolved ``--model`` (resolved here when None)."""
     if model_dir is None:
-        from modelkit.prepare import resolve_model  # lazy: may prepare the default model
+        from modelkit.models import resolve_model  # lazy: may prepare the default model
 
         model_dir = str(resolve_model(args.model))
     engine_config = EngineConfig(

@@ -55,7 +55,8 @@ def make_pack(args) -> int:
     files: dict[str, Path] = {}
     if args.wheels:
         files.update({w.name: w for w in payloads.download_wheels(staging / "wheels", args.python_version)})
-    from modelkit.prepare import ensure_default_model, resolve_model
+    from modelkit.models import resolve_model
+    from modelkit.prepare import ensure_default_model
 
     model_dir = ensure_default_model() if args.model in ("smollm2", "none") else resolve_model(args.model)
     corpus = Path(args.corpus).expanduser()
