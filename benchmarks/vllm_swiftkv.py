@@ -36,7 +36,7 @@ PARITY_PROMPTS = [[1, 504, 3575, 282, 4649, 314], [1, 9690, 198, 2683, 359, 253,
 
 def _vllm_engine(V, model_dir: str, device: str, kv_gb: float, max_len: int):
     from refengine.config import EngineConfig
-    from worker.backends.vllm_settings import build_settings
+    from worker.backends.vllm import build_settings
     from worker.config import WorkerConfig
 
     s = build_settings(WorkerConfig(EngineConfig(model=model_dir, max_model_len=max_len, kv_cache_memory_gb=kv_gb,

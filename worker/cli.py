@@ -257,7 +257,7 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 def _vllm_reason(config: WorkerConfig) -> str | None:
     """Why vLLM cannot serve this configuration (KV methods, parallelism), before vLLM is imported;
     the platform is guessed from torch (vLLM's own check runs again when it starts)."""
-    from worker.backends.vllm_settings import build_settings
+    from worker.backends.vllm import build_settings
 
     try:
         import torch
