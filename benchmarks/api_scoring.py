@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-served", action="store_true", help="only the prefill ratios")
     ap.add_argument("--out", default="results/api")
     args = ap.parse_args(argv)
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
 
     model = str(resolve_model(args.model))
     doc: dict = {"command": command_line(argv), "tokens": args.tokens, "repeats": args.repeats,

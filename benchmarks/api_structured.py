@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="first N schemas only (a smoke run)")
     ap.add_argument("--out", default="results/api")
     args = ap.parse_args(argv)
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
 
     model = str(resolve_model(args.model))
     cases = suite()[:args.limit]

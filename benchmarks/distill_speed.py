@@ -40,9 +40,9 @@ def _step(tr, rows: torch.Tensor) -> tuple[float, float]:
 
 
 def main() -> int:
-    from modelkit.distill import DistillConfig
+    from modelkit.distill_config import DistillConfig
     from modelkit.distill_train import Trainer
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="default")

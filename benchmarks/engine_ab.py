@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check-tokens", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
     from refengine.config import EngineConfig
     from refengine.engine import LLMEngine
 

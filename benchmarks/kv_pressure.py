@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="JSON output (a .md table is written next to it)")
     args = p.parse_args(argv)
 
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
     from refengine.kv import registry
 
     model = str(resolve_model(args.model))

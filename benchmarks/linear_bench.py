@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.nn.functional as F
 
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
     from refengine.linear import PackedLinear, make_linear
     from refengine.model_config import load_model_spec
 

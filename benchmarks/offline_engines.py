@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.engine:
         return child(args)
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
 
     model_dir = str(resolve_model(args.model))
     common = ["--model-dir", model_dir, "--rounds", str(args.rounds), "--threads", str(args.threads),

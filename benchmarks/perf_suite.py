@@ -59,7 +59,7 @@ SERVED = "smollm2"
 
 def server_commands(args) -> dict[str, tuple[list[str], dict, list[str]]]:
     """name -> (argv, extra environment, workloads it runs)."""
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
 
     base, swift = str(resolve_model(args.model)), str(resolve_model(args.swiftkv_model))
     ours = [sys.executable, "-m", "worker", "--served-model-name", SERVED, "--max-model-len", "2048",

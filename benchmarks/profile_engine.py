@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="results/perf/profiles")
     ap.add_argument("--rows", type=int, default=25)
     args = ap.parse_args(argv)
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
 
     model = str(resolve_model(args.model))
     n_in, n_out = WORKLOADS[args.workload]

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             res = run_vllm(args.model_dir, args.workload, args.prompts, args.max_tokens, args.rows)
         print("RESULT " + json.dumps(res), flush=True)
         return 0
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
 
     common = ["--model-dir", str(resolve_model(args.model)), "--workload", args.workload, "--prompts",
               str(args.prompts), "--max-tokens", str(args.max_tokens), "--threads", str(args.threads),

@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     ap.add_argument("--port", type=int, default=18432)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
 
     spy = str(Path(sys.executable).parent / "py-spy")
     argv_w = [sys.executable, "-m", "worker", "--served-model-name", SERVED, "--max-model-len", "2048",

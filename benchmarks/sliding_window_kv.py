@@ -43,7 +43,7 @@ def held_bytes(model: str, context: int, free: bool, load_format: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="gemma-3-270m", help="model directory or known name")

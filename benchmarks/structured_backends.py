@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from transformers import AutoTokenizer
 
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
     from refengine.model_config import load_model_spec
 
     torch.set_num_threads(args.threads)

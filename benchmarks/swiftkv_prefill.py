@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="write JSON here and a markdown table next to it")
     args = ap.parse_args(argv)
 
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
 
     base = resolve_model(args.model)
     L = json.loads((base / "config.json").read_text())["num_hidden_layers"]

@@ -3,7 +3,7 @@
     .venv-vllm/bin/python benchmarks/vllm_compile_ab.py --out results/vllm/compile_ab.json
 
 Each (model, mode) runs in its own vLLM engine process with the worker's settings
-(``worker.backends.vllm_settings``: float32 on CPU, OpenMP bound to every core), one after the
+(``swiftserve_vllm.settings``: float32 on CPU, OpenMP bound to every core), one after the
 other, interleaved over ``--rounds`` rounds (eager, compiled, eager, compiled, ...), so that a
 drift of the shared machine hits both modes alike. In each engine: one warm-up pass, then
 the workloads of perf_suite (all prompts submitted at once, greedy, ``ignore_eos``):
@@ -33,9 +33,9 @@ MODELS = ("SmolLM2-135M-Instruct-SwiftKV", "SmolLM2-135M-Instruct")
 
 
 def child(args) -> int:
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
     from refengine.config import EngineConfig
-    from worker.backends.vllm_settings import build_settings
+    from worker.backends.vllm import build_settings
     from worker.config import WorkerConfig
 
     model = str(resolve_model(args.model))

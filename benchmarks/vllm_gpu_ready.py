@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         (out / "gpu_ready.md").write_text(report(doc))
         print(json.dumps(doc["summary"]))
         return 0
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
     from swiftserve_vllm.testmodels import make_test_models
 
     out = Path(args.out)

@@ -36,7 +36,7 @@ PARITY_PROMPTS = [[1, 504, 3575, 282, 4649, 314], [1, 9690, 198, 2683, 359, 253,
 
 def _vllm_engine(V, model_dir: str, device: str, kv_gb: float, max_len: int):
     from refengine.config import EngineConfig
-    from worker.backends.vllm_settings import build_settings
+    from worker.backends.vllm import build_settings
     from worker.config import WorkerConfig
 
     s = build_settings(WorkerConfig(EngineConfig(model=model_dir, max_model_len=max_len, kv_cache_memory_gb=kv_gb,
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--zack", default=None, help="ZACK checkpoint directory (default: rank 32 made from the base)")
     ap.add_argument("--out", default=None, help="directory for bench.md, raw.json, summary.json")
     args = ap.parse_args(argv)
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
     from swiftserve_vllm import compat as V
 
     device = V.platform_device()

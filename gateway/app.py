@@ -38,7 +38,7 @@ from gateway.health import Health
 from gateway.metrics import GatewayMetrics
 from gateway.migration import StreamTracker
 from gateway.prefix import PrefixIndex, block_hashes, prompt_bytes
-from gateway.prefix_routing import RouteRequest
+from gateway.routing.base import RouteRequest
 from gateway.proxy import Forwarder
 from gateway.routing import make_policy
 from gateway.scraper import Scraper

@@ -9,7 +9,7 @@ from gateway.auth import key_id, load_keys
 from gateway.config import GatewayConfig
 from gateway.health import HealthPolicy
 from gateway.routing import POLICIES
-from swiftserve import envs
+from swiftcommon import envs
 
 
 def parse_args(argv=None) -> GatewayConfig:
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
 
     from gateway.app import build_app
     from gateway.shutdown import DrainingServer
-    from swiftserve.logs import quiet_probe_logs
+    from swiftcommon.logs import quiet_probe_logs
 
     cfg = parse_args(argv)
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

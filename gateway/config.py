@@ -19,7 +19,7 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     policy: str = "prefix"                 # prefix | jsq | p2c | round_robin | kv
-    # prefix policy (gateway.prefix_routing)
+    # prefix policy (gateway.routing.prefix_aware)
     balance_eps: float = 0.5               # no worker above ceil((1+eps) x mean load) after a decision ...
     balance_floor: float = 2.0             # ... unless that is below this many requests
     prefix_load_weight: float = 0.25       # cost of one request of load, in fractions of a cached prompt

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from pathlib import Path
 
-from gateway.routing import WorkerState
+from gateway.routing.base import WorkerState
 
 log = logging.getLogger(__name__)
 

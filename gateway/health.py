@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from gateway.routing import WorkerState
+from gateway.routing.base import WorkerState
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ class GatewayMetrics:
         return []
 
     def collect(self):
-        from gateway.routing import effective_load
+        from gateway.routing.base import effective_load
 
         gauges = {
             "in_flight": GaugeMetricFamily("swiftserve_gateway_worker_in_flight", "Requests in flight per worker",

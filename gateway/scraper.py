@@ -18,7 +18,7 @@ import time
 
 import aiohttp
 
-from gateway.routing import WorkerState
+from gateway.routing.base import WorkerState
 
 log = logging.getLogger(__name__)
 NAMES = {"vllm:num_requests_waiting": "waiting", "vllm:num_requests_running": "running",

@@ -12,13 +12,13 @@ import importlib
 import sys
 
 COMMAND_MODULES = [
-    "modelkit.prepare",       # prepare
-    "modelkit.swiftkv",       # convert-swiftkv
+    "modelkit.prepare_cli",   # prepare
+    "modelkit.swiftkv_cli",   # convert-swiftkv
     "modelkit.corpus_cli",    # build-corpus
     "modelkit.distill",       # distill
     "modelkit.distill_plot",  # plot-distill
     "modelkit.evaluate",      # eval
-    "modelkit.zack",          # zack-calibrate
+    "modelkit.zack_cli",      # zack-calibrate
 ]
 
 

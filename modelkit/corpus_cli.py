@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from modelkit.corpus import build
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
 
     manifest = build(Path(args.output), resolve_model(args.model), args.chat_train, args.chat_heldout,
                      args.seed, args.heldout_fraction, args.max_answer_tokens, args.dtype)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from modelkit.distill import DistillConfig, lr_at
+from modelkit.distill_config import DistillConfig, lr_at
 from modelkit.distill_cache import WindowCache, teacher_targets, topk_kl
 from modelkit.distill_data import load_windows
 from modelkit.distill_model import SwiftKVDistillModel, distill_loss

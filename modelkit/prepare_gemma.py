@@ -24,6 +24,7 @@ from pathlib import Path
 
 from modelkit import prepare_source as src
 from modelkit.artifacts import ArtifactError, check_free_space, check_manifest, check_writable, sha256_file
+from modelkit.prepare import build_prepared, convert_gguf
 
 NAME = "gemma-3-270m"
 FORMAT = 1
@@ -98,8 +99,6 @@ def _sanity_check(built: Path) -> None:
 def prepare_gemma(cache: Path, output: Path | None, accept_license: bool, force: bool = False,
                   verify: bool = False, quiet: bool = False) -> Path:
     """Prepare (or find) the Gemma 3 270M directory. Raises ``ArtifactError``."""
-    from modelkit.prepare import build_prepared, convert_gguf
-
     out = Path(output).expanduser().absolute() if output else model_dir(cache)
     expect = {"format": FORMAT, "gguf_sha256": GGUF_SHA256}
     if not force and check_manifest(out, expect, verify) is None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from swiftcommon import parked as parked_files
+
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 
 # name -> (tensor file relative to checkpoints/, l, g)
@@ -37,7 +39,7 @@ ZACK_VARIANTS: dict[str, tuple[str, str, float, str]] = {
 
 
 def checkpoint_dirs() -> list[Path]:
-    from swiftserve import envs
+    from swiftcommon import envs
 
     return envs.checkpoint_dirs() or [CHECKPOINTS]
 
@@ -49,10 +51,8 @@ def find(rel: str) -> Path | None:
 
 def _absent(key: str, what: str, rel: str) -> str:
     """The error for a shipped file found nowhere (naming ``make gpu-unpark`` when it is parked)."""
-    from swiftserve.gpusession.park import parked_copy
-
     dirs = ", ".join(map(str, checkpoint_dirs()))
-    parked = parked_copy(CHECKPOINTS / rel)
+    parked = parked_files.parked_copy(CHECKPOINTS / rel)
     hint = (f"; it is parked in {parked.parent} by `make gpu-park`: run `make gpu-unpark`" if parked else "")
     return f"{key}: {what} {rel} is in none of: {dirs}{hint}"
 
@@ -72,7 +72,7 @@ def _materialize_zack(key: str) -> Path:
     from modelkit.prepare import PrepareError, _lock, default_model_dir, ensure_default_model
     from modelkit.zack import write_zack_model
     from refengine.kv.methods.zack import CALIBRATION_FILE, ROTATIONS_FILE
-    from swiftserve import envs
+    from swiftcommon import envs
 
     rel, base_name, rate, mode = ZACK_VARIANTS[key]
     found = find(f"{rel}/{CALIBRATION_FILE}")
@@ -100,7 +100,7 @@ def materialize(name: str) -> Path:
 
     from modelkit.prepare import PrepareError, _lock, default_model_dir, ensure_default_model
     from modelkit.swiftkv import write_swiftkv_checkpoint
-    from swiftserve import envs
+    from swiftcommon import envs
 
     key = next(n for n in (*VARIANTS, *ZACK_VARIANTS) if n.lower() == name.lower())
     if key in ZACK_VARIANTS:

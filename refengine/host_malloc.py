@@ -43,7 +43,7 @@ import re
 from contextlib import contextmanager
 from pathlib import Path
 
-from swiftserve import envs
+from swiftcommon import envs
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,11 @@
 """SwiftServe: an OpenAI-compatible serving system for prompt-heavy workloads.
 
-This package holds what every process shares and nothing heavy: environment
-variables (``envs``), OpenAI-style errors (``errors``) and the ``swiftserve``
-command that starts a whole stack (``cli``). It never imports torch.
+This package is the top layer: the ``swiftserve`` command that starts a whole stack
+(``cli``, ``supervisor``, ``rolling``) and the GPU session tooling (``gpusession``). What
+every process shares (environment variables, logging helpers, the version) lives in
+``swiftcommon`` (docs/architecture.md). It never imports torch at import time.
 """
 
-__version__ = "0.1.0"
+from swiftcommon.version import __version__
+
+__all__ = ["__version__"]

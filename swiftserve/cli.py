@@ -88,7 +88,7 @@ def _healthy(url: str, routable: int | None = None) -> bool:
 
 
 def up(args: argparse.Namespace) -> int:
-    from modelkit.prepare import resolve_model  # lazy: pulls in the model toolkit only here
+    from modelkit.models import resolve_model  # lazy: pulls in the model toolkit only here
 
     for flag, value, low in (("--workers", args.workers, 1), ("--max-restarts", args.max_restarts, 0),
                              ("--restart-window", args.restart_window, 0), ("--drain-timeout", args.drain_timeout, 0)):

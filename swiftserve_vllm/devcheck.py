@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="meta", help="device to build on (meta, cpu, cuda, ...)")
     p.add_argument("--out", default=None, help="write the JSON list here too")
     args = p.parse_args(argv)
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
     from swiftserve_vllm import ARCHITECTURES, register, version
 
     register()

@@ -1,7 +1,7 @@
 """``python -m swiftserve_vllm.probe``: what vLLM (with the plugin) does with given checkpoints.
 
 For each ``--model`` (run one after another in this process, with the worker's own
-engine settings and the same KV budget), it records: greedy tokens for ``--prompt``
+engine settings, ``settings.build_settings``, and the same KV budget), it records: greedy tokens for ``--prompt``
 token-id lists, the KV capacity vLLM allocated (blocks x block size = tokens), and how
 many tokens of a ``--prefill-len``-token prompt reached layers < l and >= l
 (``tokens_head`` / ``tokens_tail``, read from the model through ``LLM.apply_model``; with
@@ -30,15 +30,13 @@ def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefi
                 kv_cache_dtype: str = "auto", dtype: str = "auto") -> dict:
     from refengine.config import EngineConfig
     from swiftserve_vllm import compat as V
-    from worker.backends.vllm_settings import build_settings
-    from worker.config import WorkerConfig
+    from swiftserve_vllm.settings import VllmOptions, build_settings
 
     device = V.platform_device()
-    settings = build_settings(WorkerConfig(EngineConfig(model=model_dir, max_model_len=max_model_len,
-                                                        kv_cache_memory_gb=kv_gb, max_num_seqs=16,
-                                                        kv_cache_dtype=kv_cache_dtype, dtype=dtype),
-                                           engine="vllm", vllm_enforce_eager=eager, tensor_parallel_size=tp,
-                                           pipeline_parallel_size=pp), device)
+    settings = build_settings(EngineConfig(model=model_dir, max_model_len=max_model_len, kv_cache_memory_gb=kv_gb,
+                                           max_num_seqs=16, kv_cache_dtype=kv_cache_dtype, dtype=dtype),
+                              VllmOptions(enforce_eager=eager, tensor_parallel_size=tp, pipeline_parallel_size=pp),
+                              device)
     os.environ.update(settings.env)
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"     # apply_model pickles a function
     from swiftserve_vllm.model import token_counters
@@ -109,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="reference engine's KV methods as JSON (its --kv-methods), e.g. for its ZACK")
     p.add_argument("--out", default=None, help="write the JSON here too")
     args = p.parse_args(argv)
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
     from swiftserve_vllm.layout import load_layout
 
     prompts = args.prompt or DEFAULT_PROMPTS

@@ -87,7 +87,7 @@ def random_family_swiftkv(family: str, tokenizer_dir: Path, out: Path, l: int, g
 
 def make_test_models(out: str | Path) -> dict[str, Path]:
     """Every test checkpoint of ``NAMES`` under ``out`` (made once; later calls reuse them)."""
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
 
     out = Path(out)
     base, g1, g2 = (resolve_model(n) for n in ("default", "SmolLM2-135M-Instruct-SwiftKV",

@@ -24,7 +24,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-import swiftserve
+from swiftcommon.version import __version__
 from worker.config import WorkerConfig
 from worker.errors import APIError, error_response, install_error_handlers
 from worker.limits import BodyLimit
@@ -52,7 +52,7 @@ def build_app(config: WorkerConfig, engine, tokenizer) -> FastAPI:
             finally:
                 state.close()
 
-    app = FastAPI(title="SwiftServe worker", version=swiftserve.__version__, lifespan=lifespan)
+    app = FastAPI(title="SwiftServe worker", version=__version__, lifespan=lifespan)
     app.state.config = config
     app.state.engine = engine
     app.state.tokenizer = tokenizer
@@ -126,6 +126,6 @@ def build_app(config: WorkerConfig, engine, tokenizer) -> FastAPI:
     @app.get("/version")
     async def version(raw_request: Request):
         cfg = raw_request.app.state.config
-        return {"version": swiftserve.__version__, "engine": cfg.engine, "model": cfg.model_name, **cfg.extra}
+        return {"version": __version__, "engine": cfg.engine, "model": cfg.model_name, **cfg.extra}
 
     return app

@@ -19,7 +19,7 @@ import sys
 from refengine.config import EngineConfig
 from refengine.kv import registry as kv_registry
 from refengine.kv.base import MethodError
-from swiftserve import envs
+from swiftcommon import envs
 from worker.config import ENGINE_CORES, ENGINE_KINDS, OVERLOAD_STATUSES, WorkerConfig
 
 log = logging.getLogger("worker")
@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> WorkerConfig:
     """Build the WorkerConfig. ``model_dir``: the resolved ``--model`` (resolved here when None)."""
     if model_dir is None:
-        from modelkit.prepare import resolve_model  # lazy: may prepare the default model
+        from modelkit.models import resolve_model  # lazy: may prepare the default model
 
         model_dir = str(resolve_model(args.model))
     engine_config = EngineConfig(
@@ -257,7 +257,7 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 def _vllm_reason(config: WorkerConfig) -> str | None:
     """Why vLLM cannot serve this configuration (KV methods, parallelism), before vLLM is imported;
     the platform is guessed from torch (vLLM's own check runs again when it starts)."""
-    from worker.backends.vllm_settings import build_settings
+    from worker.backends.vllm import build_settings
 
     try:
         import torch
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = create_engine_client(config)
     app = build_app(config, engine, tokenizer)
     log.info("serving %s (%s) on http://%s:%d", config.model_name, config.model_dir, config.host, config.port)
-    from swiftserve.logs import quiet_probe_logs
+    from swiftcommon.logs import quiet_probe_logs
 
     quiet_probe_logs()
     from worker.shutdown import DrainingServer

@@ -44,7 +44,7 @@ class WorkerConfig:
     trust_request_chat_template: bool = False
     drain_timeout: float = 30.0                 # SIGTERM: seconds in-flight requests get to finish
     extra: dict = field(default_factory=dict)   # free-form, reported by /version
-    # --engine vllm only (None: the backend's default for the platform, see worker/backends/vllm_settings.py)
+    # --engine vllm only (None: the backend's default for the platform, see swiftserve_vllm/settings.py)
     vllm_enforce_eager: bool | None = None
     vllm_gpu_memory_utilization: float | None = None
     vllm_fast_prefill: bool | None = None       # SwiftKV's kv_sharing_fast_prefill (None: on)

@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.names:
         print("prepare_models: nothing to bake", file=sys.stderr)
         return 0
-    from modelkit.prepare import PrepareError, resolve_model
+    from modelkit.models import resolve_model
+    from modelkit.prepare import PrepareError
 
     dirs: list[Path] = []
     for name in args.names:

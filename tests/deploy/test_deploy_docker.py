@@ -102,7 +102,7 @@ def test_baked_model_resolves_from_the_image_cache(smollm2_dir, tmp_path):
                                                                          "PATH": "/usr/bin:/bin"}, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(dest / smollm2_dir.name)
-    code = "from modelkit.prepare import resolve_model; print(resolve_model('default'))"
+    code = "from modelkit.models import resolve_model; print(resolve_model('default'))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={"SWIFTSERVE_CACHE": str(tmp_path / "models"), "PATH": "/usr/bin:/bin",
                               "HOME": str(tmp_path)})

@@ -137,7 +137,7 @@ def test_gateway_discovers_workers_through_endpointslices(rendered, name):
     role = find(objs, "Role", binding["roleRef"]["name"])
     rule = next(r for r in role["rules"] if "endpointslices" in r["resources"])
     assert rule["apiGroups"] == ["discovery.k8s.io"] and {"list", "watch"} <= set(rule["verbs"])
-    # API keys come from a Secret, in the variable swiftserve/envs.py reads.
+    # API keys come from a Secret, in the variable swiftcommon/envs.py reads.
     keys = next(e for e in c["env"] if e["name"] == "SWIFTSERVE_API_KEYS")
     assert keys["valueFrom"]["secretKeyRef"]["name"] == "swiftserve-api-keys"
     # Workers never get an API token.

@@ -11,7 +11,8 @@ from gateway.admission import Admission, Rejected
 from gateway.auth import Auth, estimate_tokens, key_id
 from gateway.discovery import WorkerPool, endpoints_from_slices, read_workers_file
 from gateway.health import Health, HealthPolicy
-from gateway.routing import WorkerState, jsq, kv_aware, p2c
+from gateway.routing.base import WorkerState
+from gateway.routing.load import jsq, kv_aware, p2c
 
 
 def test_burst_jsq_spreads_where_a_stale_metrics_policy_piles_up():

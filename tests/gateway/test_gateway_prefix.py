@@ -11,8 +11,10 @@ import pytest
 
 from gateway.cli import parse_args
 from gateway.prefix import PrefixIndex, block_hashes, prompt_bytes, render_prompt
-from gateway.prefix_routing import PrefixAware, RouteRequest, load_bound, rendezvous
-from gateway.routing import WorkerState, jsq, make_policy
+from gateway.routing import make_policy
+from gateway.routing.base import RouteRequest, WorkerState
+from gateway.routing.load import jsq
+from gateway.routing.prefix_aware import PrefixAware, load_bound, rendezvous
 from gateway.scraper import parse_metrics
 
 SYSTEM = ["You are assistant number %d. " % i + "Follow the house rules carefully. " * 40 for i in range(8)]

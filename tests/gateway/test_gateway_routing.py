@@ -2,7 +2,8 @@
 
 import random
 
-from gateway.routing import RoundRobin, WorkerState, effective_load, jsq
+from gateway.routing.base import WorkerState, effective_load
+from gateway.routing.load import RoundRobin, jsq
 from gateway.scraper import parse_metrics
 
 

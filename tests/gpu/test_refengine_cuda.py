@@ -112,7 +112,7 @@ def test_smollm2_greedy_on_cuda_matches_transformers():
 
 def test_shipped_swiftkv_on_cuda_equals_cpu():
     from modelkit import shipped
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
 
     prepared_smollm2()
     name = "SmolLM2-135M-Instruct-SwiftKV-AcrossKV2"

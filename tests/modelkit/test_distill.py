@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from modelkit.distill import DistillConfig, lr_at
+from modelkit.distill_config import DistillConfig, lr_at
 from modelkit.distill_model import SwiftKVDistillModel, distill_loss
 from modelkit.swiftkv import write_swiftkv_checkpoint
 from refengine.config import EngineConfig

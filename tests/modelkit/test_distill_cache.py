@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from modelkit.distill import DistillConfig
+from modelkit.distill_config import DistillConfig
 from modelkit.distill_cache import WindowCache, teacher_targets, topk_kl
 from modelkit.distill_model import distill_loss
 

@@ -21,6 +21,7 @@ import pytest
 from modelkit import artifacts
 from modelkit import prepare as prep
 from modelkit import prepare_source as src
+from modelkit.models import resolve_model
 
 REPO = Path(__file__).resolve().parents[2]
 # pip with no config files, no find-links, and an index on a port nobody listens on.
@@ -176,15 +177,6 @@ def test_file_lock_excludes_a_second_holder(tmp_path):
     assert [e[0] for e in events] == ["first-release", "second"]
 
 
-def test_resolve_model_rejects_unknown_names_and_bare_directories(tmp_path):
-    with pytest.raises(prep.PrepareError, match="neither a known name"):
-        prep.resolve_model(str(tmp_path / "missing"))
-    with pytest.raises(prep.PrepareError, match="no config.json"):
-        prep.resolve_model(str(tmp_path))
-    (tmp_path / "config.json").write_text("{}")
-    assert prep.resolve_model(str(tmp_path)) == tmp_path
-
-
 # ---- the prepared model ---------------------------------------------------------------------
 @pytest.mark.model
 def test_second_run_is_instant_and_never_calls_pip(smollm2_dir, monkeypatch):
@@ -203,7 +195,7 @@ def test_second_run_is_instant_and_never_calls_pip(smollm2_dir, monkeypatch):
     monkeypatch.setattr(prep, "convert_gguf", forbidden)
     t0 = time.monotonic()
     assert prep.ensure_default_model(cache) == smollm2_dir
-    assert prep.resolve_model("default") == prep.resolve_model("smollm2-135m-instruct") == smollm2_dir
+    assert resolve_model("default") == resolve_model("smollm2-135m-instruct") == smollm2_dir
     assert time.monotonic() - t0 < 3
     assert prep.prepare(cache, verify=True, quiet=True) == smollm2_dir   # re-hashes, still no rebuild
 

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow]
 @pytest.fixture(scope="module")
 def gemma_dir():
     from modelkit import prepare_gemma
-    from swiftserve import envs
+    from swiftcommon import envs
 
     if not prepare_gemma.is_prepared(envs.cache_dir()):
         pytest.skip("Gemma 3 270M is not prepared (opt-in: modelkit prepare --model gemma-3-270m --accept-license)")

@@ -105,6 +105,7 @@ def test_make_test_guard_names_gpu_unpark(tmp_path):
 def test_shipped_files_come_from_swiftserve_checkpoints_or_name_the_park(tmp_path, monkeypatch):
     from modelkit import shipped
     from modelkit.prepare import PrepareError
+    from swiftcommon import parked as parked_files
 
     rel = shipped.VARIANTS["SmolLM2-135M-Instruct-SwiftKV"][0]
     monkeypatch.setenv("SWIFTSERVE_CHECKPOINTS", str(tmp_path / "carried"))
@@ -112,7 +113,7 @@ def test_shipped_files_come_from_swiftserve_checkpoints_or_name_the_park(tmp_pat
     (tmp_path / "carried" / rel).parent.mkdir(parents=True)
     (tmp_path / "carried" / rel).write_bytes(b"x")
     assert shipped.names() == ["SmolLM2-135M-Instruct-SwiftKV"] and shipped.find(rel) == tmp_path / "carried" / rel
-    monkeypatch.setattr(park, "parked_copy", lambda p: tmp_path / ".gpu-park" / "checkpoints" / rel)
+    monkeypatch.setattr(parked_files, "parked_copy", lambda p: tmp_path / ".gpu-park" / "checkpoints" / rel)
     with pytest.raises(PrepareError, match="none of: .*carried.*parked in .*run `make gpu-unpark`"):
         shipped.materialize("SmolLM2-135M-Instruct-SwiftKV-AcrossKV2")
 

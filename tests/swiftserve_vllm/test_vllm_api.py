@@ -37,7 +37,7 @@ CROSS_ENGINE_TOL = 1e-3
 
 @pytest.fixture(scope="module")
 def swiftkv_dir():
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
 
     return resolve_model(G1)
 

@@ -30,7 +30,7 @@ PREFILL = 256
 
 @pytest.fixture(scope="module")
 def models(smollm2_dir, tmp_path_factory):
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
     from swiftserve_vllm.testmodels import make_test_models
 
     d = {"g1": resolve_model(G1), "g2": resolve_model(G2), **make_test_models(tmp_path_factory.mktemp("models"))}

@@ -84,7 +84,7 @@ def test_zack_folding_equals_rotating_v_and_unrotating_the_output():
 
 def test_worker_settings_cpu_defaults_and_model_routing(tmp_path, monkeypatch):
     from refengine.config import EngineConfig
-    from worker.backends.vllm_settings import build_settings
+    from worker.backends.vllm import build_settings
     from worker.config import WorkerConfig
 
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
@@ -120,7 +120,8 @@ def test_worker_settings_cpu_defaults_and_model_routing(tmp_path, monkeypatch):
 
 def test_worker_settings_parallelism(tmp_path, monkeypatch):
     from refengine.config import EngineConfig
-    from worker.backends.vllm_settings import build_settings, cpu_bind
+    from swiftserve_vllm.settings import cpu_bind
+    from worker.backends.vllm import build_settings
     from worker.config import WorkerConfig
 
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
@@ -162,7 +163,7 @@ def test_pipeline_stages_and_tensor_shards():
 
 
 def test_kv_methods_on_vllm_keep_what_vllm_can_do(zack_dir, smollm2_dir):
-    from worker.backends.vllm_kv import translate
+    from swiftserve_vllm.kv_methods import translate
 
     cfg = json.loads((zack_dir / "config.json").read_text())
     z = translate({"zack": {"rate": 0.5}, "fp8": {}}, str(zack_dir), cfg, True, "auto", "cpu")

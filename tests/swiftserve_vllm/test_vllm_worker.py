@@ -35,7 +35,7 @@ def _metric(text: str, name: str, **labels) -> float:
 
 @pytest.fixture(scope="module")
 def stack(smollm2_dir, tmp_path_factory):
-    from modelkit.prepare import resolve_model
+    from modelkit.models import resolve_model
     from swiftserve_vllm.reference import make_random_zack
 
     tmp = tmp_path_factory.mktemp("vllm-stack")

@@ -8,7 +8,11 @@ end of prefill, on the first one), and vLLM's scheduler/iteration stats ->
 our ``EngineStats`` (so ``/load`` and ``/metrics`` carry the same names for both
 engines). Leaving ``generate`` early (client disconnect) aborts the request in vLLM.
 ``start`` checks the supported vLLM range before anything else; the engine's settings
-(``vllm_settings``) are logged. Every vLLM symbol comes from ``swiftserve_vllm.compat``.
+(``swiftserve_vllm.settings``) are logged. Every vLLM symbol comes from ``swiftserve_vllm.compat``.
+
+The seam: this is the one worker module that imports the plugin (``swiftserve_vllm``;
+tests/test_architecture.py holds it to that). ``build_settings`` turns the WorkerConfig into
+the plugin's ``VllmOptions``; ``worker.cli`` checks a configuration through it before vLLM starts.
 """
 
 from __future__ import annotations
@@ -23,14 +27,26 @@ from typing import AsyncIterator
 from refengine.model_config import load_model_spec
 from refengine.outputs import EngineStats, RequestOutput, RequestTimings, TokenLogprob
 from refengine.sampling_params import SamplingParams
-from worker.backends.vllm_settings import VllmSettings, build_settings
+from swiftserve_vllm import settings as plugin_settings
+from swiftserve_vllm.settings import VllmOptions, VllmSettings
+from worker.config import WorkerConfig
 
 log = logging.getLogger(__name__)
 UNNARROWED = "swiftkv_unnarrowed_tail_rows_total"    # EngineStats.extra key: a counter in /metrics
 
 
+def build_settings(config: WorkerConfig, device: str) -> VllmSettings:
+    """The plugin's engine settings for this worker (``ValueError``: vLLM cannot serve it)."""
+    options = VllmOptions(
+        tokenizer=config.tokenizer_path, served_model_names=config.model_names, max_logprobs=config.max_logprobs,
+        enforce_eager=config.vllm_enforce_eager, gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+        fast_prefill=config.vllm_fast_prefill, tensor_parallel_size=config.tensor_parallel_size,
+        pipeline_parallel_size=config.pipeline_parallel_size)
+    return plugin_settings.build_settings(config.engine_config, options, device)
+
+
 class VllmEngineClient:
-    def __init__(self, worker_config) -> None:
+    def __init__(self, worker_config: WorkerConfig) -> None:
         self.config = worker_config
         self.engine = None
         self.settings: VllmSettings | None = None

