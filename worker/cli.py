@@ -11,7 +11,6 @@ started by the app's lifespan, so ``/health`` answers only once it is ready.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -19,6 +18,7 @@ import sys
 from refengine.config import EngineConfig
 from refengine.kv import registry as kv_registry
 from refengine.kv.base import MethodError
+from refengine.kv.registry import KVMethods
 from swiftserve import envs
 from worker.config import ENGINE_CORES, ENGINE_KINDS, OVERLOAD_STATUSES, WorkerConfig
 
@@ -43,14 +43,13 @@ def _cpu_list(text: str) -> set[int]:
     return cpus
 
 
-def _json_object(text: str) -> dict:
+def kv_methods_arg(text: str) -> KVMethods:
+    """``--kv-methods`` decoded once into the typed value (names and options checked); what the
+    model, block size, KV dtype and SwiftKV allow is checked with them in ``checked_config``."""
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object")
-    return value
+        return KVMethods.parse(text)
+    except MethodError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -157,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(swiftserve up gives each worker its own share)")
     e.add_argument("--torch-threads", type=int, default=envs.torch_threads(),
                    help="intra-op CPU threads (default from SWIFTSERVE_TORCH_THREADS, else torch's)")
-    e.add_argument("--kv-methods", type=_json_object, default={},
+    e.add_argument("--kv-methods", type=kv_methods_arg, default=KVMethods(),
                    help='KV methods and their options as a JSON object, e.g. \'{"zack": {"rate": 0.5}}\' '
                         '(false turns off a method the model directory enables). Registered: '
                         + kv_registry.describe().replace("%", "%%"))
@@ -193,7 +192,7 @@ def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> 
         kv_cache_memory_gb=args.kv_cache_memory_gb, kv_host_memory_gb=args.kv_host_memory_gb,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_dtype=KV_CACHE_DTYPES[args.kv_cache_dtype],
-        swiftkv=args.swiftkv, torch_threads=args.torch_threads, kv_methods=dict(args.kv_methods),
+        swiftkv=args.swiftkv, torch_threads=args.torch_threads, kv_methods=args.kv_methods,
         enable_prefix_caching=args.enable_prefix_caching, long_prefill_token_threshold=args.long_prefill_token_threshold,
         packed_linear=args.packed_linear, decode_kernel=args.decode_kernel, prefill_kernel=args.prefill_kernel,
         fused_ops=args.fused_ops, malloc_tuning=args.malloc_tuning, huge_pages=args.huge_pages)
@@ -228,10 +227,6 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error("--max-body-bytes and --max-choices-per-request must be positive")
     if args.drain_timeout < 0:
         parser.error("--drain-timeout must be >= 0")
-    try:                                  # names, options and combinations; the model is checked later
-        kv_registry.parse(args.kv_methods, None, KV_CACHE_DTYPES[args.kv_cache_dtype])
-    except MethodError as exc:
-        parser.error(f"--kv-methods: {exc}")
     for flag, value in (("--packed-linear", args.packed_linear), ("--decode-kernel", args.decode_kernel),
                         ("--prefill-kernel", args.prefill_kernel), ("--fused-ops", args.fused_ops)):
         if value != "auto" and args.engine != "reference":
@@ -252,6 +247,16 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
             if value:
                 parser.error(f"{flag} is a vLLM-engine option (--engine vllm); the reference engine runs on one "
                              "device and always skips the later layers for SwiftKV prompt tokens")
+
+
+def _kv_reason(engine_config: EngineConfig) -> str | None:
+    """Why the reference engine would refuse this KV setting: the engine's own check
+    (``registry.check_engine``) with every input it uses (model, block size, KV dtype, SwiftKV)."""
+    try:
+        kv_registry.check_engine(engine_config)
+    except (MethodError, ValueError) as exc:       # ValueError: a config.json the spec reader refuses
+        return str(exc)
+    return None
 
 
 def _vllm_reason(config: WorkerConfig) -> str | None:
@@ -276,9 +281,8 @@ def checked_config(args: argparse.Namespace) -> tuple[WorkerConfig | None, str |
         config = config_from_args(args)
     except Exception as exc:  # noqa: BLE001 - PrepareError and friends: a message, not a traceback
         return None, f"cannot use model {args.model!r}: {exc}"
-    ec = config.engine_config
     if config.engine == "reference":
-        reason = kv_registry.check(ec.kv_methods, ec.model, ec.swiftkv, ec.kv_cache_dtype)
+        reason = _kv_reason(config.engine_config)
         return (None, f"--kv-methods: {reason}") if reason else (config, None)
     reason = _vllm_reason(config)
     return (None, reason) if reason else (config, None)
