@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(swiftserve up gives each worker its own share)")
     e.add_argument("--torch-threads", type=int, default=envs.torch_threads(),
                    help="intra-op CPU threads (default from SWIFTSERVE_TORCH_THREADS, else torch's)")
-    e.add_argument("--kv-methods", type=kv_methods_arg, default=KVMethods(),
+    e.add_argument("--kv-methods", type=kv_methods_arg, default="{}",      # argparse runs the type on it
                    help='KV methods and their options as a JSON object, e.g. \'{"zack": {"rate": 0.5}}\' '
                         '(false turns off a method the model directory enables). Registered: '
                         + kv_registry.describe().replace("%", "%%"))

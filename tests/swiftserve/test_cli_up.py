@@ -27,7 +27,6 @@ def test_bad_kv_methods_and_numbers_stop_up_before_the_model(capsys):
     # started the workers and their engines refused it).
     (["--kv-methods", '{"zipcache": {}}', "--worker-arg=--block-size=512"], "block_size 512 > 256"),
     (["--kv-methods", '{"zipcache": {}}', "--worker-arg=--kv-cache-dtype=fp8"], "two KV codecs cannot be combined"),
-    (["--kv-methods", '{"zack": {"rate": 0.5}}', "--worker-arg=--no-swiftkv"], "no ZACK calibration"),
 ])
 def test_a_kv_setting_the_engine_refuses_fails_in_up_before_any_process(smollm2_dir, argv, words, capsys,
                                                                         monkeypatch):

@@ -104,3 +104,16 @@ def test_one_check_takes_block_size_and_kv_dtype_from_the_engine_config(tmp_path
         registry.check_engine(EngineConfig(model=model, kv_methods={"zipcache": {}}, block_size=512))
     with pytest.raises(MethodError, match="two KV codecs"):              # and so does the KV dtype
         registry.check_engine(EngineConfig(model=model, kv_methods={"zipcache": {}}, kv_cache_dtype="fp8_e4m3"))
+
+
+def test_the_one_check_sees_swiftkv_on_or_off(tmp_path):
+    from refengine.config import EngineConfig
+
+    cfg = json.loads(_llama_dir(tmp_path).joinpath("config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "llama_swiftkv", "swiftkv": True,
+                                                      "num_key_value_layers": 10, "key_value_group_size": 20}))
+    kcache = {"kcache": {"device_layers": 15}}      # SwiftKV: layers 10..29 share one slot, below 15
+    with pytest.raises(MethodError, match="no cache slot has all its layers >= device_layers=15"):
+        registry.check_engine(EngineConfig(model=str(tmp_path), kv_methods=kcache))
+    plan = registry.check_engine(EngineConfig(model=str(tmp_path), kv_methods=kcache, swiftkv=False))
+    assert plan.spec.num_slots == 30 and [m.name for m in plan.methods] == ["kcache"]
