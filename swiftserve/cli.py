@@ -47,7 +47,7 @@ Metrics: http://{host}:{port}/metrics   Stop: Ctrl-C   Rolling restart of the wo
 
 def _kv_methods(text: str):
     """``--kv-methods`` decoded by the worker's own parser (lazy: the KV registry loads only when given)."""
-    from worker.cli import kv_methods_arg
+    from worker.args import kv_methods_arg
 
     return kv_methods_arg(text)
 

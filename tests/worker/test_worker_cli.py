@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from worker.cli import build_parser, config_from_args, main
+from worker.args import build_parser, config_from_args
+from worker.cli import main
 from worker.errors import APIError
 from worker.protocol import INT64_MAX, INT64_MIN, ChatCompletionRequest, child_seed, to_sampling_params
 
