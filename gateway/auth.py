@@ -4,8 +4,8 @@ Keys are never logged: ``key_id`` is a short hash prefix. A presented key is com
 with every configured key in constant time (``hmac.compare_digest`` of SHA-256
 digests, so neither the position of the first differing byte nor the key's length
 shows in the timing). Token limits charge an estimate
-at admission (prompt characters / 4 + max_tokens) and correct it with the response's
-``usage`` when known.
+at admission (prompt characters / 4 + the output limit the worker will apply, by the one
+rule in ``swiftcommon.token_limits``) and correct it with the response's ``usage`` when known.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from gateway.admission import Rejected
+from swiftcommon.token_limits import DEFAULT_COMPLETION_TOKENS, endpoint_of, requested_limit
 
 
 def key_id(key: str) -> str:
@@ -117,8 +118,9 @@ def _count(value, default: float) -> float:
 
 
 def requested_tokens(body: dict) -> float:
-    return (_count(body.get("max_tokens"), 0) or _count(body.get("max_completion_tokens"), 0)
-            or _count(body.get("max_output_tokens"), 0) or 16.0)
+    """The output limit the worker will apply (``swiftcommon.token_limits``); unset, zero or
+    unusable: the completions default, as an estimate (the response's usage corrects it)."""
+    return _count(requested_limit(endpoint_of(body), body), 0) or float(DEFAULT_COMPLETION_TOKENS)
 
 
 def estimate_tokens(body: dict) -> float:

@@ -158,8 +158,7 @@ def bytes_16bit(model: Path, overrides: dict) -> tuple[float, float]:
 
     facts = registry.facts_for(model, overrides.get("swiftkv", True), elem_bytes=2,
                                block_size=overrides.get("block_size", 16))
-    spec = registry.plan(registry.build(overrides.get("kv_methods") or {}, facts,
-                                        overrides.get("kv_cache_dtype", "auto")), facts)
+    spec = registry.validate(overrides.get("kv_methods") or {}, facts, overrides.get("kv_cache_dtype", "auto")).spec
     return spec.device_bytes_per_token, spec.host_bytes_per_token
 
 

@@ -3,11 +3,19 @@
 Built once at the entry point (worker CLI, benchmark, evaluator) and passed
 explicitly. Values derived at run time (number of KV blocks, the model's spec)
 live on the objects that derive them, not here.
+
+``kv_methods`` is decoded where the config is built: a dict or JSON text becomes the
+typed ``KVMethods`` in ``__post_init__`` (``MethodError`` on unknown names or bad
+options). Checking it against the model, block size, KV dtype and SwiftKV is
+``refengine.kv.registry.check_engine(config)``, the one check the worker CLI runs
+before start and the engine runs as it plans its cache.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from refengine.kv.registry import KVMethods
 
 
 @dataclass
@@ -26,7 +34,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"                # "auto" | "fp8_e4m3" (per-token scale, 1-byte storage)
     swiftkv: bool = True                        # use SwiftKV when the checkpoint has it; False = run as baseline
     torch_threads: int | None = None            # intra-op threads (CPU)
-    kv_methods: dict = field(default_factory=dict)  # method name -> options (ZACK, KCache, ZipCache)
+    kv_methods: KVMethods = field(default_factory=KVMethods)  # method name -> options (a dict is parsed)
     load_format: str = "auto"                   # "auto": safetensors in ``model``; "dummy": random weights (benchmarks)
     enable_prefix_caching: bool = True          # share cached full prompt blocks (off when a KV method opts out)
     long_prefill_token_threshold: int | None = None  # most tokens of one request per step; None: budget // 2, 0: no cap
@@ -38,3 +46,6 @@ class EngineConfig:
     free_window_blocks: bool = True             # sliding-window layers keep block tables of their own and free what
                                                 # their window left (False: one table, every block kept)
     huge_pages: bool = True                     # spawned engine process: glibc maps malloc memory for THP (refengine.host_malloc)
+
+    def __post_init__(self) -> None:
+        self.kv_methods = KVMethods.parse(self.kv_methods)

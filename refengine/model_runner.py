@@ -1,10 +1,11 @@
 """ModelRunner: the only part of the engine that touches tensors.
 
 It owns the model, the KV cache and the RNGs. At start-up the KV methods
-(``config.kv_methods`` + ``kv_cache_dtype``) are parsed, validated and planned
-before any weight is read; their load-time weight replacements are applied as
-the model loads, and the block pool is sized by the planned device bytes per
-block (after the methods' fixed reservations). ``execute(SchedulerOutput)`` turns the
+(``config.kv_methods``, parsed when the config was built, + ``kv_cache_dtype``) are
+checked and planned once (``registry.check_engine``) before any weight is read;
+their load-time weight replacements are applied as the model loads, and the block
+pool is sized by the planned device bytes per block (after the methods' fixed
+reservations). ``execute(SchedulerOutput)`` turns the
 scheduler's token counts and block tables into batch tensors (input ids, true
 positions for RoPE, slot mapping and attention over *cache* offsets, which differ
 once an eviction method dropped tokens), runs one forward pass and samples one
@@ -108,9 +109,10 @@ class ModelRunner:
         self.malloc_tuned = config.malloc_tuning and self.device.type == "cpu" and tune_malloc()
         torch.manual_seed(config.seed)
         elem = torch.empty((), dtype=self.dtype).element_size()
-        facts = registry.facts_from_spec(spec, config.model, config.swiftkv, elem, config.block_size)
-        self.kv_methods = registry.build(config.kv_methods, facts, config.kv_cache_dtype)   # MethodError: refuse
-        self.cache_spec = registry.plan(self.kv_methods, facts)
+        # The one check and plan of the KV setting (MethodError: refuse), at the real element size;
+        # config.kv_methods arrives parsed. The plan's method objects are the ones that serve.
+        self.kv_plan = registry.check_engine(config, spec, elem)
+        self.kv_methods, self.cache_spec, facts = list(self.kv_plan.methods), self.kv_plan.spec, self.kv_plan.facts
         if config.load_format == "dummy":             # random weights of the config's shape (benchmarks)
             weights = DummyWeights(spec, config.seed)
         elif config.load_format == "auto":

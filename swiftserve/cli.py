@@ -12,6 +12,12 @@ restarts the workers one at a time (``swiftserve.rolling``: drain, restart, wait
 gateway routes to it again; streams the drain cannot finish migrate). Only
 Ctrl-C / SIGTERM stops the stack: SIGTERM to every child (workers drain their
 in-flight requests for ``--drain-timeout`` seconds), then SIGKILL after a grace period.
+
+``up`` is a row of named steps: ``check_args`` -> ``resolve_model`` -> ``check_workers``
+(the worker CLI's ``preflight`` on the workers' arguments: the same KV check the engine
+runs, with block size, KV dtype and SwiftKV, so a bad combination stops here, before any
+process starts) -> ``plan_stack`` (command lines only) -> ``StackRun.run`` (start,
+``wait_ready``, ``supervise``).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import signal
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
 
 from swiftserve.rolling import RollingRestart
 from swiftserve.supervisor import RestartPolicy, Supervisor
@@ -35,6 +43,13 @@ Try:
     -d '{{"model": "{model}", "prompt": "The capital of France is", "max_tokens": 16, "temperature": 0}}'
 Metrics: http://{host}:{port}/metrics   Stop: Ctrl-C   Rolling restart of the workers: kill -HUP {pid}
 """
+
+
+def _kv_methods(text: str):
+    """``--kv-methods`` decoded by the worker's own parser (lazy: the KV registry loads only when given)."""
+    from worker.args import kv_methods_arg
+
+    return kv_methods_arg(text)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--worker-base-port", type=int, default=8100,
                     help="first worker port; worker i listens on base+i (default: %(default)s)")
     up.add_argument("--policy", default=None, help="gateway routing policy (see swiftserve-gateway --help)")
-    up.add_argument("--kv-methods", default=None, metavar="JSON",
+    up.add_argument("--kv-methods", type=_kv_methods, default=None, metavar="JSON",
                     help='KV methods for every worker, e.g. \'{"zack": {"rate": 0.5}}\' (see swiftserve-worker '
                          '--help); checked against the model before any worker starts')
     up.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
@@ -87,112 +102,169 @@ def _healthy(url: str, routable: int | None = None) -> bool:
         return False
 
 
-def up(args: argparse.Namespace) -> int:
-    from modelkit.models import resolve_model  # lazy: pulls in the model toolkit only here
-
+# ---- the steps of ``up``, in order ------------------------------------------------------------
+def check_args(args: argparse.Namespace) -> str | None:
+    """Step 1: the numbers ``up`` itself takes; None when they are usable."""
     for flag, value, low in (("--workers", args.workers, 1), ("--max-restarts", args.max_restarts, 0),
                              ("--restart-window", args.restart_window, 0), ("--drain-timeout", args.drain_timeout, 0)):
         if value < low:
-            print(f"swiftserve up: {flag} must be >= {low}", file=sys.stderr)
-            return 2
+            return f"{flag} must be >= {low}"
+    return None
 
-    model_dir = resolve_model(args.model)
-    name = args.served_model_name or model_dir.name
-    kv_args: list[str] = []
-    if args.kv_methods is not None:
-        try:
-            if not isinstance(json.loads(args.kv_methods), dict):
-                raise json.JSONDecodeError("must be a JSON object", args.kv_methods, 0)
-        except json.JSONDecodeError as exc:
-            print(f"swiftserve: --kv-methods is not valid JSON: {exc}", file=sys.stderr)
-            return 2
-        kv_args = ["--kv-methods", args.kv_methods]
-    from worker.cli import preflight     # the worker's own checks, once, before any process starts
 
-    reason = preflight(["--model", str(model_dir), *kv_args, *args.worker_arg])
-    if reason:
-        print(f"swiftserve: workers cannot start: {reason}", file=sys.stderr)
-        return 2
+def worker_args(args: argparse.Namespace) -> list[str]:
+    """The arguments every worker gets from ``up``'s own flags and ``--worker-arg``."""
+    kv = ["--kv-methods", args.kv_methods.to_json()] if args.kv_methods is not None else []
+    return [*kv, *args.worker_arg]
+
+
+def check_workers(model_dir: Path, args: argparse.Namespace) -> str | None:
+    """Step 3: the worker's own checks (arguments, KV methods against the model with every engine
+    input) on the workers' arguments, once, before any process starts; None when they would start."""
+    from worker.cli import preflight
+
+    return preflight(["--model", str(model_dir), *worker_args(args)])
+
+
+def cpu_shares(workers: int, extra: list[str]) -> tuple[int, list[list[int]] | None]:
+    """(torch threads per worker, each worker's CPUs or None): each worker on its own share of the
+    cores when they divide (engines bind OpenMP to what they may use) and no ``--cpu-affinity`` is given."""
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 2))
-    threads = max(1, len(cpus) // max(1, args.workers))
-    # Each worker on its own share of the cores when they divide (engines bind OpenMP to what they may use).
-    shares = [cpus[i * threads:(i + 1) * threads] for i in range(args.workers)] \
-        if threads * args.workers <= len(cpus) and "--cpu-affinity" not in " ".join(args.worker_arg) else None
-    py = sys.executable
-    worker_urls = []
-    stopping = False
+    threads = max(1, len(cpus) // max(1, workers))
+    shares = [cpus[i * threads:(i + 1) * threads] for i in range(workers)] \
+        if threads * workers <= len(cpus) and "--cpu-affinity" not in " ".join(extra) else None
+    return threads, shares
 
-    sup = Supervisor(RestartPolicy(max_restarts=args.max_restarts, window=args.restart_window))
 
-    def on_signal(signum, _frame):
-        nonlocal stopping
-        if stopping:                    # a second Ctrl-C: do not wait for the drain
+@dataclass
+class StackPlan:
+    """What ``up`` starts: every child's name and command line, and where each listens."""
+
+    name: str                                   # the served model name
+    workers: list[tuple[str, list[str]]]        # (child name, command)
+    worker_urls: list[str]
+    gateway: tuple[str, list[str]]
+    gateway_url: str
+
+
+def plan_stack(args: argparse.Namespace, model_dir: Path) -> StackPlan:
+    """Step 4: the workers' and the gateway's command lines (no process started)."""
+    py, name = sys.executable, args.served_model_name or model_dir.name
+    threads, shares = cpu_shares(args.workers, args.worker_arg)
+    workers, urls = [], []
+    for i in range(args.workers):
+        port = args.worker_base_port + i
+        cmd = [py, "-m", "worker", "--model", str(model_dir), "--served-model-name", name,
+               "--host", args.host, "--port", str(port), "--torch-threads", str(threads),
+               "--drain-timeout", str(args.drain_timeout), *worker_args(args)]
+        if shares:
+            cmd += ["--cpu-affinity", ",".join(str(c) for c in shares[i])]
+        workers.append((f"worker {i + 1} (:{port})", cmd))
+        urls.append(f"http://{args.host}:{port}")
+    gw = [py, "-m", "gateway", "--host", args.host, "--port", str(args.port), "--workers", ",".join(urls),
+          "--drain-timeout", str(args.drain_timeout)]
+    if args.policy:
+        gw += ["--policy", args.policy]
+    return StackPlan(name, workers, urls, (f"gateway (:{args.port})", gw), f"http://{args.host}:{args.port}")
+
+
+class StackRun:
+    """Steps 5-7: start the children under a ``Supervisor``, wait until the stack serves, then
+    supervise until Ctrl-C / SIGTERM (SIGHUP: a rolling restart of the workers)."""
+
+    def __init__(self, args: argparse.Namespace, plan: StackPlan) -> None:
+        self.args, self.plan = args, plan
+        self.sup = Supervisor(RestartPolicy(max_restarts=args.max_restarts, window=args.restart_window))
+        self.stopping = False
+        self.roll_asked = False
+        self.roll: RollingRestart | None = None
+
+    def on_signal(self, _signum, _frame) -> None:
+        if self.stopping:                    # a second Ctrl-C: do not wait for the drain
             print("swiftserve: killing the stack", file=sys.stderr)
-            sup.kill()
-        stopping = True
+            self.sup.kill()
+        self.stopping = True
 
-    roll = {"asked": False, "run": None}
+    def on_hup(self, _signum, _frame) -> None:
+        self.roll_asked = True
 
-    def on_hup(_signum, _frame):
-        roll["asked"] = True
+    def run(self) -> int:
+        signal.signal(signal.SIGINT, self.on_signal)
+        signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGHUP, self.on_hup)
+        try:
+            for name, cmd in [*self.plan.workers, self.plan.gateway]:
+                self.sup.start(name, cmd)
+            failed = self.wait_ready()
+            if failed is not None:
+                return failed
+            a, p = self.args, self.plan
+            print(CURL_EXAMPLE.format(host=a.host, port=a.port, model=p.name, n=a.workers,
+                                      workers=", ".join(p.worker_urls), pid=os.getpid()), flush=True)
+            return self.supervise()
+        finally:
+            self.sup.stop(grace=self.args.drain_timeout + 10)
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_hup)
-    try:
-        for i in range(args.workers):
-            port = args.worker_base_port + i
-            cmd = [py, "-m", "worker", "--model", str(model_dir), "--served-model-name", name,
-                   "--host", args.host, "--port", str(port), "--torch-threads", str(threads),
-                   "--drain-timeout", str(args.drain_timeout), *kv_args, *args.worker_arg]
-            if shares:
-                cmd += ["--cpu-affinity", ",".join(str(c) for c in shares[i])]
-            sup.start(f"worker {i + 1} (:{port})", cmd)
-            worker_urls.append(f"http://{args.host}:{port}")
-        gw = [py, "-m", "gateway", "--host", args.host, "--port", str(args.port), "--workers", ",".join(worker_urls),
-              "--drain-timeout", str(args.drain_timeout)]
-        if args.policy:
-            gw += ["--policy", args.policy]
-        sup.start(f"gateway (:{args.port})", gw)
-        gateway_url = f"http://{args.host}:{args.port}"
-        deadline = time.monotonic() + args.startup_timeout
-        pending = set(worker_urls) | {gateway_url}
-        while pending and not stopping:
+    def gateway_routes_all(self) -> bool:
+        return _healthy(self.plan.gateway_url, routable=self.args.workers)
+
+    def wait_ready(self) -> int | None:
+        """None once every worker is healthy and the gateway routes to all of them, else the exit
+        status: 1 when a child exited or the start-up timed out, 130 when stopped meanwhile."""
+        gateway_url = self.plan.gateway_url
+        deadline = time.monotonic() + self.args.startup_timeout
+        pending = set(self.plan.worker_urls) | {gateway_url}
+        while pending and not self.stopping:
             for u in sorted(pending - {gateway_url}):
                 if _healthy(u):
                     pending.discard(u)
             # Ready only when the gateway itself routes to every worker (its health checks
             # have seen them up), so the first request after "ready" cannot get a 503.
-            if pending == {gateway_url} and _healthy(gateway_url, routable=args.workers):
+            if pending == {gateway_url} and self.gateway_routes_all():
                 pending.clear()
-            failed = sup.exited()
+            failed = self.sup.exited()
             if failed:
                 print(f"swiftserve: {failed[0].name} exited with {failed[0].proc.returncode} during start-up; "
                       "stopping", file=sys.stderr)
                 return 1
             if time.monotonic() > deadline:
-                print(f"swiftserve: not healthy after {args.startup_timeout:.0f}s: {sorted(pending)}", file=sys.stderr)
+                print(f"swiftserve: not healthy after {self.args.startup_timeout:.0f}s: {sorted(pending)}",
+                      file=sys.stderr)
                 return 1
             time.sleep(0.5)
-        if stopping:
-            return 130
-        print(CURL_EXAMPLE.format(host=args.host, port=args.port, model=name, n=args.workers,
-                                  workers=", ".join(worker_urls), pid=os.getpid()), flush=True)
-        while not stopping:
-            sup.poll()
-            if roll["asked"] and (roll["run"] is None or roll["run"].done):
-                roll["asked"] = False
-                roll["run"] = RollingRestart(
-                    sup, list(zip(sup.children[:args.workers], worker_urls)),
-                    ready=lambda: _healthy(gateway_url, routable=args.workers), healthy=_healthy,
-                    exit_timeout=args.drain_timeout + 15, health_timeout=args.startup_timeout)
-                sup.say("rolling restart of the workers, one at a time")
-            if roll["run"] is not None:
-                roll["run"].step()
+        return 130 if self.stopping else None
+
+    def supervise(self) -> int:
+        """Restart what exits; on SIGHUP restart the workers one at a time; 0 when stopped."""
+        while not self.stopping:
+            self.sup.poll()
+            if self.roll_asked and (self.roll is None or self.roll.done):
+                self.roll_asked = False
+                self.roll = RollingRestart(
+                    self.sup, list(zip(self.sup.children[:self.args.workers], self.plan.worker_urls)),
+                    ready=self.gateway_routes_all, healthy=_healthy,
+                    exit_timeout=self.args.drain_timeout + 15, health_timeout=self.args.startup_timeout)
+                self.sup.say("rolling restart of the workers, one at a time")
+            if self.roll is not None:
+                self.roll.step()
             time.sleep(0.5)
         return 0
-    finally:
-        sup.stop(grace=args.drain_timeout + 10)
+
+
+def up(args: argparse.Namespace) -> int:
+    """``swiftserve up``: check, prepare the model, check the workers, plan, run."""
+    from modelkit.models import resolve_model  # lazy: pulls in the model toolkit only here
+
+    reason = check_args(args)
+    if reason:
+        print(f"swiftserve up: {reason}", file=sys.stderr)
+        return 2
+    model_dir = resolve_model(args.model)       # step 2: prepared once, so workers do not race on it
+    reason = check_workers(model_dir, args)
+    if reason:
+        print(f"swiftserve: workers cannot start: {reason}", file=sys.stderr)
+        return 2
+    return StackRun(args, plan_stack(args, model_dir)).run()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -67,7 +67,7 @@ def translate(methods: dict | None, model_dir: str, config: dict, swiftkv: bool,
     opts["rank_multiple"] = math.lcm(int(opts.get("rank_multiple") or 1), step)
     facts = kv_registry.facts_for(model_dir, swiftkv)
     try:
-        method = next(m for m in kv_registry.build({"zack": opts}, facts) if m.name == "zack")
+        method = next(m for m in kv_registry.validate({"zack": opts}, facts).methods if m.name == "zack")
     except MethodError as exc:
         raise ValueError(str(exc)) from None
     served = method.served_config(facts)

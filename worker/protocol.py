@@ -10,6 +10,8 @@ ranges) are checked in ``to_sampling_params``, called once per request.
 
 Defaults follow vLLM: completions ``max_tokens`` defaults to 16 and an explicit
 ``null`` means "the rest of the context"; chat defaults to the rest of the context.
+Which field limits the output (chat: ``max_completion_tokens`` before ``max_tokens``) is
+the one rule of ``swiftcommon.token_limits``, which the gateway's estimate reads too.
 Scoring: completions ``echo`` with ``logprobs`` asks for the prompt tokens' logprobs
 (engine ``prompt_logprobs = logprobs``), ``max_tokens: 0`` with ``echo`` scores without
 generating (the engine samples one token that the edge drops, as vLLM), and
@@ -24,6 +26,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from refengine.sampling_params import SamplingParams
+from swiftcommon.token_limits import DEFAULT_COMPLETION_TOKENS, requested_limit
 from worker.errors import bad_request
 from worker.request_fields import pop_unimplemented
 from worker.continuation import check_continuation
@@ -129,7 +132,7 @@ class _SamplingRequest(_Request):
 
 class CompletionRequest(_SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=0)        # 0 only with echo: score the prompt, generate nothing
+    max_tokens: int | None = Field(DEFAULT_COMPLETION_TOKENS, ge=0)   # 0 only with echo: score the prompt
     logprobs: int | None = Field(None, ge=0)        # upper bound: WorkerConfig.max_logprobs
     echo: bool | None = False
     suffix: str | None = None
@@ -137,7 +140,7 @@ class CompletionRequest(_SamplingRequest):
     add_special_tokens: bool = True
 
     def requested_max_tokens(self) -> int | None:
-        return self.max_tokens
+        return requested_limit("completions", {"max_tokens": self.max_tokens})
 
     def logprobs_k(self) -> int | None:
         return self.logprobs
@@ -180,7 +183,9 @@ class ChatCompletionRequest(_SamplingRequest):
     function_call: str | dict[str, Any] | None = None
 
     def requested_max_tokens(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        # The one rule (swiftcommon.token_limits): max_completion_tokens wins over max_tokens.
+        return requested_limit("chat", {"max_completion_tokens": self.max_completion_tokens,
+                                        "max_tokens": self.max_tokens})
 
     def logprobs_k(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None

@@ -191,11 +191,11 @@ def cli_argv(entrypoint: list[str], args: list[str]) -> tuple[str, list[str]]:
 def parse_cli(module: str, argv: list[str]):
     """Parse argv with the project's real CLI parser (so every flag must exist)."""
     if module == "worker":
-        from worker.cli import _check, build_parser
+        from worker.args import build_parser, check_args
 
         parser = build_parser()
         ns = parser.parse_args(argv)
-        _check(ns, parser)
+        check_args(ns, parser)
         return ns
     if module == "gateway":
         from gateway.cli import parse_args

@@ -10,7 +10,7 @@ from deploy_support import K8S, ROOT, container, find, render
 
 from gateway.config import GatewayConfig
 from gateway.shutdown import ABORT_GRACE
-from worker.cli import build_parser
+from worker.args import build_parser
 
 DRAIN = build_parser().parse_args([]).drain_timeout
 GATEWAY_DRAIN = GatewayConfig().drain_timeout

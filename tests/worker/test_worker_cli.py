@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from worker.cli import build_parser, config_from_args, main
+from worker.args import build_parser, config_from_args
+from worker.cli import main
 from worker.errors import APIError
 from worker.protocol import INT64_MAX, INT64_MIN, ChatCompletionRequest, child_seed, to_sampling_params
 
@@ -160,6 +161,22 @@ def test_kv_methods_the_model_cannot_serve_are_refused_before_it_loads(smollm2_d
     assert main(["--model", str(smollm2_dir), "--kv-methods", '{"zack": {"rate": 0.5}}']) == 2
     err = capsys.readouterr().err
     assert "no ZACK calibration" in err and "modelkit zack-calibrate" in err and "Traceback" not in err
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("argv, words", [
+    # Every engine input reaches the one check (the block size used to be left out: the CLI passed it,
+    # the engine refused it after start).
+    (["--block-size", "512", "--kv-methods", '{"zipcache": {}}'], "block_size 512 > 256"),
+    (["--kv-cache-dtype", "fp8", "--kv-methods", '{"zipcache": {}}'], "two KV codecs cannot be combined"),
+])
+def test_kv_settings_are_checked_with_every_engine_input_before_it_starts(smollm2_dir, argv, words, capsys):
+    from worker.cli import preflight
+
+    assert main(["--model", str(smollm2_dir), *argv]) == 2
+    err = capsys.readouterr().err
+    assert "--kv-methods: " in err and words in err and "Traceback" not in err
+    assert words in preflight(["--model", str(smollm2_dir), *argv])
 
 
 @pytest.mark.parametrize("argv, words", [
