@@ -40,7 +40,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from refengine.kv.base import ROLES, KVMethod, MethodError
 from refengine.kv.methods.eviction import EvictionMethod
@@ -51,8 +51,18 @@ from refengine.kv.methods.zipcache import ZipCacheMethod
 from refengine.kv.spec import CacheSpec, ModelFacts
 
 if TYPE_CHECKING:  # pragma: no cover
-    from refengine.config import EngineConfig
     from refengine.model_config import ModelSpec
+
+
+class EngineInputs(Protocol):
+    """What ``check_engine`` reads of an ``EngineConfig`` (named structurally: ``refengine.config``
+    imports this module for ``KVMethods``, so importing it back would close a circle)."""
+
+    model: str
+    swiftkv: bool
+    block_size: int
+    kv_methods: KVMethods
+    kv_cache_dtype: str
 
 # The one list of methods: the CLI's help, validation and the shared tests all read it.
 METHODS: dict[str, type[KVMethod]] = {m.name: m for m in (ZackMethod, Fp8Method, ZipCacheMethod, KCacheMethod,
@@ -200,7 +210,7 @@ def validate(methods: KVMethods | Mapping | None, facts: ModelFacts, kv_cache_dt
     return KVPlan(tuple(chosen), plan(chosen, facts), facts)
 
 
-def check_engine(config: EngineConfig, spec: ModelSpec | None = None, elem_bytes: int = 4) -> KVPlan:
+def check_engine(config: EngineInputs, spec: ModelSpec | None = None, elem_bytes: int = 4) -> KVPlan:
     """``validate`` with every input an ``EngineConfig`` holds. ``spec``: the model's, read from
     ``config.model`` when None; ``elem_bytes``: the compute dtype's size (it sizes the plan; no
     rule reads it, so a CLI that does not know the device yet passes the default)."""
