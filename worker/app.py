@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 import swiftserve
 from worker.config import WorkerConfig
+from worker.engine_client import EngineClient
 from worker.errors import APIError, error_response, install_error_handlers
 from worker.limits import BodyLimit
 from worker.protocol import ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse
@@ -37,7 +38,7 @@ from worker.serving_responses import create_response
 from worker.serving_tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 
 
-def build_app(config: WorkerConfig, engine, tokenizer) -> FastAPI:
+def build_app(config: WorkerConfig, engine: EngineClient, tokenizer) -> FastAPI:
     state = ServingState(config, engine, tokenizer)
 
     @asynccontextmanager
