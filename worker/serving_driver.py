@@ -14,6 +14,9 @@ owns the wire format. Invariants the driver keeps for every formatter:
   line is gone); the engine requests are cancelled and aborted in every case.
 - non-streaming: every event goes to ``add`` in order; an exception from the engine run
   becomes an ``APIError`` (``engine_error``); ``result`` runs after the engine is done.
+
+``ChoicesFormatter`` is the base of the chat and completions formatters (their shared
+chunk envelope, usage and ``[DONE]``); ``seeded`` gives choice ``i`` its seed.
 """
 
 from __future__ import annotations
