@@ -10,25 +10,30 @@ the gateway drains (gateway.shutdown: new requests 503, ``/health`` 503, in-flig
 finish).
 
 Every answer the gateway makes itself is OpenAI-style JSON, unknown routes (404) and
-wrong methods (405) included; an unexpected exception is a JSON 500 with one log line.
+wrong methods (405) included; an unexpected exception is a JSON 500 with one log line
+(gateway.asgi, with the fast path the proxied routes take).
+
+``build_app`` runs named steps: ``_make_parts`` (the shared objects, also on ``app.state``;
+the app's ``client`` is opened by ``_lifespan``), ``_proxy_handler`` (the request path
+above), ``_install_proxy`` (the fast path and the schema routes), ``_add_own_routes``
+(``/v1/models``, ``/health``, ``/metrics``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 import time
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import aiohttp
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.admission import Admission, Rejected
+from gateway.asgi import FastPath, install_error_handlers
 from gateway.auth import Auth, estimate_tokens, requested_tokens
 from gateway.config import GatewayConfig
 from gateway.discovery import WorkerPool, watch_file, watch_kubernetes
@@ -45,8 +50,6 @@ from gateway.scraper import Scraper
 from gateway.shutdown import Drain
 from gateway.upstream import upstream_session
 
-log = logging.getLogger(__name__)
-
 
 def _rejected(m: GatewayMetrics, exc: Rejected) -> JSONResponse:
     m.rejected.labels(exc.reason).inc()
@@ -56,76 +59,78 @@ def _rejected(m: GatewayMetrics, exc: Rejected) -> JSONResponse:
     return error(exc.status, str(exc), kind, code=exc.reason, headers=headers)
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
-        msg = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-        return error(exc.status_code, msg, "invalid_request_error" if exc.status_code < 500 else "internal_error",
-                     headers=getattr(exc, "headers", None))
+@dataclass
+class _Parts:
+    """The objects one gateway app shares; ``build_app`` puts them on ``app.state`` too."""
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
-        return error(400, "Invalid request.")
-
-    @app.exception_handler(Exception)
-    async def _unexpected(req: Request, exc: Exception) -> JSONResponse:
-        log.error("unhandled %s on %s %s: %s", type(exc).__name__, req.method, req.url.path, exc)
-        return error(500, f"Internal gateway error: {type(exc).__name__}", "internal_error")
-
-
-class FastPath:
-    """ASGI: the proxied ``POST`` routes (``PATHS``) straight to ``handler``
-    (an unexpected exception is a JSON 500, as in the app's handler); the rest to ``app``."""
-
-    PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/tokenize", "/detokenize")
-
-    def __init__(self, app, handler, drain: Drain) -> None:
-        self.app, self.handler, self.drain = app, handler, drain
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.PATHS:
-            return await self.app(scope, receive, send)
-        if self.drain.draining:         # gateway.shutdown: another replica takes it
-            response = error(503, "The gateway is shutting down; retry.", "service_unavailable",
-                             code="shutting_down", headers={"Retry-After": "1"})
-            return await response(scope, receive, send)
-        self.drain.in_flight += 1
-        try:
-            try:
-                response = await self.handler(Request(scope, receive), scope["path"])
-            except Exception as exc:  # noqa: BLE001 - the client gets JSON, the log one line
-                log.error("unhandled %s on POST %s: %s", type(exc).__name__, scope["path"], exc)
-                response = error(500, f"Internal gateway error: {type(exc).__name__}", "internal_error")
-            await response(scope, receive, send)
-        finally:
-            self.drain.in_flight -= 1
+    config: GatewayConfig
+    pool: WorkerPool
+    health: Health
+    admission: Admission
+    auth: Auth
+    prefix_index: PrefixIndex
+    metrics: GatewayMetrics
+    drain: Drain
+    forwarder: Forwarder
 
 
 def build_app(config: GatewayConfig) -> FastAPI:
+    """The gateway app: its shared objects, lifespan, error handlers, the proxied routes
+    (on the fast path) and the gateway's own routes."""
+    p = _make_parts(config)
+    app = FastAPI(title="SwiftServe gateway", lifespan=_lifespan(p))
+    install_error_handlers(app)
+    app.state.config, app.state.pool, app.state.metrics = config, p.pool, p.metrics
+    app.state.admission, app.state.health, app.state.auth = p.admission, p.health, p.auth
+    app.state.prefix_index, app.state.drain = p.prefix_index, p.drain
+    _install_proxy(app, _proxy_handler(app, p), p.drain)
+    _add_own_routes(app, p)
+    return app
+
+
+def _make_parts(config: GatewayConfig) -> _Parts:
+    """The worker pool, health, admission, auth, prefix index, metrics, drain, and the
+    forwarder with its routing choice (the configured policy over the pool's candidates)."""
     pool = WorkerPool(config.workers)
     health = Health(config.health)
     admission = Admission(config.max_inflight_per_worker, config.max_queue, config.queue_timeout)
     auth = Auth(config.api_keys, config.requests_per_minute, config.tokens_per_minute)
     prefix_index = PrefixIndex(config.prefix_record_blocks, config.prefix_ttl)
-    if config.policy == "prefix":
-        policy = make_policy("prefix", prefix_index, block_bytes=config.prefix_block_bytes, eps=config.balance_eps,
-                             floor=config.balance_floor, load_weight=config.prefix_load_weight)
-        pool.on_remove.append(policy.forget)
-    else:
-        policy = make_policy(config.policy)
+    policy = _policy(config, prefix_index, pool)
     rng = random.Random()
     metrics = GatewayMetrics(pool, config.stale_after, time.monotonic, lambda: admission.queued)
 
+    def choose(cands, req=None):
+        return policy(cands, time.monotonic(), config.stale_after, rng, req)
+
+    forwarder = Forwarder(config, pool, health, admission, metrics, choose, lambda exc: _rejected(metrics, exc))
+    return _Parts(config, pool, health, admission, auth, prefix_index, metrics, Drain(), forwarder)
+
+
+def _policy(config: GatewayConfig, prefix_index: PrefixIndex, pool: WorkerPool):
+    """The routing policy named by ``config.policy``; the prefix policy forgets removed workers."""
+    if config.policy != "prefix":
+        return make_policy(config.policy)
+    policy = make_policy("prefix", prefix_index, block_bytes=config.prefix_block_bytes, eps=config.balance_eps,
+                         floor=config.balance_floor, load_weight=config.prefix_load_weight)
+    pool.on_remove.append(policy.forget)
+    return policy
+
+
+def _lifespan(p: _Parts):
+    """Open the one pooled client (forwarding, probes, scrapes, /v1/models) and run the
+    scraper, the health prober and the discovery watchers; stop them at exit."""
+    config = p.config
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        # one pooled client: forwarding, probes, scrapes and /v1/models
         client = app.state.client = upstream_session(config.connect_timeout, config.first_byte_timeout)
-        tasks = [asyncio.create_task(Scraper(pool, client, config.scrape_interval, config.scrape_timeout).run()),
-                 asyncio.create_task(health.run(client, lambda: pool))]
+        tasks = [asyncio.create_task(Scraper(p.pool, client, config.scrape_interval, config.scrape_timeout).run()),
+                 asyncio.create_task(p.health.run(client, lambda: p.pool))]
         if config.workers_file:
-            tasks.append(asyncio.create_task(watch_file(config.workers_file, pool)))
+            tasks.append(asyncio.create_task(watch_file(config.workers_file, p.pool)))
         if config.k8s_service:
-            tasks.append(asyncio.create_task(watch_kubernetes(config.k8s_service, config.k8s_namespace, pool,
+            tasks.append(asyncio.create_task(watch_kubernetes(config.k8s_service, config.k8s_namespace, p.pool,
                                                               config.k8s_port_name, config.k8s_port)))
         try:
             yield
@@ -134,25 +139,23 @@ def build_app(config: GatewayConfig) -> FastAPI:
                 t.cancel()
             await client.close()
 
-    app = FastAPI(title="SwiftServe gateway", lifespan=lifespan)
-    install_error_handlers(app)
-    app.state.config, app.state.pool, app.state.metrics = config, pool, metrics
-    app.state.admission, app.state.health, app.state.auth = admission, health, auth
-    app.state.prefix_index = prefix_index
-    drain = app.state.drain = Drain()
+    return lifespan
 
-    def choose(cands, req=None):
-        return policy(cands, time.monotonic(), config.stale_after, rng, req)
 
-    def route_request(request: Request, path: str, body: dict) -> RouteRequest | None:
-        if config.policy != "prefix":
-            return None
-        data = prompt_bytes(path, body)
-        session = request.headers.get(config.session_header) if config.session_header else None
-        return RouteRequest(block_hashes(data, config.prefix_block_bytes, config.prefix_max_blocks), len(data),
-                            session or None)
+def _route_request(config: GatewayConfig, request: Request, path: str, body: dict) -> RouteRequest | None:
+    """What the prefix policy routes on (the prompt's block hashes, the session); None for other policies."""
+    if config.policy != "prefix":
+        return None
+    data = prompt_bytes(path, body)
+    session = request.headers.get(config.session_header) if config.session_header else None
+    return RouteRequest(block_hashes(data, config.prefix_block_bytes, config.prefix_max_blocks), len(data),
+                        session or None)
 
-    forwarder = Forwarder(config, pool, health, admission, metrics, choose, lambda exc: _rejected(metrics, exc))
+
+def _proxy_handler(app: FastAPI, p: _Parts):
+    """``proxy(request, path)``: the request path of the module docstring, from the API key to
+    the forwarder; the token charge is corrected by the usage the worker reports."""
+    config, auth, metrics = p.config, p.auth, p.metrics
 
     async def proxy(request: Request, path: str) -> Response:
         try:
@@ -177,19 +180,15 @@ def build_app(config: GatewayConfig) -> FastAPI:
         tracker = StreamTracker.for_request(path, body, config.max_migrations)
         if tracker is not None:         # the worker sends token ids, so that the stream can resume elsewhere
             raw = tracker.upstream()
-        return await forwarder.forward(app.state.client, path, raw, on_usage, route_request(request, path, body),
-                                       tracker)
+        return await p.forwarder.forward(app.state.client, path, raw, on_usage,
+                                         _route_request(config, request, path, body), tracker)
 
-    def guard(flag: bool, request: Request) -> JSONResponse | None:
-        if flag and auth.enabled:
-            try:
-                auth.check(request.headers.get("authorization"))
-            except Rejected as exc:
-                return _rejected(metrics, exc)
-        return None
+    return proxy
 
-    # The proxied routes skip FastAPI's middleware and routing layers (per-request and
-    # per-chunk cost); the routes below stay for the OpenAPI schema.
+
+def _install_proxy(app: FastAPI, proxy, drain: Drain) -> None:
+    """The proxied routes skip FastAPI's middleware and routing layers (per-request and
+    per-chunk cost) through ``FastPath``; the same routes are declared for the OpenAPI schema."""
     inner_stack = app.build_middleware_stack
     app.build_middleware_stack = lambda: FastPath(inner_stack(), proxy, drain)
 
@@ -201,42 +200,61 @@ def build_app(config: GatewayConfig) -> FastAPI:
     for path in FastPath.PATHS:
         app.add_api_route(path, proxied(path), methods=["POST"], name=path.strip("/").replace("/", "_"))
 
+
+def _guard(p: _Parts, flag: bool, request: Request) -> JSONResponse | None:
+    """The API-key check of a gateway route that ``flag`` protects: a 401 answer, or None to go on."""
+    if flag and p.auth.enabled:
+        try:
+            p.auth.check(request.headers.get("authorization"))
+        except Rejected as exc:
+            return _rejected(p.metrics, exc)
+    return None
+
+
+async def _worker_models(client, pool: WorkerPool) -> list[dict]:
+    """The routable workers' ``/v1/models`` entries, each model id once (first worker wins);
+    a worker that fails to answer is skipped."""
+    seen, data = set(), []
+    for w in pool:
+        if not w.routable(time.monotonic()):
+            continue
+        try:
+            async with client.get(w.url + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                doc = await r.json(content_type=None)
+            for item in doc.get("data", []):
+                if item.get("id") not in seen:
+                    seen.add(item.get("id"))
+                    data.append(item)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError):
+            continue
+    return data
+
+
+def _add_own_routes(app: FastAPI, p: _Parts) -> None:
+    """``GET /v1/models`` (the workers' models), ``/health`` (200 only when not draining and a
+    worker is routable) and ``/metrics``; the last two need a key only when configured so."""
+
     @app.get("/v1/models")
     async def models(request: Request):
-        denied = guard(True, request)
+        denied = _guard(p, True, request)
         if denied:
             return denied
-        seen, data = set(), []
-        for w in pool:
-            if not w.routable(time.monotonic()):
-                continue
-            try:
-                async with app.state.client.get(w.url + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as r:
-                    doc = await r.json(content_type=None)
-                for item in doc.get("data", []):
-                    if item.get("id") not in seen:
-                        seen.add(item.get("id"))
-                        data.append(item)
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError):
-                continue
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": await _worker_models(app.state.client, p.pool)}
 
     @app.get("/health")
     async def health_endpoint(request: Request):
-        denied = guard(config.protect_health, request)
+        denied = _guard(p, p.config.protect_health, request)
         if denied:
             return denied
         now = time.monotonic()
-        live = sum(w.routable(now) for w in pool)
-        status = "draining" if drain.draining else "ok" if live else "unavailable"
-        body = {"status": status, "routable_workers": live, "workers": len(pool), "queued": admission.queued}
+        live = sum(w.routable(now) for w in p.pool)
+        status = "draining" if p.drain.draining else "ok" if live else "unavailable"
+        body = {"status": status, "routable_workers": live, "workers": len(p.pool), "queued": p.admission.queued}
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     @app.get("/metrics")
     async def metrics_endpoint(request: Request):
-        denied = guard(config.protect_metrics, request)
+        denied = _guard(p, p.config.protect_metrics, request)
         if denied:
             return denied
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    return app
+        return Response(generate_latest(p.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from swiftcommon.version import __version__
 from worker.config import WorkerConfig
+from worker.engine_client import EngineClient
 from worker.errors import APIError, error_response, install_error_handlers
 from worker.limits import BodyLimit
 from worker.protocol import ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse
@@ -37,8 +38,23 @@ from worker.serving_responses import create_response
 from worker.serving_tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 
 
-def build_app(config: WorkerConfig, engine, tokenizer) -> FastAPI:
+def build_app(config: WorkerConfig, engine: EngineClient, tokenizer) -> FastAPI:
     state = ServingState(config, engine, tokenizer)
+    app = FastAPI(title="SwiftServe worker", version=__version__, lifespan=_lifespan(engine, state))
+    app.state.config = config
+    app.state.engine = engine
+    app.state.tokenizer = tokenizer
+    app.state.serving = state
+    app.state.started = int(time.time())     # /v1/models' "created"; reset when the engine starts
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    _add_generation_routes(app)
+    _add_status_routes(app)
+    return app
+
+
+def _lifespan(engine: EngineClient, state: ServingState):
+    """Start the engine before the first request; at exit shut it down, then the tokenizer executor."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -52,14 +68,11 @@ def build_app(config: WorkerConfig, engine, tokenizer) -> FastAPI:
             finally:
                 state.close()
 
-    app = FastAPI(title="SwiftServe worker", version=__version__, lifespan=lifespan)
-    app.state.config = config
-    app.state.engine = engine
-    app.state.tokenizer = tokenizer
-    app.state.serving = state
-    app.state.started = int(time.time())     # /v1/models' "created"; reset when the engine starts
-    install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    return lifespan
+
+
+def _add_generation_routes(app: FastAPI) -> None:
+    """The OpenAI routes and vLLM's /tokenize and /detokenize; each reads ``app.state.serving``."""
 
     @app.post("/v1/completions", response_model=CompletionResponse)
     async def completions(request: CompletionRequest, raw_request: Request):
@@ -80,6 +93,10 @@ def build_app(config: WorkerConfig, engine, tokenizer) -> FastAPI:
     @app.post("/detokenize")
     async def detokenize_route(request: DetokenizeRequest, raw_request: Request):
         return await detokenize(raw_request.app.state.serving, request)
+
+
+def _add_status_routes(app: FastAPI) -> None:
+    """/v1/models, /health, /load, /get_load, /metrics, /version: read from ``app.state``, cheap."""
 
     @app.get("/v1/models")
     async def models(raw_request: Request):
@@ -127,5 +144,3 @@ def build_app(config: WorkerConfig, engine, tokenizer) -> FastAPI:
     async def version(raw_request: Request):
         cfg = raw_request.app.state.config
         return {"version": __version__, "engine": cfg.engine, "model": cfg.model_name, **cfg.extra}
-
-    return app

@@ -11,6 +11,17 @@ Contract:
   request inside the engine (backends do this in ``finally``).
 - ``abort`` is idempotent and safe for unknown ids.
 - ``stats`` is cheap and never blocks on the engine thread.
+- ``max_model_len`` and ``eos_token_ids`` are valid once ``start`` has returned.
+
+Optional attributes, read with ``getattr`` because not every backend has them:
+``vocab_size`` (the model's vocabulary when it is smaller than the tokenizer's; the
+reference engine reports it) and ``prompt_logprobs_refusal`` (why prompt logprobs are
+refused, or None; the vLLM backend with fast prefill).
+
+Backends satisfy this structurally (``refengine.async_engine.AsyncEngine``,
+``refengine.engine_process.ProcessEngine``, ``worker.backends.vllm.VllmEngineClient``);
+the worker annotates every place that holds the engine with it. Importing this module
+loads no torch (``refengine.outputs`` and ``refengine.sampling_params`` are plain data).
 """
 
 from __future__ import annotations
@@ -22,6 +33,8 @@ from refengine.sampling_params import SamplingParams
 
 
 class EngineClient(Protocol):
+    """The engine the worker serves: ``app.state.engine`` and ``ServingState.engine``."""
+
     max_model_len: int
     eos_token_ids: tuple[int, ...]
 

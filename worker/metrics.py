@@ -31,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 disable_created_metrics()
 
 from refengine.outputs import RequestOutput, RequestTimings
+from worker.engine_client import EngineClient
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def _sanitize(name: str) -> str:
 
 
 class WorkerMetrics:
-    def __init__(self, model_name: str, engine, in_flight: Callable[[], int] | None = None) -> None:
+    def __init__(self, model_name: str, engine: EngineClient, in_flight: Callable[[], int] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.labels = (model_name, "0")
         r, L = self.registry, LABELS
@@ -150,7 +151,7 @@ class RequestTracker:
 class _EngineCollector:
     """Reads ``engine.stats()`` at scrape time (cheap by the EngineClient contract)."""
 
-    def __init__(self, engine, labels: tuple[str, str], in_flight: Callable[[], int] | None) -> None:
+    def __init__(self, engine: EngineClient, labels: tuple[str, str], in_flight: Callable[[], int] | None) -> None:
         self.engine = engine
         self.labels = list(labels)
         self.in_flight = in_flight

@@ -18,38 +18,34 @@ The engine's EOS / stop token is not part of the text unless
 Cancelling it (client disconnect, error) cancels every task synchronously; each
 task's ``finally`` aborts its engine request. Keeping engine consumption in
 separate tasks means cleanup never depends on awaits inside a cancelled scope.
+The HTTP side of a request (admission, streaming or not, disconnects) is
+``worker.serving_driver``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
-from starlette.responses import JSONResponse, StreamingResponse
-
-from refengine.outputs import RequestFailed, TokenLogprob
+from refengine.outputs import TokenLogprob
 from refengine.sampling_params import SamplingParams
 from worker.config import WorkerConfig
 from worker.continuation import DRAIN_ABORT
 from worker.detokenizer import OutputText
+from worker.engine_client import EngineClient
 from worker.errors import APIError, bad_request, model_not_found
 from worker.logprobs import TokenTexts
 from worker.metrics import RequestTracker, WorkerMetrics
-
-log = logging.getLogger(__name__)
-
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
 class ServingState:
-    def __init__(self, config: WorkerConfig, engine, tokenizer) -> None:
+    def __init__(self, config: WorkerConfig, engine: EngineClient, tokenizer) -> None:
         self.config = config
         self.engine = engine
         self.tokenizer = tokenizer
@@ -256,81 +252,3 @@ class ChoiceStreams:
         for t in self.tasks:
             if not t.done():
                 t.cancel()
-
-
-def engine_error(exc: BaseException) -> APIError:
-    """Map an exception from the engine stream to an API error."""
-    if isinstance(exc, APIError):
-        return exc
-    if isinstance(exc, ValueError):
-        return APIError(400, str(exc))
-    if isinstance(exc, RequestFailed):
-        return APIError(500, f"Internal error while generating: {exc}", code="engine_request_failed")
-    log.error("engine error: %r", exc, exc_info=exc)
-    return APIError(503, f"The engine failed: {exc}", code="engine_error")
-
-
-async def _wait_disconnect(receive) -> None:
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            return
-
-
-class ClientDisconnected(Exception):
-    pass
-
-
-async def until_disconnect(raw_request, coro):
-    """Run ``coro`` (a non-streaming generation); cancel it if the client goes away."""
-    task = asyncio.ensure_future(coro)
-    watcher = asyncio.ensure_future(_wait_disconnect(raw_request.receive))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-    if task.cancelled():
-        raise ClientDisconnected()
-    return task.result()
-
-
-class GuardedStreamingResponse(StreamingResponse):
-    """A StreamingResponse that always closes its body iterator and runs ``on_close``.
-
-    Starlette may stop iterating (client gone) while the generator sits at a
-    ``yield``; closing it here runs the generator's ``finally`` (engine aborts) and
-    ``on_close`` frees the admission slot even if the body never started."""
-
-    def __init__(self, content, on_close: Callable[[], None], **kw) -> None:
-        super().__init__(content, media_type="text/event-stream", **kw)
-        self._on_close = on_close
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            try:
-                await self.body_iterator.aclose()
-            finally:
-                self._on_close()
-
-
-def with_headers(model, headers: dict[str, str] | None):
-    """A response model as is, or as JSON with ``headers`` (FastAPI then skips its own serialisation)."""
-    if not headers:
-        return model
-    return JSONResponse(model.model_dump(mode="json"), headers=headers)
-
-
-def sse(payload: str) -> str:
-    return f"data: {payload}\n\n"
-
-
-SSE_DONE = "data: [DONE]\n\n"
-
-
-def monotonic() -> float:
-    return time.monotonic()

@@ -20,12 +20,15 @@ holds it back while it can.
 
 ``return_token_ids`` adds each choice's generated ids (``token_ids``); ``continuation_token_ids``
 resumes a generation (worker.continuation: no role chunk, usage for the whole generation).
+
+``create_chat_completion`` does the checks and builds the choices; ``worker.serving_driver.serve``
+runs them; ``ChatFormatter`` writes the chunks or the response. The template and tool helpers
+(``check_chat``, ``check_tools``, ``chat_prompt``) serve ``/v1/responses`` and ``/tokenize`` too.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 
 from fastapi import Request, Response
 
@@ -34,10 +37,10 @@ from worker.continuation import response_headers
 from worker.errors import APIError, bad_request
 from worker.logprobs import chat_logprobs, prompt_logprobs_out
 from worker.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionRequest, ChatCompletionResponse,
-                             ChatMessageOut, UsageInfo, child_seed, now, to_sampling_params, validate_request)
+                             ChatMessageOut, to_sampling_params, validate_request)
 from worker.structured import structured_spec
-from worker.serving import (SSE_DONE, ChoiceSpec, ChoiceStreams, ClientDisconnected, GuardedStreamingResponse,
-                            ServingState, engine_error, monotonic, new_id, sse, until_disconnect, with_headers)
+from worker.serving import ChoiceEvent, ChoiceSpec, ServingState, new_id
+from worker.serving_driver import ChoicesFormatter, seeded, serve
 
 # Arguments of apply_chat_template that chat_template_kwargs must not override.
 _RESERVED_KWARGS = {"conversation", "tokenize", "add_generation_prompt", "continue_final_message", "chat_template",
@@ -136,68 +139,88 @@ async def create_chat_completion(state: ServingState, req: ChatCompletionRequest
     state.check_model(req.model)
     msgs = check_chat(state, req)
     plan, msgs, tools = check_tools(state, req, msgs)
-    arrival = monotonic()
-    state.admit()
-    handed_over = False
-    try:
+
+    async def prepare():
         ids, base = await chat_prompt(state, req, msgs, tools, plan)
         request_id = new_id("chatcmpl")
-        specs = [ChoiceSpec(i, f"{request_id}-{i}", ids,
-                            dataclasses.replace(base, seed=child_seed(base.seed, i)) if i else base,
-                            req.skip_special_tokens, continuation=list(req.continuation_token_ids or []),
+        specs = [ChoiceSpec(i, f"{request_id}-{i}", ids, seeded(base, i), req.skip_special_tokens,
+                            continuation=list(req.continuation_token_ids or []),
                             text_min_tokens=req.min_tokens, report_ids=bool(req.return_token_ids))
                  for i in range(req.n)]
-        if req.stream:
-            body = _stream(state, req, request_id, specs, len(ids), arrival, plan)
-            handed_over = True
-            return GuardedStreamingResponse(body, on_close=state.release, headers=response_headers(req))
-        try:
-            out = await until_disconnect(raw, _full(state, req, request_id, specs, len(ids), arrival, plan))
-            return with_headers(out, response_headers(req))
-        except ClientDisconnected:
-            return Response(status_code=499)
-    finally:
-        if not handed_over:
-            state.release()
+        return specs, ChatFormatter(state, req, request_id, specs, plan)
+
+    return await serve(state, raw, req.stream, prepare, response_headers(req))
 
 
-async def _full(state, req, request_id, specs, prompt_tokens, arrival, plan=None) -> ChatCompletionResponse:
-    k = req.logprobs_k()
-    choices = {s.index: ChatChoice(index=s.index, message=ChatMessageOut(content=""),
-                                   logprobs=ChatChoiceLogprobs(content=[]) if k is not None else None)
-               for s in specs}
-    out_tokens = {s.index: 0 for s in specs}
-    prompt_lps = None
-    events = ChoiceStreams(state, specs, arrival).events()
-    try:
-        async for ev in events:
-            c = choices[ev.index]
-            if ev.prompt_logprobs is not None and prompt_lps is None:     # the same for every choice
-                prompt_lps = prompt_logprobs_out(state.token_texts, ev.prompt_logprobs, req.prompt_logprobs)
-            c.message.content += ev.text
-            if req.return_token_ids:
-                c.token_ids = (c.token_ids or []) + ev.token_ids
-            out_tokens[ev.index] = ev.num_output_tokens
-            if k is not None and ev.logprobs:
-                c.logprobs.content.extend(chat_logprobs(state.token_texts, ev.logprobs, k))
-            if ev.finish_reason is not None:
-                c.finish_reason, c.stop_reason = ev.finish_reason, ev.stop_reason
-    except Exception as exc:  # noqa: BLE001 - mapped to an OpenAI error
-        raise engine_error(exc) from exc
-    finally:
-        await events.aclose()
-    if plan is not None:
-        for c in choices.values():
-            content, found = tool_calls.calls(plan, c.message.content or "", c.finish_reason)
-            if found:
-                c.message.content, c.message.tool_calls = content, tool_calls.call_objects(found)
-                if c.finish_reason == "stop":           # "length" stays: the client learns the output was cut
-                    c.finish_reason, c.stop_reason = "tool_calls", None
-    n = sum(out_tokens.values())
-    return ChatCompletionResponse(
-        id=request_id, model=state.config.model_name, choices=[choices[i] for i in sorted(choices)],
-        usage=UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=n, total_tokens=prompt_tokens + n),
-        prompt_logprobs=prompt_lps)
+class ChatFormatter(ChoicesFormatter):
+    """Chat's wire format: ``chat.completion.chunk`` deltas, or one ``ChatCompletionResponse``.
+
+    With a tool plan, a choice's text is held back while it may be a call (``held``) and
+    turned into ``tool_calls`` at its end; ``free`` marks the choices that stream content
+    as it comes. The prompt logprobs are the same for every choice: the first one kept."""
+
+    object_name = "chat.completion.chunk"
+    content_key = "delta"
+
+    def __init__(self, state: ServingState, req: ChatCompletionRequest, request_id: str, specs: list[ChoiceSpec],
+                 plan=None) -> None:
+        super().__init__(state, req, request_id, specs, len(specs[0].prompt_token_ids))
+        self.plan, self.k = plan, req.logprobs_k()
+        self.held = {s.index: "" for s in specs}
+        self.free = {s.index: plan is None for s in specs}
+        self.resumed = {s.index: bool(s.continuation) for s in specs}
+        self.choices = {s.index: ChatChoice(index=s.index, message=ChatMessageOut(content=""),
+                                            logprobs=ChatChoiceLogprobs(content=[]) if self.k is not None else None)
+                        for s in specs}
+        self.prompt_lps = None
+
+    # ---- streaming ----------------------------------------------------------------------------
+    def opening(self):
+        for index, resumed in self.resumed.items():
+            if not resumed:          # a resumed stream: the client has its role chunk already
+                yield self.chunk(index, {"role": "assistant", "content": ""})
+
+    def event_chunks(self, ev: ChoiceEvent):
+        lp = None
+        if self.k is not None and ev.logprobs:
+            lp = {"content": [e.model_dump() for e in chat_logprobs(self.state.token_texts, ev.logprobs, self.k)],
+                  "refusal": None}
+        text, i = ev.text, ev.index
+        if not self.free[i]:
+            self.held[i] += text
+            text = ""
+            if self.plan.mode == "auto" and not self.plan.fmt.may_start_call(self.held[i]):
+                self.free[i], text, self.held[i] = True, self.held[i], ""
+        if ev.finish_reason is not None and not self.free[i]:
+            for delta, finish in _held_deltas(self.plan, self.held[i], ev.finish_reason):
+                yield self.chunk(i, delta, None, finish, ev.stop_reason if finish == ev.finish_reason else None)
+            return
+        yield self.chunk(i, {"content": text} if text else {}, lp, ev.finish_reason, ev.stop_reason, ev.token_ids)
+
+    # ---- the whole answer ---------------------------------------------------------------------
+    def fold(self, ev: ChoiceEvent) -> None:
+        c = self.choices[ev.index]
+        if ev.prompt_logprobs is not None and self.prompt_lps is None:     # the same for every choice
+            self.prompt_lps = prompt_logprobs_out(self.state.token_texts, ev.prompt_logprobs, self.req.prompt_logprobs)
+        c.message.content += ev.text
+        if self.req.return_token_ids:
+            c.token_ids = (c.token_ids or []) + ev.token_ids
+        if self.k is not None and ev.logprobs:
+            c.logprobs.content.extend(chat_logprobs(self.state.token_texts, ev.logprobs, self.k))
+        if ev.finish_reason is not None:
+            c.finish_reason, c.stop_reason = ev.finish_reason, ev.stop_reason
+
+    def result(self) -> ChatCompletionResponse:
+        if self.plan is not None:
+            for c in self.choices.values():
+                content, found = tool_calls.calls(self.plan, c.message.content or "", c.finish_reason)
+                if found:
+                    c.message.content, c.message.tool_calls = content, tool_calls.call_objects(found)
+                    if c.finish_reason == "stop":       # "length" stays: the client learns the output was cut
+                        c.finish_reason, c.stop_reason = "tool_calls", None
+        return ChatCompletionResponse(id=self.request_id, model=self.model,
+                                      choices=[self.choices[i] for i in sorted(self.choices)],
+                                      usage=self.usage(), prompt_logprobs=self.prompt_lps)
 
 
 def _held_deltas(plan, text: str, finish: str):
@@ -213,66 +236,3 @@ def _held_deltas(plan, text: str, finish: str):
         out.append(({"tool_calls": [{"index": i, "function": {"arguments": fn["arguments"]}}]}, None))
     out.append(({}, "tool_calls" if finish == "stop" else finish))
     return out
-
-
-def _dumps(obj: dict) -> str:
-    return sse(json.dumps(obj, ensure_ascii=False, separators=(",", ":")))
-
-
-async def _stream(state, req, request_id, specs, prompt_tokens, arrival, plan=None):
-    created, model, k = now(), state.config.model_name, req.logprobs_k()
-    held = {s.index: "" for s in specs}                       # text held back while it may be a tool call
-    free = {s.index: plan is None for s in specs}             # streams content as it comes
-    include_usage, continuous = req.include_usage, req.continuous_usage
-    out_tokens = {s.index: 0 for s in specs}
-
-    def chunk(index: int, delta: dict, logprobs=None, finish=None, stop=None, token_ids=None) -> str:
-        obj = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
-               "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish,
-                            "stop_reason": stop}]}
-        if req.return_token_ids:
-            obj["choices"][0]["token_ids"] = token_ids or []
-        if continuous:
-            n = out_tokens[index]
-            obj["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
-        elif include_usage:
-            obj["usage"] = None
-        return _dumps(obj)
-
-    streams = ChoiceStreams(state, specs, arrival)
-    events = streams.events()
-    try:
-        for s in specs:
-            if not s.continuation:          # a resumed stream: the client has its role chunk already
-                yield chunk(s.index, {"role": "assistant", "content": ""})
-        async for ev in events:
-            out_tokens[ev.index] = ev.num_output_tokens
-            lp = None
-            if k is not None and ev.logprobs:
-                lp = {"content": [e.model_dump() for e in chat_logprobs(state.token_texts, ev.logprobs, k)],
-                      "refusal": None}
-            text = ev.text
-            if not free[ev.index]:
-                held[ev.index] += text
-                text = ""
-                if plan.mode == "auto" and not plan.fmt.may_start_call(held[ev.index]):
-                    free[ev.index], text, held[ev.index] = True, held[ev.index], ""
-            if ev.finish_reason is not None and not free[ev.index]:
-                for delta, finish in _held_deltas(plan, held[ev.index], ev.finish_reason):
-                    yield chunk(ev.index, delta, None, finish, ev.stop_reason if finish == ev.finish_reason else None)
-                continue
-            delta = {"content": text} if text else {}
-            yield chunk(ev.index, delta, lp, ev.finish_reason, ev.stop_reason, ev.token_ids)
-        if include_usage:
-            n = sum(out_tokens.values())
-            yield _dumps({"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                          "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
-                                                   "total_tokens": prompt_tokens + n}})
-        yield SSE_DONE
-    except Exception as exc:  # noqa: BLE001 - the status line is gone: report in-band, as vLLM does
-        err = exc if isinstance(exc, APIError) else engine_error(exc)
-        yield _dumps(err.body())
-        yield SSE_DONE
-    finally:
-        streams.cancel()
-        await events.aclose()

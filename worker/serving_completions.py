@@ -15,23 +15,22 @@ counts each prompt once, ``completion_tokens`` every generated token of every
 choice (including the EOS / stop token, as vLLM). ``return_token_ids`` adds each choice's generated
 ids (``token_ids``); ``continuation_token_ids`` resumes a generation (worker.continuation). Flow: cheap checks ->
 admission slot -> tokenise in the executor -> ``to_sampling_params`` per prompt ->
-one engine request per choice (``ChoiceStreams``).
+one engine request per choice. ``create_completion`` does the checks and builds the
+choices; ``worker.serving_driver.serve`` runs them; ``CompletionFormatter`` writes the
+chunks or the response.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-
 from fastapi import Request, Response
 
 from worker.continuation import response_headers
-from worker.errors import APIError, bad_request
+from worker.errors import bad_request
 from worker.logprobs import completion_logprobs, echo_logprobs, extend_logprobs, prompt_logprobs_out
 from worker.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
-                             UsageInfo, child_seed, now, to_sampling_params, validate_request)
-from worker.serving import (SSE_DONE, ChoiceSpec, ChoiceStreams, ClientDisconnected, GuardedStreamingResponse,
-                            ServingState, engine_error, monotonic, new_id, sse, until_disconnect, with_headers)
+                             to_sampling_params, validate_request)
+from worker.serving import ChoiceEvent, ChoiceSpec, ServingState, new_id
+from worker.serving_driver import ChoicesFormatter, seeded, serve
 
 
 def _tokenize(tokenizer, prompt, add_special_tokens: bool, truncate: int | None, echo: bool, vocab_size: int):
@@ -74,10 +73,8 @@ async def create_completion(state: ServingState, req: CompletionRequest, raw: Re
                           f"limit of {limit} per request.", "n")
     state.check_engine()
     state.check_prompt_logprobs(req)
-    arrival = monotonic()
-    state.admit()
-    handed_over = False
-    try:
+
+    async def prepare():
         prompts = await state.run_sync(_tokenize, state.tokenizer, req.prompt, req.add_special_tokens,
                                        req.truncate_prompt_tokens, bool(req.echo), state.vocab_size)
         specs: list[ChoiceSpec] = []
@@ -96,23 +93,13 @@ async def create_completion(state: ServingState, req: CompletionRequest, raw: Re
                                       vocab_size=state.vocab_size, done=len(cont))
             for i in range(req.n):
                 index = p_idx * req.n + i
-                params = dataclasses.replace(base, seed=child_seed(base.seed, i)) if i else base
-                specs.append(ChoiceSpec(index, f"{request_id}-{index}", ids, params, req.skip_special_tokens,
+                specs.append(ChoiceSpec(index, f"{request_id}-{index}", ids, seeded(base, i), req.skip_special_tokens,
                                         req.score_only, cont, req.min_tokens, bool(req.return_token_ids)))
         echo = {s.index: prompts[s.index // req.n][1] for s in specs} if req.echo else {}
         prompt_tokens = sum(len(ids) for ids, _ in prompts)
-        if req.stream:
-            body = _stream(state, req, request_id, specs, echo, prompt_tokens, arrival)
-            handed_over = True
-            return GuardedStreamingResponse(body, on_close=state.release, headers=response_headers(req))
-        try:
-            out = await until_disconnect(raw, _full(state, req, request_id, specs, echo, prompt_tokens, arrival))
-            return with_headers(out, response_headers(req))
-        except ClientDisconnected:
-            return Response(status_code=499)
-    finally:
-        if not handed_over:
-            state.release()
+        return specs, CompletionFormatter(state, req, request_id, specs, prompt_tokens, echo)
+
+    return await serve(state, raw, req.stream, prepare, response_headers(req))
 
 
 def _echo_block(state, req, spec, plps):
@@ -122,96 +109,68 @@ def _echo_block(state, req, spec, plps):
     return echo_logprobs(state.token_texts, spec.prompt_token_ids, plps, req.logprobs)
 
 
-async def _full(state, req, request_id, specs, echo, prompt_tokens, arrival) -> CompletionResponse:
-    k = req.logprobs
-    by_index = {s.index: s for s in specs}
-    choices = {s.index: CompletionChoice(index=s.index, text=echo.get(s.index) or "",
-                                         logprobs=CompletionLogprobs() if k is not None else None) for s in specs}
-    offsets = {s.index: 0 for s in specs}
-    out_tokens = {s.index: 0 for s in specs}
-    events = ChoiceStreams(state, specs, arrival).events()
-    try:
-        async for ev in events:
-            c = choices[ev.index]
-            if ev.prompt_logprobs is not None:          # first event: the prompt's part comes first
-                block, offsets[ev.index] = _echo_block(state, req, by_index[ev.index], ev.prompt_logprobs)
-                if block is not None:
-                    extend_logprobs(c.logprobs, block)
-                if req.prompt_logprobs is not None:
-                    c.prompt_logprobs = prompt_logprobs_out(state.token_texts, ev.prompt_logprobs,
-                                                            req.prompt_logprobs)
-            c.text += ev.text
-            if req.return_token_ids:
-                c.token_ids = (c.token_ids or []) + ev.token_ids
-            out_tokens[ev.index] = ev.num_output_tokens
-            if k is not None and ev.logprobs:
-                block, offsets[ev.index] = completion_logprobs(state.token_texts, ev.logprobs, k, offsets[ev.index])
+class CompletionFormatter(ChoicesFormatter):
+    """Completions' wire format: ``text_completion`` chunks, or one ``CompletionResponse``.
+
+    ``echo``: index -> the prompt text that opens the choice (echo). ``offsets``: index -> the
+    text offset the next logprobs block starts at (after the echoed prompt, when it has logprobs)."""
+
+    object_name = "text_completion"
+    content_key = "text"
+
+    def __init__(self, state: ServingState, req: CompletionRequest, request_id: str, specs: list[ChoiceSpec],
+                 prompt_tokens: int, echo: dict[int, str | None]) -> None:
+        super().__init__(state, req, request_id, specs, prompt_tokens)
+        self.k, self.echo = req.logprobs, echo
+        self.by_index = {s.index: s for s in specs}
+        self.offsets = {s.index: 0 for s in specs}
+        self.choices = {s.index: CompletionChoice(index=s.index, text=echo.get(s.index) or "",
+                                                  logprobs=CompletionLogprobs() if self.k is not None else None)
+                        for s in specs}
+
+    def _logprobs(self, ev: ChoiceEvent):
+        """The logprobs block of ``ev``'s generated tokens, or None; moves the choice's offset on."""
+        if self.k is None or not ev.logprobs:
+            return None
+        block, self.offsets[ev.index] = completion_logprobs(self.state.token_texts, ev.logprobs, self.k,
+                                                            self.offsets[ev.index])
+        return block
+
+    # ---- streaming ----------------------------------------------------------------------------
+    def opening(self):
+        for index in self.by_index:
+            if self.echo.get(index) and self.k is None:     # with logprobs it waits for the prompt's
+                yield self.chunk(index, self.echo[index])
+
+    def event_chunks(self, ev: ChoiceEvent):
+        if ev.prompt_logprobs is not None and self.echo.get(ev.index) is not None and self.k is not None:
+            block, self.offsets[ev.index] = _echo_block(self.state, self.req, self.by_index[ev.index],
+                                                        ev.prompt_logprobs)
+            yield self.chunk(ev.index, self.echo[ev.index], block.model_dump())
+        block = self._logprobs(ev)
+        yield self.chunk(ev.index, ev.text, block.model_dump() if block is not None else None, ev.finish_reason,
+                         ev.stop_reason, ev.token_ids)
+
+    # ---- the whole answer ---------------------------------------------------------------------
+    def fold(self, ev: ChoiceEvent) -> None:
+        c = self.choices[ev.index]
+        if ev.prompt_logprobs is not None:          # first event: the prompt's part comes first
+            block, self.offsets[ev.index] = _echo_block(self.state, self.req, self.by_index[ev.index],
+                                                        ev.prompt_logprobs)
+            if block is not None:
                 extend_logprobs(c.logprobs, block)
-            if ev.finish_reason is not None:
-                c.finish_reason, c.stop_reason = ev.finish_reason, ev.stop_reason
-    except Exception as exc:  # noqa: BLE001 - mapped to an OpenAI error
-        raise engine_error(exc) from exc
-    finally:
-        await events.aclose()
-    completion_tokens = sum(out_tokens.values())
-    return CompletionResponse(
-        id=request_id, model=state.config.model_name, choices=[choices[i] for i in sorted(choices)],
-        usage=UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                        total_tokens=prompt_tokens + completion_tokens))
+            if self.req.prompt_logprobs is not None:
+                c.prompt_logprobs = prompt_logprobs_out(self.state.token_texts, ev.prompt_logprobs,
+                                                        self.req.prompt_logprobs)
+        c.text += ev.text
+        if self.req.return_token_ids:
+            c.token_ids = (c.token_ids or []) + ev.token_ids
+        block = self._logprobs(ev)
+        if block is not None:
+            extend_logprobs(c.logprobs, block)
+        if ev.finish_reason is not None:
+            c.finish_reason, c.stop_reason = ev.finish_reason, ev.stop_reason
 
-
-def _dumps(obj: dict) -> str:
-    return sse(json.dumps(obj, ensure_ascii=False, separators=(",", ":")))
-
-
-async def _stream(state, req, request_id, specs, echo, prompt_tokens, arrival):
-    created, model, k = now(), state.config.model_name, req.logprobs
-    include_usage, continuous = req.include_usage, req.continuous_usage
-    prompt_len = {s.index: len(s.prompt_token_ids) for s in specs}
-    offsets = {s.index: 0 for s in specs}
-    out_tokens = {s.index: 0 for s in specs}
-
-    def chunk(index: int, text: str, logprobs=None, finish=None, stop=None, token_ids=None) -> str:
-        obj = {"id": request_id, "object": "text_completion", "created": created, "model": model,
-               "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish,
-                            "stop_reason": stop}]}
-        if req.return_token_ids:
-            obj["choices"][0]["token_ids"] = token_ids or []
-        if continuous:
-            n = out_tokens[index]
-            obj["usage"] = {"prompt_tokens": prompt_len[index], "completion_tokens": n,
-                            "total_tokens": prompt_len[index] + n}
-        elif include_usage:
-            obj["usage"] = None
-        return _dumps(obj)
-
-    by_index = {s.index: s for s in specs}
-    streams = ChoiceStreams(state, specs, arrival)
-    events = streams.events()
-    try:
-        for s in specs:
-            if echo.get(s.index) and k is None:
-                yield chunk(s.index, echo[s.index])
-        async for ev in events:
-            out_tokens[ev.index] = ev.num_output_tokens
-            if ev.prompt_logprobs is not None and echo.get(ev.index) is not None and k is not None:
-                block, offsets[ev.index] = _echo_block(state, req, by_index[ev.index], ev.prompt_logprobs)
-                yield chunk(ev.index, echo[ev.index], block.model_dump())
-            lp = None
-            if k is not None and ev.logprobs:
-                block, offsets[ev.index] = completion_logprobs(state.token_texts, ev.logprobs, k, offsets[ev.index])
-                lp = block.model_dump()
-            yield chunk(ev.index, ev.text, lp, ev.finish_reason, ev.stop_reason, ev.token_ids)
-        if include_usage:
-            n = sum(out_tokens.values())
-            yield _dumps({"id": request_id, "object": "text_completion", "created": created, "model": model,
-                          "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
-                                                   "total_tokens": prompt_tokens + n}})
-        yield SSE_DONE
-    except Exception as exc:  # noqa: BLE001 - the status line is gone: report in-band, as vLLM does
-        err = exc if isinstance(exc, APIError) else engine_error(exc)
-        yield _dumps(err.body())
-        yield SSE_DONE
-    finally:
-        streams.cancel()
-        await events.aclose()
+    def result(self) -> CompletionResponse:
+        return CompletionResponse(id=self.request_id, model=self.model,
+                                  choices=[self.choices[i] for i in sorted(self.choices)], usage=self.usage())

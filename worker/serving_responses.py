@@ -2,7 +2,8 @@
 
 Flow: checks (``protocol_responses.validate``) -> ``to_chat`` -> the chat request's own
 checks -> admission -> chat template in the executor -> ``to_sampling_params`` once ->
-one engine request (``ChoiceStreams``, as a chat choice). The answer is one assistant
+one engine request (as a chat choice), run by ``worker.serving_driver.serve`` with
+``ResponsesFormatter`` writing the events or the Response object. The answer is one assistant
 ``message`` output item holding one ``output_text`` part, or, with tools, the calls the
 output holds (``worker.tools.calls``) as ``function_call`` items (after a ``message``
 item for any text before them); ``usage`` counts input and output tokens.
@@ -34,9 +35,9 @@ from worker.errors import APIError
 from worker.protocol import now
 from worker import tools as tool_calls
 from worker.protocol_responses import ResponsesRequest, echo_format, to_chat, validate
-from worker.serving import (ChoiceSpec, ChoiceStreams, ClientDisconnected, GuardedStreamingResponse, ServingState,
-                            engine_error, monotonic, new_id, until_disconnect)
+from worker.serving import ChoiceSpec, ServingState, new_id
 from worker.serving_chat import chat_prompt, check_chat, check_tools
+from worker.serving_driver import serve
 
 # The chat path names its own parameters in errors; a Responses client sent these instead.
 _PARAMS = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens", "messages": "input"}
@@ -131,113 +132,102 @@ async def create_response(state: ServingState, req: ResponsesRequest, raw: Reque
         chat = to_chat(req)
         msgs = check_chat(state, chat)
         plan, msgs, tools = check_tools(state, chat, msgs)
-    arrival = monotonic()
-    state.admit()
-    handed_over = False
-    try:
+
+    async def prepare():
         with _responses_params():
             ids, params = await chat_prompt(state, chat, msgs, tools, plan)
         view = ResponseView(req, state.config.model_name, len(ids), plan)
-        spec = ChoiceSpec(0, view.id, ids, params)
-        if req.stream:
-            body = _stream(state, view, spec, arrival)
-            handed_over = True
-            return GuardedStreamingResponse(body, on_close=state.release)
-        try:
-            return JSONResponse(await until_disconnect(raw, _full(state, view, spec, arrival)))
-        except ClientDisconnected:
-            return Response(status_code=499)
-    finally:
-        if not handed_over:
-            state.release()
+        return [ChoiceSpec(0, view.id, ids, params)], ResponsesFormatter(view)
+
+    return await serve(state, raw, req.stream, prepare)
 
 
-async def _full(state, view: ResponseView, spec: ChoiceSpec, arrival) -> dict:
-    text, n, finish = "", 0, None
-    events = ChoiceStreams(state, [spec], arrival).events()
-    try:
-        async for ev in events:
-            text += ev.text
-            n = ev.num_output_tokens
-            finish = ev.finish_reason or finish
-    except Exception as exc:  # noqa: BLE001 - mapped to an OpenAI error
-        raise engine_error(exc) from exc
-    finally:
-        await events.aclose()
-    status = _status(finish)
-    return view.response(status, view.items(status, text, finish), n, finish)
+class ResponsesFormatter:
+    """The Responses API's wire format for the driver (``worker.serving_driver.Formatter``):
+    the event sequence of the module docstring, or one Response object.
 
+    ``text`` is the whole output so far, ``n`` its token count, ``finish`` the finish reason
+    once known. Streaming: ``free`` is True once text streams as it comes (no tool plan, or
+    an "auto" output that cannot be a call); until then the text is held back."""
 
-async def _stream(state, view: ResponseView, spec: ChoiceSpec, arrival):
-    seq = 0
-    plan = view.plan
+    def __init__(self, view: ResponseView) -> None:
+        self.view, self.plan = view, view.plan
+        self.text, self.n, self.finish = "", 0, None
+        self.free = self.plan is None
+        self.seq = 0
+        self.where = {"item_id": view.msg_id, "output_index": 0, "content_index": 0}
 
-    def event(kind: str, **fields) -> str:
-        nonlocal seq
-        payload = json.dumps({"type": kind, "sequence_number": seq, **fields}, ensure_ascii=False,
+    def _take(self, ev) -> None:
+        self.n = ev.num_output_tokens
+        self.finish = ev.finish_reason or self.finish
+        self.text += ev.text
+
+    # ---- the whole answer ---------------------------------------------------------------------
+    def add(self, ev) -> None:
+        self._take(ev)
+
+    def result(self) -> JSONResponse:
+        status = _status(self.finish)
+        return JSONResponse(self.view.response(status, self.view.items(status, self.text, self.finish), self.n,
+                                               self.finish))
+
+    # ---- streaming ----------------------------------------------------------------------------
+    def event(self, kind: str, **fields) -> str:
+        payload = json.dumps({"type": kind, "sequence_number": self.seq, **fields}, ensure_ascii=False,
                              separators=(",", ":"))
-        seq += 1
+        self.seq += 1
         return f"event: {kind}\ndata: {payload}\n\n"
 
-    where = {"item_id": view.msg_id, "output_index": 0, "content_index": 0}
+    def _opened(self):
+        yield self.event("response.output_item.added", output_index=0, item=self.view.message("in_progress", None))
+        yield self.event("response.content_part.added", part=self.view.part(""), **self.where)
 
-    def opened():
-        yield event("response.output_item.added", output_index=0, item=view.message("in_progress", None))
-        yield event("response.content_part.added", part=view.part(""), **where)
+    def _closed(self, status: str, text: str):
+        yield self.event("response.output_text.done", text=text, logprobs=[], **self.where)
+        yield self.event("response.content_part.done", part=self.view.part(text), **self.where)
+        yield self.event("response.output_item.done", output_index=0, item=self.view.message(status, text))
 
-    def closed(status: str, text: str):
-        yield event("response.output_text.done", text=text, logprobs=[], **where)
-        yield event("response.content_part.done", part=view.part(text), **where)
-        yield event("response.output_item.done", output_index=0, item=view.message(status, text))
+    def _delta(self, text: str) -> str:
+        return self.event("response.output_text.delta", delta=text, logprobs=[], **self.where)
 
-    text, n, finish = "", 0, None
-    free = plan is None                       # text streams as it comes; else held while it may be a call
-    streams = ChoiceStreams(state, [spec], arrival)
-    events = streams.events()
-    try:
-        yield event("response.created", response=view.response("in_progress"))
-        yield event("response.in_progress", response=view.response("in_progress"))
-        if free:
-            for e in opened():
-                yield e
-        async for ev in events:
-            n = ev.num_output_tokens
-            finish = ev.finish_reason or finish
-            text += ev.text
-            if not free and plan.mode == "auto" and not plan.fmt.may_start_call(text):
-                free = True                   # prose: what was held goes out as the first delta
-                for e in opened():
-                    yield e
-                if text:
-                    yield event("response.output_text.delta", delta=text, logprobs=[], **where)
-            elif free and ev.text:
-                yield event("response.output_text.delta", delta=ev.text, logprobs=[], **where)
-        status = _status(finish)
-        if free:
-            for e in closed(status, text):
-                yield e
-            output = [view.message(status, text)]
+    def opening(self):
+        yield self.event("response.created", response=self.view.response("in_progress"))
+        yield self.event("response.in_progress", response=self.view.response("in_progress"))
+        if self.free:
+            yield from self._opened()
+
+    def stream_event(self, ev):
+        self._take(ev)
+        if not self.free and self.plan.mode == "auto" and not self.plan.fmt.may_start_call(self.text):
+            self.free = True                  # prose: what was held goes out as the first delta
+            yield from self._opened()
+            if self.text:
+                yield self._delta(self.text)
+        elif self.free and ev.text:
+            yield self._delta(ev.text)
+
+    def closing(self):
+        status, view = _status(self.finish), self.view
+        if self.free:
+            yield from self._closed(status, self.text)
+            output = [view.message(status, self.text)]
         else:
-            output = view.items(status, text, finish)
+            output = view.items(status, self.text, self.finish)
             for i, item in enumerate(output):
                 if item["type"] == "message":
-                    for e in opened():
-                        yield e
-                    yield event("response.output_text.delta", delta=item["content"][0]["text"], logprobs=[], **where)
-                    for e in closed(status, item["content"][0]["text"]):
-                        yield e
+                    yield from self._opened()
+                    yield self._delta(item["content"][0]["text"])
+                    yield from self._closed(status, item["content"][0]["text"])
                     continue
-                yield event("response.output_item.added", output_index=i,
-                            item={**item, "arguments": "", "status": "in_progress"})
+                yield self.event("response.output_item.added", output_index=i,
+                                 item={**item, "arguments": "", "status": "in_progress"})
                 at = {"item_id": item["id"], "output_index": i}
-                yield event("response.function_call_arguments.delta", delta=item["arguments"], **at)
-                yield event("response.function_call_arguments.done", arguments=item["arguments"], **at)
-                yield event("response.output_item.done", output_index=i, item=item)
-        yield event(f"response.{status}", response=view.response(status, output, n, finish))
-    except Exception as exc:  # noqa: BLE001 - the status line is gone: the failure is the last event
-        err = exc if isinstance(exc, APIError) else engine_error(exc)
-        yield event("response.failed", response=view.response("failed", error={"code": str(err.code or err.type),
-                                                                               "message": err.message}))
-    finally:
-        streams.cancel()
-        await events.aclose()
+                yield self.event("response.function_call_arguments.delta", delta=item["arguments"], **at)
+                yield self.event("response.function_call_arguments.done", arguments=item["arguments"], **at)
+                yield self.event("response.output_item.done", output_index=i, item=item)
+        yield self.event(f"response.{status}", response=view.response(status, output, self.n, self.finish))
+
+    def failed(self, err: APIError):
+        """The status line is gone: the failure is the last event (no ``[DONE]``)."""
+        yield self.event("response.failed", response=self.view.response(
+            "failed", error={"code": str(err.code or err.type), "message": err.message}))

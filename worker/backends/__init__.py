@@ -8,8 +8,10 @@ that a worker only loads the stack it uses.
 
 from __future__ import annotations
 
+from worker.engine_client import EngineClient
 
-def create_engine_client(worker_config):
+
+def create_engine_client(worker_config) -> EngineClient:
     kind = getattr(worker_config, "engine", "reference")
     if kind == "reference":
         from worker.backends.reference import reference_engine_client
