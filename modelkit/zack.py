@@ -1,7 +1,7 @@
 """``modelkit zack-calibrate``: calibrate ZACK on a model and write a servable ZACK model directory.
 
 The output directory holds the calibration (``zack.json``: record + singular values;
-``zack.safetensors``: rotations, see ``refengine.kv.methods.zack``) and is itself a
+``zack.safetensors``: rotations, see ``refengine.kv.methods.zack.format``) and is itself a
 model directory: the base model's weights hard-linked (or copied), its tokenizer
 files, a weight index that leaves the rotations out, and ``config.json`` with a
 ``"zack"`` object holding per-head ranks for ``--rate`` / ``--mode``. Serve it with
@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from modelkit.swiftkv import SIDE_FILES, _link_or_copy
+from refengine.kv.methods.zack.format import CALIBRATION_FILE, ROTATIONS_FILE
 
 
 def _weight_map(base_dir: Path) -> dict[str, str]:
@@ -28,7 +29,7 @@ def _weight_map(base_dir: Path) -> dict[str, str]:
 
     out = {}
     for f in sorted(base_dir.glob("*.safetensors")):
-        if f.name == "zack.safetensors":
+        if f.name == ROTATIONS_FILE:
             continue
         with safe_open(str(f), framework="pt") as h:
             out.update({name: f.name for name in h.keys()})
@@ -39,7 +40,7 @@ def write_zack_model(base_dir: Path, out_dir: Path, rate: float, mode: str = "ad
                      swiftkv: bool = True) -> dict:
     """Make ``out_dir`` (which already holds zack.json + zack.safetensors) a servable model; returns its zack config."""
     from refengine.kv.base import MethodError
-    from refengine.kv.methods.zack import ZackMethod
+    from refengine.kv.methods.zack.method import ZackMethod
     from refengine.kv.registry import facts_for
 
     base_dir, out_dir = Path(base_dir), Path(out_dir)
@@ -92,7 +93,6 @@ def run(args: argparse.Namespace) -> int:
     from safetensors.torch import save_file
 
     from modelkit.prepare import resolve_model
-    from refengine.kv.methods.zack import CALIBRATION_FILE, ROTATIONS_FILE
     from modelkit.zack_calibrate import calibrate
 
     if args.tokens < 1024 or args.seq_len < 16 or args.batch < 1:

@@ -22,7 +22,7 @@ whose spec puts V on the host allocates its V stores in CPU memory (pinned when 
 device is CUDA), apart from the device pool: the pool's budget counts device bytes
 only. Such a store takes indices on the compute device (``on_store``), and the slot of the
 layer before it starts its prefill fetch when it attends (``prefetch_next``; a no-op unless
-the store is staged, i.e. on CUDA: ``refengine.kv.kcache_ops``). ``compact`` moves kept entries of one request to the front of its block table,
+the store is staged, i.e. on CUDA: ``refengine.kv.methods.kcache.ops``). ``compact`` moves kept entries of one request to the front of its block table,
 head by head (eviction); RoPE was applied before ``write``, so nothing is re-rotated.
 """
 
