@@ -8,8 +8,8 @@ the model class and the tests agree on one layout.
   biases), Qwen3 (per-head RMSNorm of Q and K before RoPE). Per-layer sliding windows come
   from ``layer_types``; a model-level window is vLLM's own (``cache_config.sliding_window``).
   Other families (Gemma 3) are the reference engine's; stock vLLM serves them without SwiftKV.
-- SwiftKV (Snowflake's format): ``"swiftkv": true``, ``num_key_value_layers = l < L``,
-  ``key_value_group_size = g``. Layers ``>= l`` form groups of ``g`` consecutive layers
+- SwiftKV (Snowflake's format, read by ``refengine.swiftkv_format``): ``"swiftkv": true``,
+  ``num_key_value_layers = l < L``, ``key_value_group_size = g``. Layers ``>= l`` form groups of ``g`` consecutive layers
   (the last may be shorter); the first layer of a group holds ``k/v_proj_swiftkv``.
 - ZACK (``"zack"`` object, read by ``refengine.kv.methods.zack.format``): vLLM serves one
   rank per layer (every ``k_ranks``/``v_ranks`` entry of a layer equal): uniform ranks, or layer-wise ranks that
@@ -27,6 +27,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from refengine import swiftkv_format                              # torch-free: the one SwiftKV format
 from refengine.kv.methods.zack import format as zack_format      # torch-free: the one ZACK format
 
 FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -74,7 +75,7 @@ class ModelLayout:
         """First layer of each SwiftKV group (empty without SwiftKV)."""
         if not self.swiftkv:
             return []
-        return list(range(self.num_kv_layers, self.num_layers, self.group_size))
+        return list(swiftkv_format.group_leaders(self.num_layers, self.num_kv_layers, self.group_size))
 
     def group_leader(self, group: int) -> int:
         """First layer of SwiftKV group ``group`` (it holds the group's ``k/v_proj_swiftkv``)."""
@@ -176,13 +177,11 @@ def parse_layout(cfg: dict, use_swiftkv: bool = True) -> ModelLayout:
     heads = int(cfg["num_attention_heads"])
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
-    l = int(cfg.get("num_key_value_layers") or L)
-    g = int(cfg.get("key_value_group_size") or 1)
-    swiftkv = bool(use_swiftkv and cfg.get("swiftkv", False) and l < L)
-    if swiftkv and not 1 <= l < L:
-        raise LayoutError(f"num_key_value_layers={l} must be in [1, {L})")
-    if g < 1:
-        raise LayoutError("key_value_group_size must be >= 1")
+    try:
+        sk = swiftkv_format.read_fields(cfg, L)
+    except swiftkv_format.SwiftKVFormatError as exc:
+        raise LayoutError(str(exc)) from None
+    l, g, swiftkv = sk.num_kv_layers, sk.group_size, use_swiftkv and sk.on
     zack = cfg.get("zack")
     ranks, zfile = None, None
     if zack is not None:
