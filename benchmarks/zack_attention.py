@@ -51,7 +51,7 @@ def plan_ranks(args, rate: float) -> tuple[tuple[int, ...], tuple[int, ...]]:
         return k, k[::-1]
     import numpy as np
 
-    from refengine.kv import zack_ranks
+    from refengine.kv.methods.zack import ranks as zack_ranks
 
     slots = json.loads((Path(args.calibration) / "zack.json").read_text())["slots"]
     s_qk = np.array([s["s_qk"] for s in slots], dtype=np.float64)
@@ -66,7 +66,7 @@ def plan_ranks(args, rate: float) -> tuple[tuple[int, ...], tuple[int, ...]]:
 def build_slot(rate: float, args, blocks: int, dtype, device):
     from refengine.kv.cache import KVCache
     from refengine.kv.spec import CacheSpec, ModelFacts
-    from refengine.kv.zack_ops import ZackRotate
+    from refengine.kv.methods.zack.ops import ZackRotate
 
     heads, kvh, d = SHAPES[args.shape]
     facts = ModelFacts("/bench", 1, heads, kvh, d, torch.empty((), dtype=dtype).element_size(), None, 1)

@@ -71,7 +71,7 @@ def _materialize_zack(key: str) -> Path:
 
     from modelkit.prepare import PrepareError, _lock, default_model_dir, ensure_default_model
     from modelkit.zack import write_zack_model
-    from refengine.kv.methods.zack import CALIBRATION_FILE, ROTATIONS_FILE
+    from refengine.kv.methods.zack.format import CALIBRATION_FILE, ROTATIONS_FILE
     from swiftcommon import envs
 
     rel, base_name, rate, mode = ZACK_VARIANTS[key]

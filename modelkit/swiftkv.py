@@ -1,6 +1,7 @@
 """SwiftKV checkpoints: conversion from a plain HF model of a served family, and I/O.
 
-Format (compatible with Snowflake's published SwiftKV checkpoints and ArcticTraining):
+Format (compatible with Snowflake's published SwiftKV checkpoints and ArcticTraining; fields and
+tensor names defined in ``refengine.swiftkv_format``, which the engine and the vLLM plugin read):
   config.json: "architectures": ["LlamaSwiftKVForCausalLM"], "model_type": "llama_swiftkv",
                "swiftkv": true, "num_key_value_layers": l, "key_value_group_size": g
                (other families: ``ARCH`` below, e.g. "Qwen3SwiftKVForCausalLM" / "qwen3_swiftkv",
@@ -38,6 +39,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from refengine import swiftkv_format
+
 if TYPE_CHECKING:
     import torch
 
@@ -51,21 +54,9 @@ SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.jso
               "chat_template.jinja", "generation_config.json", "vocab.json", "merges.txt")
 
 
-def swiftkv_tensor_names(num_layers: int, l: int, g: int, bias: bool = False) -> list[str]:
-    """Every extra tensor name a SwiftKV checkpoint with (l, g) carries."""
-    sfx = (".weight", ".bias") if bias else (".weight",)
-    names = ["model.norm_swiftkv.weight"]
-    for i in range(l, num_layers):
-        p = f"model.layers.{i}.self_attn."
-        names += [p + "q_proj_swiftkv" + s for s in sfx]
-        if (i - l) % g == 0:
-            names += [p + n + s for n in ("k_proj_swiftkv", "v_proj_swiftkv") for s in sfx]
-    return names
-
-
 def init_swiftkv_tensors(get, num_layers: int, l: int, g: int, bias: bool = False) -> dict[str, torch.Tensor]:
     """Initial SwiftKV tensors from the base weights (``get(name) -> tensor``)."""
-    out = {"model.norm_swiftkv.weight": get(f"model.layers.{l}.input_layernorm.weight").clone()}
+    out = {swiftkv_format.NORM_TENSOR: get(f"model.layers.{l}.input_layernorm.weight").clone()}
     sfx = (".weight", ".bias") if bias else (".weight",)
     for i in range(l, num_layers):
         p = f"model.layers.{i}.self_attn."
@@ -93,8 +84,7 @@ def swiftkv_config(base_cfg: dict, l: int, g: int) -> dict:
         raise ValueError(f"key_value_group_size must be in [1, {L - l}], got {g}")
     arch, mtype = ARCH[model_type]
     cfg = dict(base_cfg)
-    cfg.update({"architectures": [arch], "model_type": mtype, "swiftkv": True,
-                "num_key_value_layers": l, "key_value_group_size": g})
+    cfg.update({"architectures": [arch], "model_type": mtype, **swiftkv_format.config_fields(l, g)})
     from refengine.model_config import ModelConfigError, parse_model_config
 
     try:

@@ -1,7 +1,7 @@
 """A servable ZACK model directory from a base model and its calibration (``write_zack_model``).
 
 The output directory already holds the calibration (``zack.json``: record + singular values;
-``zack.safetensors``: rotations, see ``refengine.kv.methods.zack``); this makes it a model
+``zack.safetensors``: rotations, see ``refengine.kv.methods.zack.format``); this makes it a model
 directory too: the base model's weights hard-linked (or copied), its tokenizer files, a weight
 index that leaves the rotations out, and ``config.json`` with a ``"zack"`` object holding
 per-head ranks for the rate and mode. Takes directories, never model names (``modelkit.models``
@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from modelkit.swiftkv import SIDE_FILES, _link_or_copy
+from refengine.kv.methods.zack.format import CALIBRATION_FILE, ROTATIONS_FILE
 
 
 def _weight_map(base_dir: Path) -> dict[str, str]:
@@ -25,7 +26,7 @@ def _weight_map(base_dir: Path) -> dict[str, str]:
 
     out = {}
     for f in sorted(base_dir.glob("*.safetensors")):
-        if f.name == "zack.safetensors":
+        if f.name == ROTATIONS_FILE:
             continue
         with safe_open(str(f), framework="pt") as h:
             out.update({name: f.name for name in h.keys()})
@@ -36,7 +37,7 @@ def write_zack_model(base_dir: Path, out_dir: Path, rate: float, mode: str = "ad
                      swiftkv: bool = True) -> dict:
     """Make ``out_dir`` (which already holds zack.json + zack.safetensors) a servable model; returns its zack config."""
     from refengine.kv.base import MethodError
-    from refengine.kv.methods.zack import ZackMethod
+    from refengine.kv.methods.zack.method import ZackMethod
     from refengine.kv.registry import facts_for
 
     base_dir, out_dir = Path(base_dir), Path(out_dir)

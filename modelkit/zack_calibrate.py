@@ -142,7 +142,7 @@ def calibrate(model_dir: Path, tokens: int = 32768, seq_len: int = 512, seed: in
 
     from refengine.config import EngineConfig
     from refengine.engine import LLMEngine
-    from refengine.kv.methods.zack import FORMAT, FORMAT_VERSION, tensor_name
+    from refengine.kv.methods.zack.format import FORMAT, FORMAT_VERSION, swiftkv_record, tensor_name
     from refengine.kv.registry import facts_from_spec
     from refengine.kv.spec import CacheSpec
     from refengine.sampling_params import SamplingParams
@@ -194,8 +194,7 @@ def calibrate(model_dir: Path, tokens: int = 32768, seq_len: int = 512, seed: in
     w.close()
     record = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": Path(model_dir).name,
               "num_layers": spec.num_layers, "num_kv_heads": kvh, "head_dim": d, "num_heads": spec.num_heads,
-              "swiftkv": (None if facts.swiftkv_layers is None else
-                          {"num_key_value_layers": facts.swiftkv_layers, "key_value_group_size": facts.group_size}),
+              "swiftkv": swiftkv_record(facts.swiftkv_layers, facts.group_size),
               "calibration": {"tokens": sum(len(s) for s in seqs), "sequences": len(seqs), "seq_len": seq_len,
                               "seed": seed, "basis": basis, "weighting": weighting, "teacher_forced": teacher_force,
                               "source": str(corpus) if corpus else "modelkit.corpus sources, train split"},

@@ -1,7 +1,7 @@
 """``modelkit zack-calibrate``: calibrate ZACK on a model and write a servable ZACK model directory.
 
 The output directory holds the calibration (``zack.json``: record + singular values;
-``zack.safetensors``: rotations, see ``refengine.kv.methods.zack``) and is itself a
+``zack.safetensors``: rotations, see ``refengine.kv.methods.zack.format``) and is itself a
 model directory: the base model's weights hard-linked (or copied), its tokenizer
 files, a weight index that leaves the rotations out, and ``config.json`` with a
 ``"zack"`` object holding per-head ranks for ``--rate`` / ``--mode``. Serve it with
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from safetensors.torch import save_file
 
     from modelkit.zack_calibrate import calibrate
-    from refengine.kv.methods.zack import CALIBRATION_FILE, ROTATIONS_FILE
+    from refengine.kv.methods.zack.format import CALIBRATION_FILE, ROTATIONS_FILE
 
     if args.tokens < 1024 or args.seq_len < 16 or args.batch < 1:
         raise SystemExit("zack-calibrate: --tokens must be >= 1024, --seq-len >= 16, --batch >= 1")

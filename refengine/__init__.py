@@ -9,6 +9,8 @@ Layout (one job per module):
   block_groups               per-window block tables that free what the window left (no torch)
   kv/                        the KV cache, its storage and the KV methods
   attention, models/         paged attention (sliding windows included) and the decoder of every family
+  attention_backend          the engine's one choice of attention metadata builder and kernels
+  pool_sizing                KV pool block counts per table group from the budgets (no torch)
   sampler, model_runner      batch tensors, forward, sampling
   engine                     LLMEngine.step() = schedule -> run -> update
   async_engine               the engine on a background thread, asyncio streams

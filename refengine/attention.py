@@ -26,7 +26,8 @@ the window's lower bound; the kernels take it as ``window`` (prefill) and ``star
 
 Lengths and offsets here are *cache* entries (``ScheduledChunk.cache_start``), which
 differ from token positions once an eviction method dropped tokens; RoPE positions
-never reach this module. ``seq_rows(batch)`` names each sequence's query rows (by
+never reach this module. Which kernels a batch carries is the engine's attention backend's
+choice (``refengine.attention_backend``). ``seq_rows(batch)`` names each sequence's query rows (by
 request id) for KV methods that observe queries (eviction scores, ZipCache probes).
 """
 
@@ -87,18 +88,26 @@ def _prefill_pools(q: torch.Tensor, cache, batch: AttnBatch):
     return pools
 
 
-def paged_attention(q: torch.Tensor, cache, batch: AttnBatch, scale: float) -> torch.Tensor:
+def _decode_pools(cache, batch: AttnBatch):
+    """The dense pools when the decode kernel can serve this step's decode rows, else None."""
+    return cache.dense_pools() if batch.decode_kernel is not None else None
+
+
+def _prefill_in_place(q, pools, batch: AttnBatch, scale: float) -> torch.Tensor:
+    """Every prefill chunk by the prefill kernel over ``[N, bs, kvh, d]`` pools (it computes in float32)."""
+    out = torch.empty(q.shape[0], q.shape[1], pools[1].shape[-1])
+    qc = q.float().contiguous()
+    for p in batch.prefills:
+        batch.prefill_kernel.prefill(qc[p.q_start:p.q_end], pools[0], pools[1], p.blocks,
+                                     p.ctx - (p.q_end - p.q_start), scale, out[p.q_start:p.q_end],
+                                     batch.window or 0)
+    return out.to(q.dtype)
+
+
+def _prefill_gathered(q, cache, batch: AttnBatch, scale: float):
+    """Every prefill chunk by SDPA over its gathered blocks (any store); None without prefills."""
     out = None
-    pools = _prefill_pools(q, cache, batch)
-    if pools is not None:                                       # the kernel computes in float32
-        out = torch.empty(q.shape[0], q.shape[1], pools[1].shape[-1])
-        qc = q.float().contiguous()
-        for p in batch.prefills:                                # in place: [N, bs, kvh, d] pools
-            batch.prefill_kernel.prefill(qc[p.q_start:p.q_end], pools[0], pools[1], p.blocks,
-                                         p.ctx - (p.q_end - p.q_start), scale, out[p.q_start:p.q_end],
-                                         batch.window or 0)
-        out = out.to(q.dtype)
-    for p in batch.prefills if pools is None else ():
+    for p in batch.prefills:
         k, v = cache.gather(p.blocks)                           # [nblk, bs, kvh, d]
         k = k.flatten(0, 1)[:p.ctx]                             # [ctx, kvh, d]
         v = v.flatten(0, 1)[:p.ctx]
@@ -108,33 +117,53 @@ def paged_attention(q: torch.Tensor, cache, batch: AttnBatch, scale: float) -> t
         if out is None:
             out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
         out[p.q_start:p.q_end] = o[0].transpose(0, 1)
+    return out
+
+
+def _decode_in_place(q, pools, d: DecodeGroup, kernel, scale: float, out):
+    """The decode rows by the decode kernel over ``[N, bs, kvh, d]`` pools."""
+    B, kvh = d.blocks.shape[0], pools[0].shape[2]
+    qd = q[d.q_rows].view(B, kvh, q.shape[1] // kvh, q.shape[2])
+    o = kernel(qd, pools[0], pools[1], d.blocks, d.lens, scale, d.starts)    # [B, kvh, g, dv]
+    if out is None:
+        out = q.new_empty(q.shape[0], q.shape[1], pools[1].shape[-1])
+    out[d.q_rows] = o.reshape(B, q.shape[1], -1)
+    return out
+
+
+def _decode_gathered(q, cache, d: DecodeGroup, scale: float, out):
+    """The decode rows by SDPA over their gathered, padded blocks (any store)."""
+    B = d.blocks.shape[0]
+    k, v = cache.gather(d.blocks.reshape(-1))               # [B*maxblk, bs, kvh, d]
+    k = k.view(B, -1, *k.shape[2:])                         # [B, L, kvh, d]
+    v = v.view(B, -1, *v.shape[2:])
+    # One query position per sequence, so the query heads sharing a KV head can be
+    # laid out as that KV head's query *rows*: [B, kvh, group, d] against K/V
+    # [B, kvh, L, d]. Plain SDPA then needs neither enable_gqa nor a K/V repeat
+    # (on CPU in bf16 this is ~8x faster than enable_gqa). Head h uses KV head
+    # h // group, as in HF's repeat_kv.
+    kvh = k.shape[2]
+    qd = q[d.q_rows].view(B, kvh, q.shape[1] // kvh, q.shape[2])       # [B, kvh, group, d]
+    o = F.scaled_dot_product_attention(qd, k.transpose(1, 2), v.transpose(1, 2), attn_mask=d.mask,
+                                       scale=scale)                    # [B, kvh, group, dv]
+    if out is None:
+        out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
+    out[d.q_rows] = o.reshape(B, q.shape[1], v.shape[-1])
+    return out
+
+
+def paged_attention(q: torch.Tensor, cache, batch: AttnBatch, scale: float) -> torch.Tensor:
+    """``q [T, heads, k_dim]`` -> ``[T, heads, v_dim]`` over ``cache`` (one head part): each half of the
+    step by the batch's kernel when the part's pools allow it, else by gather + SDPA."""
+    pools = _prefill_pools(q, cache, batch)
+    out = _prefill_in_place(q, pools, batch, scale) if pools is not None else _prefill_gathered(q, cache, batch, scale)
     d = batch.decode
     if d is not None:
-        B = d.blocks.shape[0]
-        pools = cache.dense_pools() if batch.decode_kernel is not None else None
-        if pools is not None:                                   # in place: [N, bs, kvh, d] pools
-            kvh = pools[0].shape[2]
-            qd = q[d.q_rows].view(B, kvh, q.shape[1] // kvh, q.shape[2])
-            o = batch.decode_kernel(qd, pools[0], pools[1], d.blocks, d.lens, scale, d.starts)   # [B, kvh, g, dv]
-            if out is None:
-                out = q.new_empty(q.shape[0], q.shape[1], pools[1].shape[-1])
-            out[d.q_rows] = o.reshape(B, q.shape[1], -1)
-            return out
-        k, v = cache.gather(d.blocks.reshape(-1))               # [B*maxblk, bs, kvh, d]
-        k = k.view(B, -1, *k.shape[2:])                         # [B, L, kvh, d]
-        v = v.view(B, -1, *v.shape[2:])
-        # One query position per sequence, so the query heads sharing a KV head can be
-        # laid out as that KV head's query *rows*: [B, kvh, group, d] against K/V
-        # [B, kvh, L, d]. Plain SDPA then needs neither enable_gqa nor a K/V repeat
-        # (on CPU in bf16 this is ~8x faster than enable_gqa). Head h uses KV head
-        # h // group, as in HF's repeat_kv.
-        kvh = k.shape[2]
-        qd = q[d.q_rows].view(B, kvh, q.shape[1] // kvh, q.shape[2])       # [B, kvh, group, d]
-        o = F.scaled_dot_product_attention(qd, k.transpose(1, 2), v.transpose(1, 2), attn_mask=d.mask,
-                                           scale=scale)                    # [B, kvh, group, dv]
-        if out is None:
-            out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
-        out[d.q_rows] = o.reshape(B, q.shape[1], v.shape[-1])
+        pools = _decode_pools(cache, batch)
+        if pools is not None:
+            out = _decode_in_place(q, pools, d, batch.decode_kernel, scale, out)
+        else:
+            out = _decode_gathered(q, cache, d, scale, out)
     return out
 
 

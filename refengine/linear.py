@@ -12,6 +12,9 @@ SmolLM2) at 8-64 rows takes 0.34-0.64x the time with the weight reordered once i
 oneDNN's blocked layout, and so do the layers' projections at decode batch sizes. The
 reordered weight replaces the plain one (no second copy), except when the LM head is
 tied to the embedding, whose plain rows the embedding lookup still needs.
+
+The engine's ``packed_linear`` setting ("auto" | "off" | "lm_head" | "all") is resolved here
+(``resolve_packed_linear``) and checked after the model is built (``check_packed``).
 """
 
 from __future__ import annotations
@@ -90,3 +93,29 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -
         if why is None:
             return mod
     return Linear(weight, bias, note=why)
+
+
+# "auto" on CPU float32: which GEMMs take oneDNN-prepacked weights (the modules above), chosen
+# from the side-by-side GEMM timings in results/perf/profiles/linear.json.
+AUTO_PACKED_LINEAR = "all"
+
+
+def resolve_packed_linear(name: str, device: torch.device, dtype: torch.dtype) -> str:
+    if name not in ("auto", "off", "lm_head", "all"):
+        raise ValueError(f"packed_linear {name!r} not in ('auto', 'off', 'lm_head', 'all')")
+    cpu_fp32 = device.type == "cpu" and dtype == torch.float32
+    if name == "auto":
+        return AUTO_PACKED_LINEAR if cpu_fp32 else "off"
+    if name != "off" and not cpu_fp32:
+        raise ValueError(f"packed_linear={name!r} needs CPU float32 weights (here {device.type}/{dtype}); "
+                         "use 'auto' or 'off'")
+    return name
+
+
+def check_packed(model: torch.nn.Module, requested: str) -> str:
+    """One line for the start-up log; refuses an explicit request that could not be applied."""
+    plain = [m.note for m in model.modules() if isinstance(m, Linear) and m.note]
+    packed = sum(isinstance(m, PackedLinear) for m in model.modules())
+    if plain and requested in ("lm_head", "all"):
+        raise RuntimeError(f"packed_linear={requested!r} could not be applied: {plain[0]}")
+    return f"{packed} prepacked GEMM weights" + (f" (not packed: {plain[0]})" if plain else "")

@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from refengine import swiftkv_format
 from refengine.model_families import FamilyError, family_fields, global_rope
 
 SUPPORTED_MODEL_TYPES = {"llama", "llama_swiftkv", "mistral", "qwen2", "qwen2_swiftkv", "qwen3", "qwen3_swiftkv",
@@ -121,18 +122,14 @@ def parse_model_config(cfg: dict, generation_cfg: dict | None = None) -> ModelSp
         raise ModelConfigError(f"rope scaling {scaling['rope_type']!r} is not supported")
     is_qwen = model_type.startswith("qwen2")
     eos = _as_tuple((generation_cfg or {}).get("eos_token_id")) or _as_tuple(cfg.get("eos_token_id"))
-    swiftkv = bool(cfg.get("swiftkv", False))
-    # Absent (or null) means "every layer has its own KV"; an explicit 0 is an error, not "no SwiftKV".
-    raw_kv_layers, raw_group = cfg.get("num_key_value_layers"), cfg.get("key_value_group_size")
-    kv_layers = layers if raw_kv_layers is None else int(raw_kv_layers)
-    group = 1 if raw_group is None else int(raw_group)
-    if not 1 <= kv_layers <= layers:
-        raise ModelConfigError(f"num_key_value_layers={kv_layers} must be in [1, {layers}]")
-    if group < 1:
-        raise ModelConfigError("key_value_group_size must be >= 1")
+    try:                                        # the format's rules (absent l: every layer has its own KV)
+        sk = swiftkv_format.read_fields(cfg, layers)
+    except swiftkv_format.SwiftKVFormatError as exc:
+        raise ModelConfigError(str(exc)) from None
+    swiftkv, kv_layers, group = sk.flag, sk.num_kv_layers, sk.group_size
     wins = family["layer_windows"]
     if swiftkv and wins and group > 1:
-        for lead in range(kv_layers, layers, group):
+        for lead in swiftkv_format.group_leaders(layers, kv_layers, group):
             kinds = {wins[i] for i in range(lead, min(lead + group, layers))}
             if len(kinds) > 1:
                 raise ModelConfigError(f"AcrossKV group of layers {lead}..{min(lead + group, layers) - 1} mixes "
@@ -158,7 +155,7 @@ def parse_model_config(cfg: dict, generation_cfg: dict | None = None) -> ModelSp
         hidden_act=family.pop("hidden_act", cfg.get("hidden_act", "silu")),
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=eos,
-        swiftkv=swiftkv and kv_layers < layers,
+        swiftkv=sk.on,
         num_key_value_layers=kv_layers if swiftkv else layers,
         key_value_group_size=group if swiftkv else 1,
         raw=cfg,

@@ -5,7 +5,9 @@ It owns the model, the KV cache and the RNGs. At start-up the KV methods
 checked and planned once (``registry.check_engine``) before any weight is read;
 their load-time weight replacements are applied as the model loads, and the block
 pool is sized by the planned device bytes per block (after the methods' fixed
-reservations). ``execute(SchedulerOutput)`` turns the
+reservations; ``refengine.pool_sizing``). The attention backend
+(``refengine.attention_backend``: metadata builder, kernels, paged op) is chosen
+once here and handed to the cache and to every step. ``execute(SchedulerOutput)`` turns the
 scheduler's token counts and block tables into batch tensors (input ids, true
 positions for RoPE, slot mapping and attention over *cache* offsets, which differ
 once an eviction method dropped tokens), runs one forward pass and samples one
@@ -28,25 +30,25 @@ import os
 
 import torch
 
-from refengine.attention import build_attn_batch, slot_mapping
-from refengine.block_groups import blocks_per_request, cap_by_host, split_blocks
+from refengine.attention import slot_mapping
+from refengine.attention_backend import select_backend
 from refengine.config import EngineConfig
 from refengine.kv import registry
 from refengine.kv.base import Truncate
 from refengine.kv.cache import KVCache
 from refengine.kv.spec import CacheSpec, EngineLimits
-from refengine.linear import Linear, PackedLinear
+from refengine.linear import check_packed, resolve_packed_linear
 from refengine.model_config import ModelSpec
 from refengine.models.llama import LlamaModel
 from refengine.outputs import TokenLogprob
 from refengine.host_malloc import anon_huge_mib, tune_malloc
 from refengine.fused_ops import resolve_fused_ops
-from refengine.paged_kernel import resolve_decode_kernel, resolve_prefill_kernel
 from refengine.dummy_weights import DummyWeights
 from refengine.weights import OverlayWeights, WeightSource
 from refengine.prompt_logprobs import head_rows, score_rows, scored_positions
 from refengine.sampler import SampleRow, sample
 from refengine.structured.masks import GrammarMasks
+from refengine.pool_sizing import size_pool
 from refengine.scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
@@ -70,32 +72,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"dtype {name!r} not in {sorted(DTYPES)}")
     return DTYPES[name]
-
-
-# "auto" on CPU float32: which GEMMs take oneDNN-prepacked weights (refengine/linear.py), chosen
-# from the side-by-side GEMM timings in results/perf/profiles/linear.json.
-AUTO_PACKED_LINEAR = "all"
-
-
-def resolve_packed_linear(name: str, device: torch.device, dtype: torch.dtype) -> str:
-    if name not in ("auto", "off", "lm_head", "all"):
-        raise ValueError(f"packed_linear {name!r} not in ('auto', 'off', 'lm_head', 'all')")
-    cpu_fp32 = device.type == "cpu" and dtype == torch.float32
-    if name == "auto":
-        return AUTO_PACKED_LINEAR if cpu_fp32 else "off"
-    if name != "off" and not cpu_fp32:
-        raise ValueError(f"packed_linear={name!r} needs CPU float32 weights (here {device.type}/{dtype}); "
-                         "use 'auto' or 'off'")
-    return name
-
-
-def check_packed(model: torch.nn.Module, requested: str) -> str:
-    """One line for the start-up log; refuses an explicit request that could not be applied."""
-    plain = [m.note for m in model.modules() if isinstance(m, Linear) and m.note]
-    packed = sum(isinstance(m, PackedLinear) for m in model.modules())
-    if plain and requested in ("lm_head", "all"):
-        raise RuntimeError(f"packed_linear={requested!r} could not be applied: {plain[0]}")
-    return f"{packed} prepacked GEMM weights" + (f" (not packed: {plain[0]})" if plain else "")
 
 
 class ModelRunner:
@@ -128,8 +104,7 @@ class ModelRunner:
                                 ops=resolve_fused_ops(config.fused_ops, self.device))
         self.model.eval()
         self.packing = check_packed(self.model, config.packed_linear)
-        self.decode_kernel = resolve_decode_kernel(config.decode_kernel, self.device)
-        self.prefill_kernel = resolve_prefill_kernel(config.prefill_kernel, self.device)
+        self.attn_backend = select_backend(config.decode_kernel, config.prefill_kernel, self.device)
         self.bytes_per_token = self.cache_spec.device_bytes_per_token
         self.host_bytes_per_token = self.cache_spec.host_bytes_per_token
         # The same model with no SwiftKV and no KV method: the denominator of compression ratios.
@@ -137,45 +112,16 @@ class ModelRunner:
         self.bytes_per_token_baseline = CacheSpec.for_model(plain).device_bytes_per_token
         limits = EngineLimits(config.block_size, config.max_num_seqs, config.max_num_batched_tokens)
         self.reserved_bytes = sum(m.reserved_bytes(self.cache_spec, limits) for m in self.kv_methods)
-        per_block = self.cache_spec.device_bytes_per_block
-        budget = int(config.kv_cache_memory_gb * (1 << 30)) - self.reserved_bytes
-        windows = self.cache_spec.windows
-        free = config.free_window_blocks and any(w is not None for w in windows)
-        self.table_windows = windows if free else [None]
-        self.table_of = list(range(len(windows))) if free else [0] * len(windows)
-        chunk = config.long_prefill_token_threshold or config.max_num_batched_tokens
-        need = [blocks_per_request(w, max_model_len, chunk, config.block_size) for w in self.table_windows]
-        if not free:
-            counts = [config.num_kv_blocks or max(0, budget // per_block)]
-        elif config.num_kv_blocks:              # the first (global) group's count; windows in proportion
-            counts = [config.num_kv_blocks * n // need[0] for n in need]
-        else:
-            counts = split_blocks(budget, windows, self.cache_spec.window_bytes_per_block(), max_model_len, chunk,
-                                  config.block_size)
-        # Host-resident KV (KCache's V) is bounded too: the smaller budget decides the pool.
-        host_per_table = [0] * len(self.table_windows)
-        for g in self.cache_spec.groups:
-            host_per_table[self.table_of[windows.index(g.window)]] += g.host_bytes_per_block
-        self.host_budget = None if config.kv_host_memory_gb is None else int(config.kv_host_memory_gb * (1 << 30))
-        capped = cap_by_host(counts, host_per_table, self.host_budget)
-        self.host_bound = capped != counts       # the host budget, not the device one, sized the pool
-        counts = capped
-        for n, want, w in zip(counts, need, self.table_windows):
-            if n < want:
-                raise ValueError(
-                    f"KV cache of {n} blocks x {config.block_size} tokens {'for window ' + str(w) if w else ''} "
-                    f"cannot hold one request of max_model_len={max_model_len}; " + (
-                        f"the host bound --kv-host-memory-gb={config.kv_host_memory_gb:g} holds {n} blocks "
-                        f"({sum(host_per_table)} host bytes each), {want} needed: raise it" if self.host_bound else
-                        "raise --kv-cache-memory-gb") + " or lower --max-model-len")
-        self.table_blocks = counts               # per table group
-        self.num_blocks = counts[0]              # the global (first) group
-        self.kv = KVCache(self.cache_spec, self.kv_methods, [counts[t] for t in self.table_of], config.block_size,
-                          self.dtype, self.device)
-        if (self.kv.bytes_per_block, self.kv.host_bytes_per_block) != (per_block, self.cache_spec.host_bytes_per_block):
-            raise RuntimeError(f"KV storage allocated {self.kv.bytes_per_block} device + "   # the spec is the contract
-                               f"{self.kv.host_bytes_per_block} host bytes/block, planned {per_block} + "
-                               f"{self.cache_spec.host_bytes_per_block}")
+        pool = size_pool(config, self.cache_spec, self.reserved_bytes, max_model_len)
+        self.table_windows, self.table_of, self.table_blocks = pool.table_windows, pool.table_of, pool.table_blocks
+        self.num_blocks = pool.num_blocks        # the global (first) table group
+        self.host_budget, self.host_bound = pool.host_budget, pool.host_bound
+        self.kv = KVCache(self.cache_spec, self.kv_methods, [self.table_blocks[t] for t in self.table_of],
+                          config.block_size, self.dtype, self.device, self.attn_backend.paged)
+        planned = (self.cache_spec.device_bytes_per_block, self.cache_spec.host_bytes_per_block)
+        if (self.kv.bytes_per_block, self.kv.host_bytes_per_block) != planned:    # the spec is the contract
+            raise RuntimeError(f"KV storage allocated {self.kv.bytes_per_block} device + "
+                               f"{self.kv.host_bytes_per_block} host bytes/block, planned {planned[0]} + {planned[1]}")
         self.default_gen = torch.Generator(device=self.device).manual_seed(config.seed)
         # Structured outputs: token masks computed beside the forward pass (built on first use).
         # Beside the forward pass only when a core is free for it (see refengine.structured.masks).
@@ -183,14 +129,13 @@ class ModelRunner:
         self.grammar = GrammarMasks(config.model, spec.vocab_size, spec.eos_token_ids, overlap=spare)
         self._gens: dict[str, torch.Generator] = {}
         self.want_dist = False                   # scoring: keep full logprob rows (evaluation only)
-        log.info("model %s on %s/%s (%s, decode attention: %s, prefill attention: %s, element-wise ops: %s): "
+        log.info("model %s on %s/%s (%s, %s, element-wise ops: %s): "
                  "swiftkv=%s (l=%d, g=%d), KV methods %s, KV blocks %s, %.1f device bytes/token (%.2fx smaller "
                  "than %d)",
-                 config.model,
-                 self.device, self.dtype, self.packing, "C++ kernel" if self.decode_kernel else "gather + SDPA",
-                 "C++ kernel" if self.prefill_kernel else "gather + SDPA", self.model.ops.name, self.model.use_swiftkv,
-                 self.model.num_kv_layers, self.model.group_size, self.kv_methods or "none",
-                 " + ".join(f"{n} ({'window ' + str(w) if w else 'global'})" for n, w in zip(counts, self.table_windows)),
+                 config.model, self.device, self.dtype, self.packing, self.attn_backend.describe(),
+                 self.model.ops.name, self.model.use_swiftkv, self.model.num_kv_layers, self.model.group_size,
+                 self.kv_methods or "none", " + ".join(f"{n} ({'window ' + str(w) if w else 'global'})"
+                                                       for n, w in zip(self.table_blocks, self.table_windows)),
                  self.bytes_per_token, self.bytes_per_token_baseline / self.bytes_per_token,
                  self.bytes_per_token_baseline)
         log.info("%s", self.kv_memory_line())
@@ -285,18 +230,16 @@ class ModelRunner:
         table_slots = [slot_mapping([(c.cache_start, c.num_tokens, c.block_tables[t]) for c in sched.chunks], bs, dev)
                        for t in range(len(self.table_windows))]
         slots = [table_slots[t] for t in self.table_of]
-        attn_all = [build_attn_batch([(c.cache_start, c.num_tokens, c.block_tables[t]) for c in sched.chunks], bs, dev,
-                                     seq_ids=seq_ids, decode_kernel=self.decode_kernel,
-                                     prefill_kernel=self.prefill_kernel, window=w)
+        build = self.attn_backend.build_batch
+        attn_all = [build([(c.cache_start, c.num_tokens, c.block_tables[t]) for c in sched.chunks], bs, dev,
+                          seq_ids=seq_ids, window=w)
                     for t, w in zip(self.table_of, self.kv.windows)]
         logits_idx = torch.tensor(head_idx, dtype=torch.long, device=dev)
         attn_logits = None
         if self.model.use_swiftkv:
             # Later layers: the head rows of each sequence, causal over its cache (one query when it only samples).
-            attn_logits = [build_attn_batch([(start, n, c.block_tables[t]) for start, n, c in tails], bs, dev,
-                                            seq_ids=[c.request.request_id for _, _, c in tails],
-                                            decode_kernel=self.decode_kernel, prefill_kernel=self.prefill_kernel,
-                                            window=w)
+            attn_logits = [build([(start, n, c.block_tables[t]) for start, n, c in tails], bs, dev,
+                                 seq_ids=[c.request.request_id for _, _, c in tails], window=w)
                            for t, w in zip(self.table_of, self.kv.windows)]
         for m in self.kv_methods:
             m.begin_step(sched, self.kv)

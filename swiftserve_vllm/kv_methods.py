@@ -23,7 +23,7 @@ from pathlib import Path
 
 from refengine.kv import registry as kv_registry
 from refengine.kv.base import MethodError
-from refengine.kv.methods.zack import ROTATIONS_FILE
+from refengine.kv.methods.zack.format import ROTATIONS_FILE
 
 VLLM_METHODS = ("fp8", "zack")
 # Head sizes the attention backends run: vLLM's CPU backend takes multiples of 32 (and 80, 112,

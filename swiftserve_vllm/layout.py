@@ -1,18 +1,18 @@
 """What a checkpoint asks of the vLLM model class: family, SwiftKV layout, AcrossKV groups, ZACK ranks.
 
-Read from ``config.json`` alone (no torch, no vLLM), so the worker can log and report
-the KV footprint before the engine starts, and the model class and the tests agree on
-one layout.
+Read from ``config.json`` alone (no torch, no vLLM; the ZACK format module is torch-free
+too), so the worker can log and report the KV footprint before the engine starts, and
+the model class and the tests agree on one layout.
 
 - Families (``model_type``, a ``_swiftkv`` suffix stripped): Llama and Mistral, Qwen2 (q/k/v
   biases), Qwen3 (per-head RMSNorm of Q and K before RoPE). Per-layer sliding windows come
   from ``layer_types``; a model-level window is vLLM's own (``cache_config.sliding_window``).
   Other families (Gemma 3) are the reference engine's; stock vLLM serves them without SwiftKV.
-- SwiftKV (Snowflake's format): ``"swiftkv": true``, ``num_key_value_layers = l < L``,
-  ``key_value_group_size = g``. Layers ``>= l`` form groups of ``g`` consecutive layers
+- SwiftKV (Snowflake's format, read by ``refengine.swiftkv_format``): ``"swiftkv": true``,
+  ``num_key_value_layers = l < L``, ``key_value_group_size = g``. Layers ``>= l`` form groups of ``g`` consecutive layers
   (the last may be shorter); the first layer of a group holds ``k/v_proj_swiftkv``.
-- ZACK (``"zack"`` object, format_version 1): vLLM serves one rank per layer (every
-  ``k_ranks``/``v_ranks`` entry of a layer equal): uniform ranks, or layer-wise ranks that
+- ZACK (``"zack"`` object, read by ``refengine.kv.methods.zack.format``): vLLM serves one
+  rank per layer (every ``k_ranks``/``v_ranks`` entry of a layer equal): uniform ranks, or layer-wise ranks that
   differ between layers (vLLM gives each head size its own cache group and scales the
   block size so that every page has the same bytes); per-head adaptive ranks stay in the
   reference engine. Each rank must be a head size the attention backend supports.
@@ -27,7 +27,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-ZACK_FORMAT_VERSION = 1
+from refengine import swiftkv_format                              # torch-free: the one SwiftKV format
+from refengine.kv.methods.zack import format as zack_format      # torch-free: the one ZACK format
+
 FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
 
@@ -73,7 +75,7 @@ class ModelLayout:
         """First layer of each SwiftKV group (empty without SwiftKV)."""
         if not self.swiftkv:
             return []
-        return list(range(self.num_kv_layers, self.num_layers, self.group_size))
+        return list(swiftkv_format.group_leaders(self.num_layers, self.num_kv_layers, self.group_size))
 
     def group_leader(self, group: int) -> int:
         """First layer of SwiftKV group ``group`` (it holds the group's ``k/v_proj_swiftkv``)."""
@@ -150,19 +152,13 @@ def rank_slice(layout: ModelLayout, start: int, end: int, first: bool = True, la
 
 
 def _zack_ranks(zack: dict, num_layers: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
-    version = zack.get("format_version")
-    if version != ZACK_FORMAT_VERSION:
-        raise LayoutError(f"ZACK format_version {version!r} is not supported (expected {ZACK_FORMAT_VERSION})")
-    rows = []
-    for key in ("k_ranks", "v_ranks"):
-        table = zack.get(key)
-        if not isinstance(table, list) or len(table) != num_layers or any(
-                not isinstance(r, list) or len(r) != num_kv_heads for r in table):
-            raise LayoutError(f"ZACK {key} must be [[rank per KV head] per layer] for {num_layers} layers "
-                              f"x {num_kv_heads} KV heads")
-        rows.append([[int(v) for v in r] for r in table])
+    try:
+        zack_format.check_version(zack)
+        k_rows, v_rows = zack_format.served_ranks(zack, num_layers, num_kv_heads)
+    except zack_format.FormatError as exc:
+        raise LayoutError(str(exc)) from None
     ranks = []
-    for i, (k, v) in enumerate(zip(*rows)):
+    for i, (k, v) in enumerate(zip(k_rows, v_rows)):
         distinct = sorted(set(k + v))
         if len(distinct) != 1:
             raise LayoutError(
@@ -181,20 +177,18 @@ def parse_layout(cfg: dict, use_swiftkv: bool = True) -> ModelLayout:
     heads = int(cfg["num_attention_heads"])
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
-    l = int(cfg.get("num_key_value_layers") or L)
-    g = int(cfg.get("key_value_group_size") or 1)
-    swiftkv = bool(use_swiftkv and cfg.get("swiftkv", False) and l < L)
-    if swiftkv and not 1 <= l < L:
-        raise LayoutError(f"num_key_value_layers={l} must be in [1, {L})")
-    if g < 1:
-        raise LayoutError("key_value_group_size must be >= 1")
+    try:
+        sk = swiftkv_format.read_fields(cfg, L)
+    except swiftkv_format.SwiftKVFormatError as exc:
+        raise LayoutError(str(exc)) from None
+    l, g, swiftkv = sk.num_kv_layers, sk.group_size, use_swiftkv and sk.on
     zack = cfg.get("zack")
     ranks, zfile = None, None
     if zack is not None:
         if not isinstance(zack, dict):
             raise LayoutError("config.json 'zack' must be an object")
         ranks = _zack_ranks(zack, L, kv_heads, head_dim)
-        zfile = str(zack.get("rotations") or "zack.safetensors")
+        zfile = zack_format.rotations_file(zack)
     model_type = str(cfg.get("model_type") or "llama").removesuffix("_swiftkv")
     if model_type not in FAMILIES:
         raise LayoutError(f"model type {model_type!r}: the vLLM plugin serves {', '.join(FAMILIES)} (SwiftKV, ZACK); "

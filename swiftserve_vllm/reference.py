@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from swiftserve_vllm.layout import ZACK_FORMAT_VERSION, parse_layout
+from refengine.kv.methods.zack import format as zack_format
+from swiftserve_vllm.layout import parse_layout
 
 
 def _link(src: Path, dst: Path) -> None:
@@ -44,7 +45,7 @@ def make_random_zack(base: str | Path, out: str | Path, rank: int | list[int], s
     cfg = json.loads((base / "config.json").read_text())
     lay = parse_layout(cfg)
     for f in base.iterdir():
-        if f.is_file() and f.name not in ("config.json", "zack.safetensors") and not (out / f.name).exists():
+        if f.is_file() and f.name not in ("config.json", zack_format.ROTATIONS_FILE) and not (out / f.name).exists():
             _link(f, out / f.name)
     gen = torch.Generator().manual_seed(seed)
     W = _weights(base) if kind == "weights" else None
@@ -66,19 +67,19 @@ def make_random_zack(base: str | Path, out: str | Path, rank: int | list[int], s
                 mats.append(q.float().contiguous())
             rot[leader] = (mats[0], mats[1])
         qk, vo = rot[leader]
-        p = f"model.layers.{i}.self_attn."
-        tensors[p + "zack_r_qk"], tensors[p + "zack_r_vo"] = qk.clone(), vo.clone()
-        tensors[p + "zack_s_qk"] = torch.ones(lay.num_kv_heads, lay.head_dim)
-        tensors[p + "zack_s_vo"] = torch.ones(lay.num_kv_heads, lay.head_dim)
+        name = zack_format.tensor_name
+        tensors[name(i, "r_qk")], tensors[name(i, "r_vo")] = qk.clone(), vo.clone()
+        tensors[name(i, "s_qk")] = torch.ones(lay.num_kv_heads, lay.head_dim)
+        tensors[name(i, "s_vo")] = torch.ones(lay.num_kv_heads, lay.head_dim)
     from safetensors.torch import save_file
 
-    save_file(tensors, str(out / "zack.safetensors"))
+    save_file(tensors, str(out / zack_format.ROTATIONS_FILE))
     per_layer = [rank] * lay.num_layers if isinstance(rank, int) else list(rank)
     ranks = [[r] * lay.num_kv_heads for r in per_layer]
-    cfg["zack"] = {"format_version": ZACK_FORMAT_VERSION, "rotations": "zack.safetensors",
-                   "mode": "uniform" if len(set(per_layer)) == 1 else "layerwise",
-                   "rate": 1.0 - sum(per_layer) / (lay.head_dim * lay.num_layers), "k_ranks": ranks,
-                   "v_ranks": [list(r) for r in ranks]}
+    # rotations only (no zack.json): the object names no calibration
+    cfg["zack"] = zack_format.served_config("uniform" if len(set(per_layer)) == 1 else "layerwise",
+                                            1.0 - sum(per_layer) / (lay.head_dim * lay.num_layers), None,
+                                            ranks, [list(r) for r in ranks], calibration=None)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     return out
 
@@ -88,7 +89,7 @@ def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
 
     out: dict[str, torch.Tensor] = {}
     for f in sorted(model_dir.glob("*.safetensors")):
-        if f.name != "zack.safetensors":
+        if f.name != zack_format.ROTATIONS_FILE:
             out.update({k: v.float() for k, v in load_file(str(f)).items()})
     return out
 
@@ -114,9 +115,7 @@ def zack_greedy(model_dir: str | Path, prompt: list[int], max_tokens: int) -> li
     W = _weights(model_dir)
     rot = None
     if lay.zack:
-        from safetensors.torch import load_file
-
-        rot = load_file(str(model_dir / lay.zack_file))
+        rot = zack_format.load_rotations(model_dir / lay.zack_file)
     theta = float((cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0)))
     eps = float(cfg.get("rms_norm_eps", 1e-6))
     H, K, d = lay.num_heads, lay.num_kv_heads, lay.head_dim
@@ -136,8 +135,8 @@ def zack_greedy(model_dir: str | Path, prompt: list[int], max_tokens: int) -> li
             q = q.view(T, K, H // K, d)
             if rot is not None:
                 r = lay.zack_ranks[i]
-                rqk = rot[p + "self_attn.zack_r_qk"][:, :, :r]
-                rvo = rot[p + "self_attn.zack_r_vo"][:, :, :r]
+                rqk = rot[zack_format.tensor_name(i, "r_qk")][:, :, :r]
+                rvo = rot[zack_format.tensor_name(i, "r_vo")][:, :, :r]
                 q = torch.einsum("tkgd,kdr->tkgr", q, rqk)
                 k = torch.einsum("tkd,kdr->tkr", k, rqk)
                 v = torch.einsum("tkd,kdr->tkr", v, rvo)

@@ -1,11 +1,9 @@
 """ZACK weights for the vLLM model class: read the rotations, fold V/O at load (Q/K maps: ``layers.rotate``).
 
-Checkpoint format (version 1, see README "ZACK in vLLM"): ``zack.safetensors`` holds for
-every layer ``i`` float32 ``model.layers.{i}.self_attn.zack_r_qk`` / ``zack_r_vo`` of
-shape [kv_heads, d, d] (column j = j-th right singular vector), and optionally
-``zack_r_q`` / ``zack_r_o`` (the separate query and output maps of the ``whitened``
-basis; absent, the paper's shared rotations ``R_qk`` / ``R_vo`` are used). With the
-uniform rank r:
+Checkpoint format: ``refengine.kv.methods.zack.format`` (the reference engine's too; README
+"ZACK in vLLM"). Per layer, the maps ``R_qk``, ``R_vo`` and the query/output maps ``R_q``,
+``R_o`` (the ``whitened`` basis; the shared rotations otherwise), each [kv_heads, d, d] with
+column j = j-th right singular vector. With the layer's rank r:
 
   k' = rope(k) @ R_qk[h][:, :r],  q' = rope(q) @ R_q[h][:, :r] for every query head of KV head h;
   W_v rows of head h (and bias)  ->  R_vo[h][:, :r]^T @ W_v_h            (v' = v @ R_vo)
@@ -21,27 +19,18 @@ from pathlib import Path
 
 import torch
 
+from refengine.kv.methods.zack import format as zack_format
+
 
 class ZackRotations:
     """Truncated maps per layer, [kv_heads, d, r_layer] float32: ``qk`` (keys), ``q`` (queries), ``vo`` (V), ``o`` (O)."""
 
     def __init__(self, path: str | Path, ranks: tuple[int, ...]):
-        from safetensors.torch import load_file
-
-        tensors = load_file(str(path))
+        tensors = zack_format.load_rotations(path)
         self.qk, self.vo, self.q, self.o = [], [], [], []
         for i, rank in enumerate(ranks):
-            p = f"model.layers.{i}.self_attn."
-            try:
-                qk, vo = tensors[p + "zack_r_qk"], tensors[p + "zack_r_vo"]
-            except KeyError as exc:
-                raise ValueError(f"{path}: missing ZACK rotation {exc.args[0]}") from None
-            if qk.dim() != 3 or qk.shape[1] != qk.shape[2] or vo.shape != qk.shape:
-                raise ValueError(f"{path}: layer {i} rotations must be [kv_heads, d, d], got {tuple(qk.shape)}")
-            q, o = tensors.get(p + "zack_r_q", qk), tensors.get(p + "zack_r_o", vo)
-            if q.shape != qk.shape or o.shape != qk.shape:
-                raise ValueError(f"{path}: layer {i} query/output maps must match the rotations' shape")
-            for out, t in ((self.qk, qk), (self.vo, vo), (self.q, q), (self.o, o)):
+            maps = zack_format.layer_maps(tensors, i, path)           # FormatError (a ValueError) if malformed
+            for out, t in zip((self.qk, self.vo, self.q, self.o), maps):
                 out.append(t[:, :, :rank].float().contiguous())
 
 

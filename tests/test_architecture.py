@@ -13,17 +13,11 @@ from pathlib import Path
 from import_layers_support import ALLOWED, check
 
 ROOT = Path(__file__).resolve().parent.parent
-# Breaks another part of issue 33 removes (the KV-method packages: refengine/kv/methods/zack/);
-# each entry must still occur, so that it is deleted here when its fix is merged.
-PENDING = ("import circle between refengine.kv.methods.zack, refengine.kv.zack_ops:",)
 
 
 def test_the_project_keeps_its_import_layers():
     problems = check(ROOT)
-    unexpected = [p for p in problems if not p.startswith(PENDING)]
-    assert not unexpected, "imports against docs/architecture.md:\n" + "\n".join(unexpected)
-    stale = [p for p in PENDING if not any(q.startswith(p) for q in problems)]
-    assert not stale, f"fixed now: delete from PENDING in tests/test_architecture.py: {stale}"
+    assert not problems, "imports against docs/architecture.md:\n" + "\n".join(problems)
 
 
 def test_every_top_level_package_has_a_layer():

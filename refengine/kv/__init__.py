@@ -5,5 +5,6 @@
 - ``registry``  the registered methods, ``--kv-methods`` parsing and validation, planning.
 - ``storage``   paged storage codecs (dense, fp8).
 - ``cache``     the engine's cache built from a spec: what model layers write to and attend over.
-- ``methods/``  one module per method (fp8, zack).
+- ``methods/``  one package per method (fp8, zack, zipcache, kcache, eviction): its
+                ``method``, ``ops`` and own parts; nothing method-specific lives here.
 """

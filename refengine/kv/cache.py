@@ -22,7 +22,7 @@ whose spec puts V on the host allocates its V stores in CPU memory (pinned when 
 device is CUDA), apart from the device pool: the pool's budget counts device bytes
 only. Such a store takes indices on the compute device (``on_store``), and the slot of the
 layer before it starts its prefill fetch when it attends (``prefetch_next``; a no-op unless
-the store is staged, i.e. on CUDA: ``refengine.kv.kcache_ops``). ``compact`` moves kept entries of one request to the front of its block table,
+the store is staged, i.e. on CUDA: ``refengine.kv.methods.kcache.ops``). ``compact`` moves kept entries of one request to the front of its block table,
 head by head (eviction); RoPE was applied before ``write``, so nothing is re-rotated.
 """
 
@@ -136,11 +136,13 @@ class SlotKV(BlockBytes):
 class KVCache(BlockBytes):
     """Every slot of the engine; ``layers[i]`` is the ``SlotKV`` layer i reads and writes.
 
-    ``num_blocks``: one count for every slot, or one per attention group (``windows`` order)."""
+    ``num_blocks``: one count for every slot, or one per attention group (``windows`` order).
+    ``attention_op``: the engine's attention backend's paged op (``AttentionBackend.paged``)."""
 
     def __init__(self, spec: CacheSpec, methods: list, num_blocks: int | list[int], block_size: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, attention_op=paged_op):
         self.spec = spec
+        self.attention_op = attention_op        # every part's op before KV methods wrap it (the backend's)
         self.methods = list(methods)
         self.windows = spec.windows
         self.group_blocks = list(num_blocks) if isinstance(num_blocks, (list, tuple)) else \
@@ -178,7 +180,7 @@ class KVCache(BlockBytes):
             k = self._store(group, "k", n, part.k_dim, num_blocks, block_size, dtype, device)
             v = self._store(group, "v", n, part.v_dim, num_blocks, block_size, dtype, v_device, pin=host)
             parts.append(PartKV(part, k, v))
-            op = paged_op
+            op = self.attention_op
             for m in self._applying(group):
                 op = m.wrap_attention(group, op)
             ops.append(op)

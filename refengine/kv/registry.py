@@ -43,11 +43,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from refengine.kv.base import ROLES, KVMethod, MethodError
-from refengine.kv.methods.eviction import EvictionMethod
-from refengine.kv.methods.fp8 import Fp8Method
-from refengine.kv.methods.kcache import KCacheMethod
-from refengine.kv.methods.zack import ZackMethod
-from refengine.kv.methods.zipcache import ZipCacheMethod
+from refengine.kv.methods.eviction.method import EvictionMethod
+from refengine.kv.methods.fp8.method import Fp8Method
+from refengine.kv.methods.kcache.method import KCacheMethod
+from refengine.kv.methods.zack.method import ZackMethod
+from refengine.kv.methods.zipcache.method import ZipCacheMethod
 from refengine.kv.spec import CacheSpec, ModelFacts
 
 if TYPE_CHECKING:  # pragma: no cover

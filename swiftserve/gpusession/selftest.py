@@ -172,7 +172,7 @@ def _stages(out: Path) -> dict:
 def _session(base: Path, tree: Path, python: str, wheels: list[Path], seen: dict) -> None:
     from safetensors.torch import load_file
 
-    from modelkit.swiftkv import swiftkv_tensor_names
+    from refengine.swiftkv_format import tensor_names as swiftkv_tensor_names
 
     manifest = _pack(base, wheels)
     spans = sorted({c["part"] for c in manifest["files"]["tiny-llama.tar"]["chunks"]})

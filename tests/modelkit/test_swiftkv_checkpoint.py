@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from modelkit.swiftkv import init_swiftkv_tensors, load_swiftkv_tensors, swiftkv_tensor_names, write_swiftkv_checkpoint
+from modelkit.swiftkv import init_swiftkv_tensors, load_swiftkv_tensors, write_swiftkv_checkpoint
+from refengine.swiftkv_format import tensor_names as swiftkv_tensor_names
 from refengine.config import EngineConfig
 from refengine.engine import LLMEngine
 from refengine.model_config import load_model_spec

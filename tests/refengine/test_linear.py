@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from refengine.config import EngineConfig
 from refengine.engine import LLMEngine
 from refengine.linear import Linear, PackedLinear, make_linear
-from refengine.model_runner import resolve_packed_linear
+from refengine.linear import resolve_packed_linear
 from refengine.sampling_params import SamplingParams
 
 needs_packing = pytest.mark.skipif(not isinstance(make_linear(torch.randn(8, 4), None, True), PackedLinear),

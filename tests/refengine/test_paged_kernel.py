@@ -145,7 +145,8 @@ def test_engine_greedy_tokens_identical_kernel_or_not(smollm2_dir):
         eng = LLMEngine(EngineConfig(model=str(smollm2_dir), decode_kernel=mode, prefill_kernel=mode,
                                      fused_ops=mode, max_model_len=256, kv_cache_memory_gb=0.05,
                                      max_num_batched_tokens=64, enable_prefix_caching=False))
-        assert (eng.runner.decode_kernel is not None) == (eng.runner.prefill_kernel is not None) == (mode == "cpp")
+        backend = eng.runner.attn_backend
+        assert (backend.decode_kernel is not None) == (backend.prefill_kernel is not None) == (mode == "cpp")
         assert eng.runner.model.ops.name == {"cpp": "C++", "torch": "torch"}[mode]
         for i, p in enumerate(prompts):
             eng.add_request(f"r{i}", p, SamplingParams(max_tokens=16, temperature=0))

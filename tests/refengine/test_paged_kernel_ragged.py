@@ -12,7 +12,7 @@ from refengine.attention import build_attn_batch, slot_mapping
 from refengine.kv.cache import KVCache, PartKV, paged_op
 from refengine.kv.spec import CacheSpec, HeadPart, ModelFacts
 from refengine.kv.storage import DenseStore
-from refengine.kv.zack_ops import ZackRotate
+from refengine.kv.methods.zack.ops import ZackRotate
 from refengine.paged_kernel import build
 
 CPU = torch.device("cpu")

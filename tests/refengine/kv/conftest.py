@@ -17,7 +17,7 @@ def calibrate_into(model_dir, out, basis="whitened"):
     from safetensors.torch import save_file
 
     from modelkit.zack_calibrate import calibrate
-    from refengine.kv.methods.zack import CALIBRATION_FILE, ROTATIONS_FILE
+    from refengine.kv.methods.zack.format import CALIBRATION_FILE, ROTATIONS_FILE
 
     record, tensors = calibrate(model_dir, tokens=1024, seq_len=128, batch=8, basis=basis, progress=False)
     out.mkdir(parents=True, exist_ok=True)

@@ -9,9 +9,9 @@ import torch
 
 from refengine.attention import build_attn_batch, slot_mapping
 from refengine.kv.cache import KVCache
-from refengine.kv.host_staging import StagingRing
-from refengine.kv.kcache_ops import HostStore
-from refengine.kv.methods.kcache import KCacheMethod
+from refengine.kv.methods.kcache.staging import StagingRing
+from refengine.kv.methods.kcache.ops import HostStore
+from refengine.kv.methods.kcache.method import KCacheMethod
 from refengine.kv.spec import CacheSpec, ModelFacts
 from refengine.kv.storage import DenseStore
 

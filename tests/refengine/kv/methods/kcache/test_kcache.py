@@ -4,8 +4,8 @@ probabilities per query head and fetches only those V rows; nothing dropped = fu
 import torch
 from kv_slot_support import OneSlot, reference
 
-from refengine.kv.kcache_ops import HostStore
-from refengine.kv.methods.kcache import KCacheMethod
+from refengine.kv.methods.kcache.ops import HostStore
+from refengine.kv.methods.kcache.method import KCacheMethod
 from refengine.kv.storage import DenseStore
 
 

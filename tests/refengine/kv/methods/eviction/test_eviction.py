@@ -7,7 +7,7 @@ import pytest
 import torch
 from kv_slot_support import OneSlot, reference
 
-from refengine.kv.methods.eviction import EvictionMethod
+from refengine.kv.methods.eviction.method import EvictionMethod
 
 T, D = 20, 8
 PEAKS = {0: (3, 11), 1: (5, 7)}           # KV head -> prompt positions the window queries look at

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from refengine.kv.methods.zack import tensor_name
+from refengine.kv.methods.zack.format import tensor_name
 from refengine.kv.spec import CacheSpec, GroupSpec, ModelFacts
 
 

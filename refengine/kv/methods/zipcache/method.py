@@ -3,12 +3,12 @@
 - Storage: really packed 2/4/8-bit codes (16-bit exists to test the machinery
   losslessly); K quantised per channel over the block, V normalised per channel by
   ``sqrt(max |v|)`` then quantised per token (channel-separable token-wise); layout and
-  bytes in ``refengine.kv.zip_layout``, stores in ``refengine.kv.zip_store``.
+  bytes in ``refengine.kv.methods.zipcache.layout``, stores in ``refengine.kv.methods.zipcache.store``.
 - Mixed precision by saliency: each block keeps ``round(salient_ratio * block_size)``
   tokens per KV head at ``bits_hi`` and the rest at ``bits_lo``. A token's saliency is
   its normalised attention score (probabilities it received divided by the number of
   queries that could see it), estimated with probe queries in prefill and with every
-  decode query (``refengine.kv.zip_ops``). Ranking is within a block: a paged block has
+  decode query (``refengine.kv.methods.zipcache.ops``). Ranking is within a block: a paged block has
   a fixed number of high-precision slots.
 - Window: new tokens stay in full precision (a staging area outside the pool) until
   they are more than ``window`` tokens old; then their block is quantised, with the
@@ -31,7 +31,7 @@ from pydantic import Field, model_validator
 
 from refengine.kv.base import KVMethod, Options
 from refengine.kv.spec import CacheSpec, EngineLimits, GroupSpec, ModelFacts
-from refengine.kv.zip_layout import ZipLayout, staging_blocks, staging_bytes
+from refengine.kv.methods.zipcache.layout import ZipLayout, staging_blocks, staging_bytes
 
 Bits = Literal[2, 4, 8, 16]
 
@@ -95,7 +95,7 @@ class ZipCacheMethod(KVMethod):
 
     # ---- loading -------------------------------------------------------------
     def make_store(self, group, which, heads, dims, num_blocks, block_size, dtype, device, pin=False):
-        from refengine.kv.zip_store import ZipState, ZipStore
+        from refengine.kv.methods.zipcache.store import ZipState, ZipStore
 
         if self.state is None:
             capacity = getattr(self, "capacity", None) or self._staging_blocks(EngineLimits(block_size))
@@ -108,7 +108,7 @@ class ZipCacheMethod(KVMethod):
         return store
 
     def wrap_attention(self, group: GroupSpec, op):
-        from refengine.kv.zip_ops import ZipAttention
+        from refengine.kv.methods.zipcache.ops import ZipAttention
 
         return ZipAttention(self.opts.probe_ratio, self.counters)
 

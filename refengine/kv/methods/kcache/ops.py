@@ -6,7 +6,7 @@ slot and block indices on the compute device (``accepts_device_index``) and move
 - Unstaged (a CPU engine): writes are plain copies into the separate host allocation; reads
   return host tensors.
 - Staged (a CUDA engine; CPU tests set ``staged = True`` to run the same bookkeeping with
-  synchronous copies, ``refengine.kv.host_staging``):
+  synchronous copies, ``refengine.kv.methods.kcache.staging``):
   * a write copies the rows and their slot ids device -> host into one of two reusable staging
     buffers (``writes``, a ``StagingRing``: no allocation per write) on a side stream, and lands
     them in the pool later: at the next read, or when its buffer comes round again;
@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from refengine.attention import AttnBatch
-from refengine.kv.host_staging import Copier, StagingRing
+from refengine.kv.methods.kcache.staging import Copier, StagingRing
 from refengine.kv.storage import DenseStore
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from refengine.kv import zack_ranks as zr
+from refengine.kv.methods.zack import ranks as zr
 
 
 def test_rank_is_smallest_keeping_dropped_mass_within_eps():

@@ -79,7 +79,7 @@ class EvictionMethod(KVMethod):
         return group.with_(may_evict=True)
 
     def wrap_attention(self, group: GroupSpec, op):
-        from refengine.kv.eviction_ops import Observer
+        from refengine.kv.methods.eviction.ops import Observer
 
         j = self._parts.get(group.slot, 0)
         self._parts[group.slot] = j + 1
@@ -98,7 +98,7 @@ class EvictionMethod(KVMethod):
                 self.watch[req.request_id] = (lo, hi)
 
     def after_step(self, sched, cache) -> list[Truncate]:
-        from refengine.kv.eviction_ops import select
+        from refengine.kv.methods.eviction.ops import select
 
         edits = []
         for c in sched.chunks:

@@ -13,7 +13,7 @@ Contract:
 - ``Copier(device)``: how rows cross. On CUDA, copies run on one side stream that first waits
   for the producing (current) stream; each returns an event, the consumer's stream waits for it
   (``wait``) or the host does (``sync``). Elsewhere copies are synchronous and events None, so the
-  bookkeeping above (``refengine.kv.kcache_ops.HostStore`` in staged mode) runs unchanged in CPU
+  bookkeeping above (``refengine.kv.methods.kcache.ops.HostStore`` in staged mode) runs unchanged in CPU
   tests. Pinned buffers (``pin``) only where the device is CUDA.
 
 The CUDA side (streams, events, pinned memory, and whether the copies really overlap compute)

@@ -6,11 +6,11 @@ is CUDA; on CPU a separate allocation), which the device pool's budget does not 
 Slots of layers ``< L`` keep V on the device. With SwiftKV a slot shared by an AcrossKV
 group moves as one (its first layer decides).
 
-Serving (``refengine.kv.kcache_ops``):
+Serving (``refengine.kv.methods.kcache.ops``):
 - prefill attention is unchanged (full softmax over every cached token; V is read
   back from the host pool). On CUDA the V written is pushed to the host through two
   reusable pinned staging buffers, and a prefill's V blocks of the next host-V layer are
-  fetched while the current layer computes (``refengine.kv.kcache_ops.HostStore``; the
+  fetched while the current layer computes (``refengine.kv.methods.kcache.ops.HostStore``; the
   CUDA timing is untested);
 - decode computes softmax(QK^T) over all cached keys on the device, keeps the
   ``top_n`` largest probabilities per query head, fetches only those N V rows from the
@@ -71,7 +71,7 @@ class KCacheMethod(KVMethod):
     def make_store(self, group, which, heads, dims, num_blocks, block_size, dtype, device, pin=False):
         if which != "v" or not group.v_on_host:
             return None
-        from refengine.kv.kcache_ops import HostStore
+        from refengine.kv.methods.kcache.ops import HostStore
         from refengine.kv.storage import make_store
 
         # pin: the engine's device is CUDA (its current device computes; the host copies are staged)
@@ -79,7 +79,7 @@ class KCacheMethod(KVMethod):
                          "cuda" if pin else "cpu")
 
     def wrap_attention(self, group: GroupSpec, op):
-        from refengine.kv.kcache_ops import TopNAttention
+        from refengine.kv.methods.kcache.ops import TopNAttention
 
         return TopNAttention(op, self.opts.top_n, self.opts.renormalize, self.counters)
 

@@ -4,7 +4,7 @@ Per cache slot and KV head, calibration (``modelkit zack-calibrate``) found two
 rotations: ``R_qk`` (SVD of stacked post-RoPE queries and keys) and ``R_vo`` (SVD
 of V stacked with the head's ``W_o`` slice). Serving keeps the first ``k_r`` / ``v_r``
 columns:
-- keys and queries are rotated and truncated after RoPE (``refengine.kv.zack_ops``);
+- keys and queries are rotated and truncated after RoPE (``refengine.kv.methods.zack.ops``);
   dot products are rotation-invariant, so attention runs on the compressed vectors
   with the model's original softmax scale;
 - ``R_vo`` is folded into ``W_v`` and ``W_o`` when the weights load, so V is produced
@@ -20,38 +20,24 @@ serves); ``uniform``: every head keeps the same size), ``calibration`` (director
 A ZACK model directory (``config.json`` has a ``"zack"`` object with ranks) turns the
 method on by itself; giving a ``rate`` re-plans its ranks from the stored singular values.
 
-Files (format version 1): ``zack.json`` = {format, format_version, num_layers,
-num_kv_heads, head_dim, swiftkv: null | {num_key_value_layers, key_value_group_size},
-calibration: {...}, slots: [{layers, s_qk: [[d] per head], s_vo}]};
-``zack.safetensors`` = per layer ``model.layers.{i}.self_attn.zack_r_qk`` /
-``zack_r_vo`` ``[kv_heads, d, d]`` (column j = j-th right singular vector), optional
-``zack_r_q`` / ``zack_r_o`` (separate query / output maps of the ``whitened`` basis,
-see ``refengine.kv.zack_ops``), and ``zack_s_qk`` / ``zack_s_vo`` ``[kv_heads, d]``; config ``"zack"`` = {format_version,
-rotations, mode, rate, k_ranks, v_ranks} with ranks ``[layer][kv head]``.
+The files (calibration, rotations, the served ``config.json`` object) are defined in
+``refengine.kv.methods.zack.format``; the tensor work is ``refengine.kv.methods.zack.ops``
+(imported when the model loads: it needs torch, the planning here does not).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 from pydantic import Field
 
-from refengine.kv import zack_ranks
 from refengine.kv.base import KVMethod, Options
+from refengine.kv.methods.zack import format as fmt
+from refengine.kv.methods.zack import ranks as zack_ranks
+from refengine.kv.methods.zack.format import CALIBRATION_FILE, ROTATIONS_FILE
 from refengine.kv.spec import CacheSpec, GroupSpec, ModelFacts
-
-FORMAT = "swiftserve-zack"
-FORMAT_VERSION = 1
-CALIBRATION_FILE = "zack.json"
-ROTATIONS_FILE = "zack.safetensors"
-
-
-def tensor_name(layer: int, what: str) -> str:
-    """``what`` in r_qk, r_vo, s_qk, s_vo."""
-    return f"model.layers.{layer}.self_attn.zack_{what}"
 
 
 class ZackOptions(Options):
@@ -62,9 +48,7 @@ class ZackOptions(Options):
 
 
 def swiftkv_layout(facts: ModelFacts) -> dict | None:
-    if facts.swiftkv_layers is None:
-        return None
-    return {"num_key_value_layers": facts.swiftkv_layers, "key_value_group_size": facts.group_size}
+    return fmt.swiftkv_record(facts.swiftkv_layers, facts.group_size)
 
 
 class ZackMethod(KVMethod):
@@ -111,11 +95,9 @@ class ZackMethod(KVMethod):
             except ValueError as exc:
                 return [str(exc)]
         try:
-            cal = json.loads((d / CALIBRATION_FILE).read_text())
-        except (OSError, ValueError) as exc:
-            return [f"cannot read {d / CALIBRATION_FILE}: {exc}"]
-        if cal.get("format") != FORMAT or cal.get("format_version") != FORMAT_VERSION:
-            return [f"{d / CALIBRATION_FILE} is not a {FORMAT} v{FORMAT_VERSION} calibration"]
+            cal = fmt.read_calibration(d)
+        except fmt.FormatError as exc:
+            return [str(exc)]
         want = {"num_layers": facts.num_layers, "num_kv_heads": facts.num_kv_heads, "head_dim": facts.head_dim}
         bad = [f"{k}={cal.get(k)} (model: {v})" for k, v in want.items() if cal.get(k) != v]
         if bad:
@@ -145,15 +127,15 @@ class ZackMethod(KVMethod):
             if self.opts.mode and self.opts.mode != served.get("mode"):
                 return [f"mode {self.opts.mode!r} differs from the model's ({served.get('mode')!r}); "
                         "give a rate to re-plan the ranks"]
-            k_layer, v_layer = served.get("k_ranks"), served.get("v_ranks")
             try:
-                k = np.array([k_layer[g.layers[0]] for g in slots], dtype=int)
-                v = np.array([v_layer[g.layers[0]] for g in slots], dtype=int)
-                same = all(k_layer[i] == k_layer[g.layers[0]] and v_layer[i] == v_layer[g.layers[0]]
-                           for g in slots for i in g.layers)
-            except (TypeError, IndexError, KeyError):
+                k_layer, v_layer = fmt.served_ranks(served, facts.num_layers, facts.num_kv_heads)
+            except fmt.FormatError:
                 return ["config.json 'zack' ranks do not match the model's layers and KV heads"]
-            if k.shape != (len(slots), facts.num_kv_heads) or v.shape != k.shape or not same:
+            k = np.array([k_layer[g.layers[0]] for g in slots], dtype=int)
+            v = np.array([v_layer[g.layers[0]] for g in slots], dtype=int)
+            same = all(k_layer[i] == k_layer[g.layers[0]] and v_layer[i] == v_layer[g.layers[0]]
+                       for g in slots for i in g.layers)
+            if not same:
                 return ["config.json 'zack' ranks must be [layer][kv head], equal within a shared cache slot"]
             if (k < 1).any() or (v < 1).any() or (k > d).any() or (v > d).any():
                 return [f"config.json 'zack' ranks must be in [1, {d}]"]
@@ -183,38 +165,31 @@ class ZackMethod(KVMethod):
     def served_config(self, facts: ModelFacts) -> dict:
         """The ``"zack"`` object of a servable ZACK model directory with these ranks."""
         slots = CacheSpec.for_model(facts)
-        return {"format_version": FORMAT_VERSION, "rotations": ROTATIONS_FILE, "calibration": CALIBRATION_FILE,
-                "mode": self.mode, "rate": round(self.rate, 6), "eps": self.eps,
-                "k_ranks": [list(self.k_ranks[s]) for s in slots.layer_slot],
-                "v_ranks": [list(self.v_ranks[s]) for s in slots.layer_slot]}
+        return fmt.served_config(self.mode, round(self.rate, 6), self.eps,
+                                 [list(self.k_ranks[s]) for s in slots.layer_slot],
+                                 [list(self.v_ranks[s]) for s in slots.layer_slot])
 
     # ---- loading (torch) ---------------------------------------------------
     def rotations(self):
         if self._rotations is None:
-            from safetensors.torch import load_file
-
             path = self.calibration_dir / ROTATIONS_FILE
-            rot = load_file(str(path))
-            for (k_ranks, _), layers in zip(zip(self.k_ranks, self.v_ranks), self._slot_layers):
-                for what in ("r_qk", "r_vo"):
-                    t = rot.get(tensor_name(layers[0], what))
-                    if t is None or t.dim() != 3 or t.shape[0] != len(k_ranks) or t.shape[1] != t.shape[2]:
-                        raise ValueError(f"{path}: {tensor_name(layers[0], what)} missing or not "
-                                         "[kv_heads, head_dim, head_dim]")
+            rot = fmt.load_rotations(path)
+            for k_ranks, layers in zip(self.k_ranks, self._slot_layers):
+                fmt.layer_maps(rot, layers[0], path, len(k_ranks))     # raises on a malformed file
             self._rotations = rot
         return self._rotations
 
     def weight_overrides(self, facts: ModelFacts, spec: CacheSpec, weights):
-        from refengine.kv import zack_ops
+        from refengine.kv.methods.zack import ops     # torch: only when the model loads
 
-        return zack_ops.fold_value_output(facts, spec, weights, self.rotations())
+        return ops.fold_value_output(facts, spec, weights, self.rotations())
 
     def qk_transform(self, group: GroupSpec, device, dtype):
-        from refengine.kv import zack_ops
+        from refengine.kv.methods.zack import ops
 
-        rot = self.rotations()
-        m_k = rot[tensor_name(group.layers[0], "r_qk")]
-        return zack_ops.ZackRotate(group, m_k, rot.get(tensor_name(group.layers[0], "r_q"), m_k), device, dtype)
+        path = self.calibration_dir / ROTATIONS_FILE
+        m_k, _, m_q, _ = fmt.layer_maps(self.rotations(), group.layers[0], path)
+        return ops.ZackRotate(group, m_k, m_q, device, dtype)
 
     # ---- serving ---------------------------------------------------------
     def stats(self) -> dict[str, float]:

@@ -11,9 +11,9 @@ import torch
 
 from refengine.attention import build_attn_batch, slot_mapping
 from refengine.kv.cache import KVCache
-from refengine.kv.methods.zack import tensor_name
+from refengine.kv.methods.zack.format import tensor_name
 from refengine.kv.spec import CacheSpec, ModelFacts
-from refengine.kv.zack_ops import ZackRotate, fold_value_output
+from refengine.kv.methods.zack.ops import ZackRotate, fold_value_output
 
 CPU = torch.device("cpu")
 D, KVH, G, T = 16, 3, 2, 13

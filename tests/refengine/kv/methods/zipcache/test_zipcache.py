@@ -5,9 +5,9 @@ import pytest
 import torch
 from kv_slot_support import OneSlot, reference
 
-from refengine.kv.methods.zipcache import ZipCacheMethod
-from refengine.kv.zip_layout import ZipLayout
-from refengine.kv.zip_store import pack, unpack
+from refengine.kv.methods.zipcache.method import ZipCacheMethod
+from refengine.kv.methods.zipcache.layout import ZipLayout
+from refengine.kv.methods.zipcache.store import pack, unpack
 
 
 @pytest.mark.parametrize("bits", [2, 4, 8, 16])

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from refengine.kv.zip_layout import ZipLayout
+from refengine.kv.methods.zipcache.layout import ZipLayout
 
 _SHIFTS = {2: (0, 2, 4, 6), 4: (0, 4)}
 
@@ -111,7 +111,7 @@ class ZipStore:
             self.trange = torch.zeros(num_blocks, bs, heads, dtype=meta, device=device)
         self.bytes_per_block = sum(t[0].numel() * t.element_size() for t in self.tensors())
         self.bytes_per_token = self.bytes_per_block / bs
-        # Full-precision window (not part of the pool; planned by ``zip_layout.staging_bytes``).
+        # Full-precision window (not part of the pool; planned by ``layout.staging_bytes``).
         self.stage = torch.zeros(state.capacity, bs, heads, dims, dtype=dtype, device=device)
         if which == "k":
             self.sal = torch.zeros(state.capacity, bs, heads, dtype=torch.float32, device=device)

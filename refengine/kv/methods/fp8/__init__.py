@@ -1,0 +1,1 @@
+"""FP8 KV codec: ``method`` only (its storage is the shared ``refengine.kv.storage.Fp8Store``)."""
