@@ -121,19 +121,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPU float32 only: hold GEMM weights in oneDNN's prepacked layout ('lm_head', 'all' "
                         "projections, or 'off' for torch's default GEMM); 'auto' = 'all' on CPU float32, 'off' "
                         "elsewhere (refused with --engine vllm)")
-    e.add_argument("--decode-kernel", choices=("auto", "cpp", "torch"), default="auto",
-                   help="CPU decode attention: 'cpp' reads K/V in place from the block pool with a C++ kernel "
-                        "compiled at first start (needs a C++ compiler and ninja; cached by torch), 'torch' "
-                        "gathers each sequence's blocks and calls SDPA; 'auto' = the kernel on CPU when it "
-                        "builds, else 'torch' with a warning (refused with --engine vllm)")
-    e.add_argument("--prefill-kernel", choices=("auto", "cpp", "torch"), default="auto",
-                   help="CPU prefill attention (float32 or bfloat16 models): 'cpp' runs a causal flash-style C++ kernel "
-                        "over the block pool (the same build as --decode-kernel), 'torch' gathers the prefix "
-                        "and calls SDPA; 'auto' = the kernel on CPU when it builds (refused with --engine vllm)")
-    e.add_argument("--fused-ops", choices=("auto", "cpp", "torch"), default="auto",
-                   help="CPU float32 element-wise ops: 'cpp' runs RMSNorm (with the residual add), RoPE and "
+    # The three C++ CPU paths share their choices: 'cpp' (built at first start), 'torch', 'auto'.
+    cpp_flags = (
+        ("--decode-kernel", "CPU decode attention: 'cpp' reads K/V in place from the block pool with a C++ kernel "
+                            "compiled at first start (needs a C++ compiler and ninja; cached by torch), 'torch' "
+                            "gathers each sequence's blocks and calls SDPA; 'auto' = the kernel on CPU when it "
+                            "builds, else 'torch' with a warning (refused with --engine vllm)"),
+        ("--prefill-kernel", "CPU prefill attention (float32 or bfloat16 models): 'cpp' runs a causal flash-style C++ "
+                             "kernel over the block pool (the same build as --decode-kernel), 'torch' gathers the "
+                             "prefix and calls SDPA; 'auto' = the kernel on CPU when it builds (refused with "
+                             "--engine vllm)"),
+        ("--fused-ops", "CPU float32 element-wise ops: 'cpp' runs RMSNorm (with the residual add), RoPE and "
                         "SiLU-mul as fused C++ kernels (the same build as --decode-kernel), 'torch' as torch ops; "
-                        "'auto' = the kernels on CPU when they build (refused with --engine vllm)")
+                        "'auto' = the kernels on CPU when they build (refused with --engine vllm)"),
+    )
+    for flag, text in cpp_flags:
+        e.add_argument(flag, choices=("auto", "cpp", "torch"), default="auto", help=text)
     e.add_argument("--no-malloc-tuning", dest="malloc_tuning", action="store_false",
                    help="CPU: leave glibc's malloc at its defaults (by default the engine process keeps freed "
                         "activation memory for reuse instead of returning it to the OS each step: faster "
