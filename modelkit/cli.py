@@ -17,7 +17,7 @@ COMMAND_MODULES = [
     "modelkit.corpus_cli",    # build-corpus
     "modelkit.distill",       # distill
     "modelkit.distill_plot",  # plot-distill
-    "modelkit.evaluate",      # eval
+    "modelkit.evaluate_cli",  # eval
     "modelkit.zack_cli",      # zack-calibrate
 ]
 

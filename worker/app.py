@@ -29,7 +29,8 @@ from worker.config import WorkerConfig
 from worker.engine_client import EngineClient
 from worker.errors import APIError, error_response, install_error_handlers
 from worker.limits import BodyLimit
-from worker.protocol import ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse
+from worker.protocol import ChatCompletionRequest, CompletionRequest
+from worker.response_models import ChatCompletionResponse, CompletionResponse
 from worker.serving import ServingState
 from worker.serving_chat import create_chat_completion
 from worker.serving_completions import create_completion

@@ -36,8 +36,8 @@ from worker import tools as tool_calls
 from worker.continuation import response_headers
 from worker.errors import APIError, bad_request
 from worker.logprobs import chat_logprobs, prompt_logprobs_out
-from worker.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionRequest, ChatCompletionResponse,
-                             ChatMessageOut, to_sampling_params, validate_request)
+from worker.protocol import ChatCompletionRequest, to_sampling_params, validate_request
+from worker.response_models import ChatChoice, ChatChoiceLogprobs, ChatCompletionResponse, ChatMessageOut
 from worker.structured import structured_spec
 from worker.serving import ChoiceEvent, ChoiceSpec, ServingState, new_id
 from worker.serving_driver import ChoicesFormatter, seeded, serve

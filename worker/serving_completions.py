@@ -27,8 +27,8 @@ from fastapi import Request, Response
 from worker.continuation import response_headers
 from worker.errors import bad_request
 from worker.logprobs import completion_logprobs, echo_logprobs, extend_logprobs, prompt_logprobs_out
-from worker.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
-                             to_sampling_params, validate_request)
+from worker.protocol import CompletionRequest, to_sampling_params, validate_request
+from worker.response_models import CompletionChoice, CompletionLogprobs, CompletionResponse
 from worker.serving import ChoiceEvent, ChoiceSpec, ServingState, new_id
 from worker.serving_driver import ChoicesFormatter, seeded, serve
 

@@ -34,7 +34,8 @@ from starlette.responses import JSONResponse, StreamingResponse
 from refengine.outputs import RequestFailed
 from refengine.sampling_params import SamplingParams
 from worker.errors import APIError
-from worker.protocol import UsageInfo, child_seed, now
+from worker.protocol import child_seed
+from worker.response_models import UsageInfo, now
 from worker.serving import ChoiceEvent, ChoiceSpec, ChoiceStreams, ServingState
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
 from worker.errors import APIError
-from worker.protocol import now
+from worker.response_models import now
 from worker import tools as tool_calls
 from worker.protocol_responses import ResponsesRequest, echo_format, to_chat, validate
 from worker.serving import ChoiceSpec, ServingState, new_id
