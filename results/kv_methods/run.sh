@@ -47,3 +47,7 @@ $M eval --corpus $C --baseline SmolLM2-135M-Instruct-SwiftKV --model SmolLM2-135
     --pick kcache= --pick zipcache= --pick eviction=eviction.budget=128 \
     --pick zack+zipcache=zack.rate=0.1 --pick zack+eviction=zack.rate=0.1,eviction.budget=128 \
     --pick zack+kcache=zack.rate=0.1 --pick kcache+eviction=eviction.budget=128
+
+# ZACK x ZipCache by task accuracy (issue 32): binary search of the ZACK rate with ZipCache on (results/zack/README.md)
+.venv/bin/python benchmarks/zack_task_search.py --corpus ~/.cache/swiftserve/corpus/smollm2-v2 --hi 0.25 --steps 4 \
+    --modes adaptive --with '{"zipcache": {}}' --engine-arg kv_cache_memory_gb=1 --out results/kv_methods/zack_zipcache_task_search.json

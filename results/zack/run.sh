@@ -36,3 +36,12 @@ $M eval --corpus $C --baseline SmolLM2-135M-Instruct-SwiftKV --model whitened=$O
     --stacked results/zack/sweep_smollm2_stacked.json --long results/zack/sweep_long.json \
     --swiftkv results/zack/sweep_swiftkv.json --speed results/zack/speed.json \
     --more-speed results/zack/speed_llama8b.json --out results/zack
+
+# 4. the paper's measure (issue 32): rate at which task accuracy stays at 99% (binary search; README.md)
+.venv/bin/python benchmarks/zack_task_search.py --corpus $C --hi 0.25 --steps 4 --engine-arg kv_cache_memory_gb=1 \
+    --out results/zack/task_search.json
+$M eval --corpus $C --baseline default --model zack=SmolLM2-135M-Instruct-ZACK \
+    --kv-methods '{"zack": {"rate": 0.0156, "mode": "adaptive"}}' --join-docs --prefix 2048 --continuation 64 \
+    --samples 12 --gen-prompts 0 --metrics ppl --engine-arg kv_cache_memory_gb=1 --out results/zack/long_at_task_rate.json
+.venv/bin/python benchmarks/zack_task_search.py --corpus $C --hi 0.25 --steps 4 --modes adaptive --with '{"zipcache": {}}' \
+    --engine-arg kv_cache_memory_gb=1 --out results/kv_methods/zack_zipcache_task_search.json
