@@ -31,13 +31,13 @@ import time
 from pathlib import Path
 
 
-def probe(ev, model: Path, rate: float, mode: str, extra: dict, base16: float) -> dict:
+def probe(ev, model: Path, rate: float, mode: str, extra: dict, base16: float, sizes: dict) -> dict:
     methods = dict(extra)
     if rate > 0:
         methods["zack"] = {"rate": rate, "mode": mode}
     else:
         methods["zack"] = False             # rate 0: the ZACK model's rotations off (the uncompressed model)
-    r = ev.compare(model, {"kv_methods": methods})
+    r = ev.compare(model, {**sizes, "kv_methods": methods})
     rel, ci = r.get("task_accuracy_relative"), r.get("task_accuracy_relative_ci")
     return {"rate": rate, "mode": mode, "methods": methods, "task_accuracy_relative": rel,
             "task_accuracy_relative_ci": ci, "ppl_increase_pct": r.get("ppl_increase_pct"),
@@ -55,11 +55,12 @@ def items_for(p: float, half_width: float = 0.01) -> int:
 
 
 def search(ev, model: Path, mode: str, extra: dict, hi: float, steps: int, target: float, log,
-           base16: float) -> dict:
+           base16: float, sizes: dict | None = None) -> dict:
+    """Bisect ``zack.rate`` for ``mode``; ``sizes``: engine resource overrides for every probe."""
     probes = []
 
     def ok(rate: float) -> bool:
-        p = probe(ev, model, rate, mode, extra, base16)
+        p = probe(ev, model, rate, mode, extra, base16, sizes or {})
         p["passes"] = p["task_accuracy_relative"] is not None and p["task_accuracy_relative"] >= target
         probes.append(p)
         log(f"{mode} rate {rate:.4f}: relative task accuracy {p['task_accuracy_relative']:.3f} "
@@ -138,9 +139,6 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     ev = Evaluation(baseline, Path(args.corpus), args.samples, seed=args.seed, baseline_overrides=sizes,
                     metrics=("ppl", "tasks"), task_items=args.task_items)
-    if sizes:
-        ev_compare = ev.compare
-        ev.compare = lambda m, kw: ev_compare(m, {**sizes, **kw})    # the same sizes for the probes
     report = {"command": "python " + " ".join(shlex.quote(a) for a in sys.argv), "model": str(model),
               "target": args.target, "extra_methods": extra, "searches": []}
     out = Path(args.out)
@@ -149,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     base16 = bytes_16bit(model, {"kv_methods": {"zack": False}})[0]
     for mode in args.modes:
         report["searches"].append(search(ev, model, mode, extra, args.hi, args.steps, args.target,
-                                         lambda s: print(s, file=sys.stderr, flush=True), base16))
+                                         lambda s: print(s, file=sys.stderr, flush=True), base16, sizes))
         report["seconds"] = round(time.time() - t0)
         out.write_text(json.dumps(report, indent=1))
     out.with_suffix(".md").write_text(markdown(report))
