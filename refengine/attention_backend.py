@@ -33,15 +33,6 @@ class AttentionBackend:
     decode_kernel: PagedDecodeKernel | None = None     # None: gather + SDPA for decode rows
     prefill_kernel: PagedDecodeKernel | None = None    # None: gather + SDPA for prefill chunks
 
-    @property
-    def name(self) -> str:
-        """For logs: ``cpp`` (both kernels), ``torch`` (neither), or which one is the kernel."""
-        if self.decode_kernel and self.prefill_kernel:
-            return "cpp"
-        if self.decode_kernel or self.prefill_kernel:
-            return "cpp-decode" if self.decode_kernel else "cpp-prefill"
-        return "torch"
-
     def describe(self) -> str:
         def say(kernel) -> str:
             return "C++ kernel" if kernel else "gather + SDPA"
