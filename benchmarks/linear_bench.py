@@ -1,13 +1,15 @@
 """GEMM timings of the engine's projections: torch's default fp32 GEMM vs oneDNN-prepacked weights.
 
     python benchmarks/linear_bench.py --threads 2 --out results/perf/profiles/linear.json
+    python benchmarks/linear_bench.py --threads 2 --dtype bfloat16 --out results/perf/profiles/linear_bf16.json
 
 For every projection shape of the model (fused QKV, o_proj, fused gate-up, down, LM head)
 and each row count (decode batches and prefill chunks), times ``F.linear`` and the
 prepacked module of refengine/linear.py in interleaved rounds (median of ``--repeats``),
 checks that both give the same output, and prints the ratio packed / plain and the faster
 path's rate in GFLOP/s (2 x rows x in x out per call) and as a fraction of this CPU's measured
-FMA peak (benchmarks/cpu_peak.py). This is what
+peak for the dtype (benchmarks/cpu_peak.py: float32 FMAs, or bf16 dot products with
+``--dtype bfloat16``). This is what
 ``--packed-linear auto`` was chosen from; rerun it on another CPU before trusting the default.
 """
 
@@ -50,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 32, 64, 256, 1024, 2048])
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     import torch
@@ -62,31 +65,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     spec = load_model_spec(resolve_model(args.model))
-    peak = cpu_peak.measure(torch.get_num_threads())
-    print(f"float32 FMA peak with {torch.get_num_threads()} thread(s): {peak:.0f} GFLOP/s (benchmarks/cpu_peak.py)")
+    dtype = getattr(torch, args.dtype)
+    peak = cpu_peak.measure(torch.get_num_threads(), dtype=args.dtype)
+    print(f"{args.dtype} peak with {torch.get_num_threads()} thread(s): {peak:.0f} GFLOP/s (benchmarks/cpu_peak.py)")
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
     rows_out = []
     for name, (k, n) in shapes(spec).items():
-        w = torch.randn(n, k) / k ** 0.5
+        w = (torch.randn(n, k) / k ** 0.5).to(dtype)
         mod = make_linear(w, None, True)
         if not isinstance(mod, PackedLinear):
             raise SystemExit(f"prepacking unavailable here: {mod.note}")
         for m in args.rows:
             if name == "lm_head" and m > 256:          # the head only sees rows that need logits
                 continue
-            x = torch.randn(m, k)
-            if not torch.allclose(mod(x), F.linear(x, w), rtol=1e-4, atol=1e-4):
+            x = torch.randn(m, k).to(dtype)
+            if not torch.allclose(mod(x).float(), F.linear(x, w).float(), rtol=tol, atol=tol):
                 raise SystemExit(f"{name} M={m}: prepacked output differs")
             plain, packed = time_pair(lambda: F.linear(x, w), lambda: mod(x), args.repeats)
             gflops = 2 * m * k * n / (min(plain, packed) * 1e6)       # the faster path's rate
             rows_out.append({"gemm": name, "in": k, "out": n, "rows": m, "plain_ms": round(plain, 4),
                              "packed_ms": round(packed, 4), "ratio": round(packed / plain, 3),
-                             "gflops": round(gflops, 1), "of_fma_peak": round(gflops / peak, 3)})
+                             "gflops": round(gflops, 1), "of_peak": round(gflops / peak, 3)})
             print(f"{name:8s} {k:5d}x{n:<6d} rows={m:5d}  plain {plain:9.3f} ms  packed {packed:9.3f} ms  "
                   f"ratio {packed / plain:.2f}  {gflops:6.1f} GFLOP/s ({100 * gflops / peak:.0f}% of peak)", flush=True)
     res = {"command": command_line(argv),
            "model": args.model, "threads": torch.get_num_threads(), "torch": torch.__version__,
            "cpu": platform.processor() or platform.machine(), "capability": torch.backends.cpu.get_cpu_capability(),
-           "repeats": args.repeats, "fma_peak_gflops": round(peak, 1), "rows": rows_out}
+           "repeats": args.repeats, "dtype": args.dtype, "peak_gflops": round(peak, 1), "rows": rows_out}
     if args.out:
         write_json(args.out, res)
     return 0

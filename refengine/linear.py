@@ -2,7 +2,7 @@
 
 Contract: ``make_linear(weight [out, in], bias [out] | None, packed)`` returns a module whose
 ``forward(x [..., in]) -> [..., out]`` equals ``F.linear(x, weight, bias)`` up to float
-rounding. ``packed=True`` is honoured only where it is valid (CPU, float32, the oneDNN
+rounding. ``packed=True`` is honoured only where it is valid (CPU, float32 or bfloat16, the oneDNN
 ops present in this torch build, and a self-check against ``F.linear`` passing);
 otherwise the plain module is returned with the reason in its ``note``.
 
@@ -11,7 +11,11 @@ GEMM (MKL) is slow for the engine's skinny shapes: the LM head (in=576, out=4915
 SmolLM2) at 8-64 rows takes 0.34-0.64x the time with the weight reordered once into
 oneDNN's blocked layout, and so do the layers' projections at decode batch sizes. The
 reordered weight replaces the plain one (no second copy), except when the LM head is
-tied to the embedding, whose plain rows the embedding lookup still needs.
+tied to the embedding, whose plain rows the embedding lookup still needs. In bfloat16 (oneDNN's
+AVX-512-BF16 kernels, float32 accumulation) the reordered weight takes 0.28-0.65x of
+``F.linear``'s time at decode row counts (1-64) and 0.82-0.98x at prefill's 1024
+(``benchmarks/linear_bench.py --dtype bfloat16``), because ``F.linear`` reorders the weight
+again at every call.
 
 The engine's ``packed_linear`` setting ("auto" | "off" | "lm_head" | "all") is resolved here
 (``resolve_packed_linear``) and checked after the model is built (``check_packed``).
@@ -34,8 +38,14 @@ def _ops_available() -> str | None:
     return None
 
 
+PACKABLE = (torch.float32, torch.bfloat16)
+# Self-check tolerance per dtype: float32 differs from MKL's sums by a few ulp; bfloat16 results
+# are rounded once from float32 sums in both, so a summation-order difference can flip an ulp (2^-8).
+_CHECK_RTOL = {torch.float32: 1e-4, torch.bfloat16: 1.6e-2}
+
+
 class Linear(nn.Module):
-    """``F.linear`` with a frozen weight (the default everywhere but CPU float32)."""
+    """``F.linear`` with a frozen weight (the default everywhere but CPU float32 / bfloat16)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, note: str = ""):
         super().__init__()
@@ -69,10 +79,11 @@ class PackedLinear(nn.Module):
 
 def _self_check(mod: PackedLinear, weight: torch.Tensor, bias: torch.Tensor | None) -> str | None:
     x = torch.randn(5, weight.shape[1], generator=torch.Generator().manual_seed(0), dtype=weight.dtype)
-    ref = F.linear(x, weight, bias)
-    got = mod(x)
-    tol = 1e-4 * max(1.0, float(ref.abs().max()))
-    if got.shape != ref.shape or not torch.allclose(got, ref, rtol=1e-4, atol=tol):
+    ref = F.linear(x, weight, bias).float()
+    got = mod(x).float()
+    rtol = _CHECK_RTOL[weight.dtype]
+    tol = rtol * max(1.0, float(ref.abs().max()))
+    if got.shape != ref.shape or not torch.allclose(got, ref, rtol=rtol, atol=tol):
         return "prepacked output differs from F.linear"
     return None
 
@@ -83,7 +94,7 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -
     why = None
     if weight.device.type != "cpu":
         why = f"device {weight.device.type}"
-    elif weight.dtype != torch.float32:
+    elif weight.dtype not in PACKABLE:
         why = f"dtype {weight.dtype}"
     else:
         why = _ops_available()
@@ -95,19 +106,19 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -
     return Linear(weight, bias, note=why)
 
 
-# "auto" on CPU float32: which GEMMs take oneDNN-prepacked weights (the modules above), chosen
-# from the side-by-side GEMM timings in results/perf/profiles/linear.json.
+# "auto" on CPU float32 and bfloat16: which GEMMs take oneDNN-prepacked weights (the modules
+# above), chosen from the side-by-side GEMM timings in results/perf/profiles/linear*.json.
 AUTO_PACKED_LINEAR = "all"
 
 
 def resolve_packed_linear(name: str, device: torch.device, dtype: torch.dtype) -> str:
     if name not in ("auto", "off", "lm_head", "all"):
         raise ValueError(f"packed_linear {name!r} not in ('auto', 'off', 'lm_head', 'all')")
-    cpu_fp32 = device.type == "cpu" and dtype == torch.float32
+    packable = device.type == "cpu" and dtype in PACKABLE
     if name == "auto":
-        return AUTO_PACKED_LINEAR if cpu_fp32 else "off"
-    if name != "off" and not cpu_fp32:
-        raise ValueError(f"packed_linear={name!r} needs CPU float32 weights (here {device.type}/{dtype}); "
+        return AUTO_PACKED_LINEAR if packable else "off"
+    if name != "off" and not packable:
+        raise ValueError(f"packed_linear={name!r} needs CPU float32 or bfloat16 weights (here {device.type}/{dtype}); "
                          "use 'auto' or 'off'")
     return name
 

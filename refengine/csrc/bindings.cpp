@@ -19,8 +19,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_prefill", &paged_prefill, "causal (optionally windowed) prefill attention over a block pool (CPU), "
         "into out", py::arg("q"), py::arg("k"), py::arg("v"), py::arg("blocks"), py::arg("start"), py::arg("scale"),
         py::arg("out"), py::arg("window") = 0, nogil);
-  m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows (CPU)", nogil);
-  m.def("add_rms_norm_", &add_rms_norm_, "x += r, then RMSNorm of x (CPU, float32)", nogil);
-  m.def("rope_", &rope_, "rotary embedding in place, neox layout (CPU, float32)", nogil);
-  m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused gate-up row (CPU, float32)", nogil);
+  m.def("rms_norm", &rms_norm, "RMSNorm of float32 or bfloat16 rows (CPU)", nogil);
+  m.def("add_rms_norm_", &add_rms_norm_, "x += r, then RMSNorm of x (CPU, float32 or bfloat16)", nogil);
+  m.def("rope_", &rope_, "rotary embedding in place, neox layout (CPU, float32 or bfloat16)", nogil);
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused gate-up row (CPU, float32 or bfloat16)", nogil);
 }

@@ -76,6 +76,35 @@ inline v16 loadf(const at::BFloat16* p) {
   return r;
 }
 
+// Stores of 16 floats into float32 or bfloat16 rows; bf16 rounds to nearest even, as torch's
+// float -> bfloat16 conversion does (finite values; the kernels never make NaNs of their own).
+typedef uint32_t u16x32 __attribute__((vector_size(64)));       // 16 lanes of 32 bits
+
+inline v16 round_bf16(v16 x) {              // x rounded to bf16 precision, kept as float
+  u16x32 b;
+  std::memcpy(&b, &x, sizeof(b));
+  b = (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u;
+  v16 r;
+  std::memcpy(&r, &b, sizeof(r));
+  return r;
+}
+
+inline void storef(float* p, v16 x) { store(p, x); }
+
+inline void storef(at::BFloat16* p, v16 x) {
+  typedef uint16_t u16 __attribute__((vector_size(32)));
+  u16x32 b;
+  std::memcpy(&b, &x, sizeof(b));
+  const u16 h = __builtin_convertvector((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16, u16);
+  std::memcpy(p, &h, sizeof(h));
+}
+
+// What torch's op on element type T rounds an intermediate to: nothing for float, bf16 for bf16.
+inline v16 as_elem(v16 x, const float*) { return x; }
+inline v16 as_elem(v16 x, const at::BFloat16*) { return round_bf16(x); }
+inline float as_elem(float x, const float*) { return x; }
+inline float as_elem(float x, const at::BFloat16*) { return static_cast<float>(static_cast<at::BFloat16>(x)); }
+
 // Lane i of the result is the sum of the lanes of a[i]: a transpose folded into the adds
 // (30 two-vector shuffles and 15 adds for 16 dot products).
 inline v16 sum16(const v16* a) {

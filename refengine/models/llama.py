@@ -147,7 +147,7 @@ class LlamaModel(nn.Module):
     def __init__(self, spec: ModelSpec, model_dir: str, dtype: torch.dtype, device: torch.device,
                  use_swiftkv: bool, max_positions: int, weights: WeightSource | OverlayWeights | None = None,
                  packed_linear: str = "off", ops: TorchOps = TORCH_OPS):
-        """``packed_linear``: "off", "lm_head" or "all" (see refengine/linear.py; CPU float32 only).
+        """``packed_linear``: "off", "lm_head" or "all" (see refengine/linear.py; CPU float32 and bfloat16).
         ``ops``: the element-wise ops (refengine.fused_ops; torch by default)."""
         super().__init__()
         self.ops = ops

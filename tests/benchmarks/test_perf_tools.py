@@ -62,7 +62,7 @@ def test_linear_bench_checks_and_records_every_projection(smollm2_dir, tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert {x["gemm"] for x in doc["rows"]} == {"qkv", "o", "gate_up", "down", "lm_head"}
-    assert all(x["rows"] == 3 and x["plain_ms"] > 0 and x["packed_ms"] > 0 and x["of_fma_peak"] > 0 for x in doc["rows"])
+    assert all(x["rows"] == 3 and x["plain_ms"] > 0 and x["packed_ms"] > 0 and x["of_peak"] > 0 for x in doc["rows"])
     assert doc["command"].startswith("python ")
 
 
@@ -133,6 +133,18 @@ def test_cpu_peak_measures_a_rate_and_refuses_bad_options(capsys):
     assert "GFLOP/s" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         peak.main(["--trials", "0"])
+
+
+def test_cpu_peak_bf16_dot_products_run_where_the_cpu_has_them(capsys):
+    peak = load("cpu_peak")
+    rc = peak.main(["--threads", "1", "--seconds", "0.02", "--trials", "1", "--dtype", "bfloat16"])
+    out = capsys.readouterr()
+    has_bf16 = "avx512_bf16" in open("/proc/cpuinfo").read()
+    if not has_bf16:
+        assert rc == 2 and "AVX-512-BF16" in out.err
+        return
+    assert rc == 0 and "vdpbf16ps" in out.out
+    assert peak.measure(1, 0.02, 1, "bfloat16") > 0
 
 
 def test_profile_vs_vllm_groups_operators():

@@ -61,18 +61,51 @@ def test_silu_mul(ops, m):
     assert close(ops.silu_mul(gu), TORCH_OPS.silu_mul(gu), tol=2e-5)
 
 
+def bf16_close(got, want):
+    """Within one bf16 ulp (2^-8 relative) of torch's bf16 result, and bitwise equal for most elements."""
+    assert got.shape == want.shape and got.dtype == want.dtype == torch.bfloat16
+    g, w = got.float(), want.float()
+    assert torch.allclose(g, w, rtol=2 ** -7, atol=1e-6)
+    assert (g == w).float().mean() > 0.95
+
+
+@pytest.mark.parametrize("n", [576, 37])
+def test_bf16_rows_round_where_torch_rounds(ops, n):
+    torch.manual_seed(4)
+    wide = (torch.randn(9, n + 5) * 3).bfloat16()
+    x, w = wide[:, 2:n + 2], torch.randn(n).bfloat16()
+    bf16_close(ops.rms_norm(x, w, 1e-5), TORCH_OPS.rms_norm(x, w, 1e-5))
+    r = torch.randn(9, n).bfloat16()
+    want_sum, want_norm = TORCH_OPS.add_rms_norm(x, r.clone(), w, 1e-5)
+    got_sum, got_norm = ops.add_rms_norm(x, r, w, 1e-5)
+    assert torch.equal(got_sum, want_sum) and got_sum.data_ptr() == r.data_ptr()     # one rounding, both
+    bf16_close(got_norm, want_norm)
+    gu = (torch.randn(5, 2 * n) * 4).bfloat16()
+    bf16_close(ops.silu_mul(gu), TORCH_OPS.silu_mul(gu))
+    rope = Rope(64, 10000.0, None, 256, torch.bfloat16, CPU)
+    cos, sin = rope.tables(torch.randint(0, 256, (7,)))
+    q = torch.randn(7, 3, 64).bfloat16()
+    want = Rope.apply(q.clone(), cos, sin)
+    got = ops.rope(q, cos, sin)
+    assert got.data_ptr() == q.data_ptr()
+    # torch rounds x*cos, rot*sin and their sum; the kernel rounds once: within 2 bf16 ulps of the row scale
+    assert torch.allclose(got.float(), want.float(), rtol=2 ** -7, atol=2 ** -7 * float(want.abs().max()))
+
+
 def test_what_the_kernels_cannot_read_takes_torch(ops):
-    """bf16 and non-contiguous rows give exactly torch's results (the same code path)."""
+    """float16, mixed dtypes and non-contiguous rows give exactly torch's results (the same code path)."""
     torch.manual_seed(3)
-    x, w = torch.randn(4, 32, dtype=torch.bfloat16), torch.randn(32, dtype=torch.bfloat16)
+    x, w = torch.randn(4, 32, dtype=torch.float16), torch.randn(32, dtype=torch.float16)
     assert torch.equal(ops.rms_norm(x, w, 1e-6), TORCH_OPS.rms_norm(x, w, 1e-6))
     s, n = ops.add_rms_norm(x, x.clone(), w, 1e-6)
     assert [torch.equal(a, b) for a, b in zip((s, n), TORCH_OPS.add_rms_norm(x, x.clone(), w, 1e-6))] == [True, True]
+    xb, wf = torch.randn(4, 32, dtype=torch.bfloat16), torch.randn(32)          # bf16 rows, float32 weight
+    assert torch.equal(ops.rms_norm(xb, wf, 1e-6), TORCH_OPS.rms_norm(xb, wf, 1e-6))
     gu = torch.randn(64, 4).t()                               # elements not contiguous
     assert torch.equal(ops.silu_mul(gu), TORCH_OPS.silu_mul(gu))
-    rope = Rope(16, 10000.0, None, 32, torch.bfloat16, CPU)
+    rope = Rope(16, 10000.0, None, 32, torch.float16, CPU)
     cos, sin = rope.tables(torch.arange(3))
-    q = torch.randn(3, 2, 16, dtype=torch.bfloat16)
+    q = torch.randn(3, 2, 16, dtype=torch.float16)
     assert torch.equal(ops.rope(q, cos, sin), Rope.apply(q, cos, sin))
 
 
