@@ -94,9 +94,13 @@ def _decode_pools(cache, batch: AttnBatch):
 
 
 def _prefill_in_place(q, pools, batch: AttnBatch, scale: float) -> torch.Tensor:
-    """Every prefill chunk by the prefill kernel over ``[N, bs, kvh, d]`` pools (it computes in float32)."""
+    """Every prefill chunk by the prefill kernel over ``[N, bs, kvh, d]`` pools (float32 softmax and sums;
+    bf16 queries over bf16 pools are read as they are, for the kernel's bf16 dot products)."""
     out = torch.empty(q.shape[0], q.shape[1], pools[1].shape[-1])
-    qc = q.float().contiguous()
+    if q.dtype == torch.bfloat16 and pools[0].dtype == torch.bfloat16:
+        qc = q if q.stride(2) == 1 and q.stride(1) == q.shape[2] else q.contiguous()
+    else:
+        qc = q.float().contiguous()
     for p in batch.prefills:
         batch.prefill_kernel.prefill(qc[p.q_start:p.q_end], pools[0], pools[1], p.blocks,
                                      p.ctx - (p.q_end - p.q_start), scale, out[p.q_start:p.q_end],

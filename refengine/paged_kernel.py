@@ -15,7 +15,9 @@ The kernel reads K and V in place from dense block pools: ``kernel(q [B, kvh, g,
 k_pool [N, bs, kvh, d], v_pool [N, bs, kvh, dv], table [B, max_blocks], lens [B], scale)
 -> [B, kvh, g, dv]`` in q's dtype (computed in float32); optional ``starts [B]``: the first entry
 each sequence sees (a sliding window). The prefill kernel
-(``prefill(q [n, H, d] float32, k_pool, v_pool, blocks [nblk], start, scale, out [n, H, dv], window)``)
+(``prefill(q [n, H, d] float32 or bfloat16, k_pool, v_pool, blocks [nblk], start, scale, out [n, H, dv]
+float32, window)``; bf16 queries over bf16 pools take AVX-512-BF16 dot products where the CPU has them,
+csrc/paged_prefill_bf16.cpp)
 reads them in place too and writes the chunk's causal attention into ``out`` (query row i sits
 at cache index ``start + i`` and, with ``window`` W > 0, sees only the last W keys up to itself);
 both take float32 or bfloat16 pools.
@@ -44,7 +46,8 @@ def named(name: str):
     profiles), else a no-op: entering a record_function costs ~4 us even with no profiler."""
     return torch.profiler.record_function(name) if torch.autograd.profiler._is_profiler_enabled else _NO_NAME
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = [CSRC / f for f in ("paged_decode.cpp", "paged_prefill.cpp", "fused_ops.cpp", "bindings.cpp")]
+SOURCES = [CSRC / f for f in ("paged_decode.cpp", "paged_prefill.cpp", "paged_prefill_bf16.cpp", "fused_ops.cpp",
+                               "bindings.cpp")]
 
 
 def _build_tag() -> str:
@@ -80,7 +83,8 @@ class PagedDecodeKernel:
 
     def prefill(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, blocks: torch.Tensor,
                 start: int, scale: float, out: torch.Tensor, window: int = 0) -> None:
-        """Causal attention of a chunk's queries ``q [n, H, d]`` into ``out [n, H, dv]`` (float32 views);
+        """Causal attention of a chunk's queries ``q [n, H, d]`` (float32 or bfloat16) into ``out [n, H, dv]``
+        (float32; both views with [H, d] rows contiguous);
         ``window`` > 0: each query sees only the last ``window`` keys up to its own."""
         with named("swiftserve::paged_prefill"):
             self._prefill(q, k_pool, v_pool, blocks, int(start), float(scale), out, int(window))

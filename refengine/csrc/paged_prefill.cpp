@@ -40,20 +40,13 @@
 #include <limits>
 #include <vector>
 
+#include "tiles.h"
 #include "vec.h"
 
 using namespace swiftserve_vec;
+using namespace swiftserve_tiles;
 
 namespace {
-
-constexpr int R = 6;      // query rows per micro-kernel step: 6 x 4 accumulators + 4 operands + 1 broadcast
-constexpr int QT = 8 * R;  // query rows per work item
-constexpr int KT = 64;    // keys per tile (4 vectors)
-constexpr int64_t NO_LOW = std::numeric_limits<int64_t>::min() / 4;   // "no window": every key is >= it
-
-// Packed V row width: dv rounded up to whole vectors (the padding columns hold zeros).
-inline int64_t padded(int64_t dv) { return (dv + 15) / 16 * 16; }
-
 
 // Scratch of one thread: nh KV heads x rowsR query rows each (rowsR a multiple of R), and one
 // packed key tile of the nh heads (kt, vt: see pack). Per row: the running output o [dvp]
@@ -139,8 +132,6 @@ inline void tile(const float* kth, const float* vth, const float* qs, float* o, 
                  int64_t cols, int64_t j0, int64_t limit0, int64_t lo0, int64_t step, int64_t d, int64_t dv) {
   const int64_t width = dv % 64 == 0 ? 64 : 16;
   const int nv = static_cast<int>(width / 16);
-  const i16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  const v16 ninf = splat(-std::numeric_limits<float>::infinity());
   alignas(64) float p[R * KT];
   for (int64_t i = 0; i < rows; i += R) {
     v16 acc[R][4] = {};
@@ -159,33 +150,7 @@ inline void tile(const float* kth, const float* vth, const float* qs, float* o, 
       default: scores<4>(kth, qi, d, acc);
     }
     float alpha[R];
-    for (int r = 0; r < R; ++r) {
-      float* pr = p + r * KT;
-      alpha[r] = 1.f;
-      const int64_t visible = i + r < rows ? std::min<int64_t>(cols, limit0 + (i + r) * step - j0) : 0;
-      const int64_t low = lo0 + (i + r) * step - j0;       // first key of the tile the row sees (window)
-      if (visible <= 0 || low >= visible) {                // padded row, or sees nothing here: P = 0
-        for (int x = 0; x < 4; ++x) store(pr + 16 * x, v16{});
-        continue;
-      }
-      if (visible < KT)                                    // diagonal or last tile: mask, lanewise
-        for (int x = 0; x < 4; ++x) acc[r][x] = (iota + 16 * x) < static_cast<int32_t>(visible) ? acc[r][x] : ninf;
-      if (low > 0)                                         // the window starts inside this tile
-        for (int x = 0; x < 4; ++x) acc[r][x] = (iota + 16 * x) >= static_cast<int32_t>(low) ? acc[r][x] : ninf;
-      v16 mx = acc[r][0];
-      for (int x = 1; x < 4; ++x) mx = mx > acc[r][x] ? mx : acc[r][x];
-      float& mi = m[i + r];
-      const float m_new = std::max(mi, hmax(mx));
-      alpha[r] = m_new == mi ? 1.f : vexp(splat(mi - m_new))[0];   // 0 on the first tile (m = -inf)
-      v16 sum = {};
-      for (int x = 0; x < 4; ++x) {
-        const v16 e = vexp(acc[r][x] - splat(m_new));
-        store(pr + 16 * x, e);
-        sum += e;
-      }
-      store(l + (i + r) * 16, load(l + (i + r) * 16) * splat(alpha[r]) + sum);   // lane sums; added up in finish
-      mi = m_new;
-    }
+    online_softmax(acc, p, alpha, m, l, i, rows, cols, j0, limit0, lo0, step);
     for (int64_t c0 = 0; c0 < dv; c0 += width) {
       v16 out[R][4];
       for (int r = 0; r < R; ++r) {
@@ -415,11 +380,18 @@ SWIFTSERVE_DECODE(decode_tiles, at::BFloat16)
 #undef SWIFTSERVE_DECODE
 
 
+bool prefill_bf16(const at::BFloat16* q, int64_t q_row, const at::BFloat16* k, const at::BFloat16* v,
+                  const int64_t* blocks, float* out, int64_t out_row, int64_t n, int64_t start, int64_t H, int64_t kvh,
+                  int64_t d, int64_t dv, int64_t bs, float scale, int64_t window);   // paged_prefill_bf16.cpp
+
+// q float32, or bfloat16 over bfloat16 pools (bf16 dot products where the CPU has them, else q
+// widened to float32 here); bfloat16 q over float32 pools is widened too.
 void paged_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor blocks, int64_t start,
                    double scale, torch::Tensor out, int64_t window) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "paged_prefill: CPU tensors only");
   TORCH_CHECK(q.dim() == 3 && out.dim() == 3 && k.dim() == 4 && v.dim() == 4, "paged_prefill: bad ranks");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat, "paged_prefill: q, out float32");
+  TORCH_CHECK((q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16) && out.scalar_type() == at::kFloat,
+              "paged_prefill: q float32 or bfloat16, out float32");
   TORCH_CHECK(k.scalar_type() == v.scalar_type(), "paged_prefill: k and v dtypes differ");
   TORCH_CHECK(k.is_contiguous() && v.is_contiguous(), "paged_prefill: the pools must be contiguous");
   TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2), "paged_prefill: q rows must be [H, d] contiguous");
@@ -435,6 +407,14 @@ void paged_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Ten
   TORCH_CHECK(window >= 0, "paged_prefill: window must be >= 0 (0: none)");
   if (n == 0) return;
   const float sc = static_cast<float>(scale);
+  if (q.scalar_type() == at::kBFloat16) {
+    if (k.scalar_type() == at::kBFloat16 &&
+        prefill_bf16(q.data_ptr<at::BFloat16>(), q.stride(0), k.data_ptr<at::BFloat16>(), v.data_ptr<at::BFloat16>(),
+                     blocks.data_ptr<int64_t>(), out.data_ptr<float>(), out.stride(0), n, start, H, kvh, d, dv, bs, sc,
+                     window))
+      return;
+    q = q.to(at::kFloat);
+  }
   if (k.scalar_type() == at::kFloat) {
     prefill<float>(q.data_ptr<float>(), q.stride(0), k.data_ptr<float>(), v.data_ptr<float>(),
                    blocks.data_ptr<int64_t>(), out.data_ptr<float>(), out.stride(0), n, start, H, kvh, d, dv, bs, sc,

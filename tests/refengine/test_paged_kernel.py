@@ -84,6 +84,26 @@ def test_prefill_kernel_matches_gather_sdpa(kernel, kvh, g, d, dv, dtype):
 
 
 @needs_compiler
+@pytest.mark.parametrize("kvh,g,d,dv,window", [(3, 3, 64, 64, 0), (1, 4, 16, 40, 0), (2, 2, 128, 128, 0),
+                                                (1, 2, 64, 64, 37), (1, 2, 24, 7, 0)])
+def test_bf16_dot_prefill_tracks_the_float32_kernel(kernel, kvh, g, d, dv, window):
+    """bf16 queries over bf16 pools (AVX-512-BF16 dot products where the CPU has them) against the
+    float32 kernel on the same values: scores are exact bf16 products either way; only P is rounded
+    to bf16 for P V, so the output moves by at most ~2^-8 of its scale (bound 4e-3 x max |out|)."""
+    torch.manual_seed(7)
+    bs, n, start = 16, 300, 45
+    kp = torch.randn(40, bs, kvh, d).bfloat16()
+    vp = torch.randn(40, bs, kvh, dv).bfloat16()
+    blocks = torch.randperm(40)[:-(-(start + n) // bs)]
+    q = torch.randn(n, kvh * g, d).bfloat16()
+    got, want = torch.empty(n, kvh * g, dv), torch.empty(n, kvh * g, dv)
+    kernel.prefill(q, kp, vp, blocks, start, 0.125, got, window)
+    kernel.prefill(q.float(), kp, vp, blocks, start, 0.125, want, window)
+    assert (got - want).abs().max() <= 4e-3 * want.abs().max()
+    assert (got - want).abs().mean() <= 1e-3 * want.abs().max()
+
+
+@needs_compiler
 def test_prefill_kernel_declines_what_it_cannot_read(kernel):
     """Float16 and non-dense pools take the SDPA path (any head width is the kernel's since issue 32)."""
     torch.manual_seed(3)
