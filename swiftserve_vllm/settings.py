@@ -127,6 +127,9 @@ def build_settings(ec: EngineConfig, opts: VllmOptions, device: str) -> VllmSett
         worker_extension_cls="swiftserve_vllm.rpc.SwiftServeWorkerExtension",
         # The reference engine's JSON number cap (swiftserve_vllm/json_numbers.py).
         logits_processors=["swiftserve_vllm.json_numbers:JsonNumberCap"])
+    if ec.load_format != "auto":              # "dummy": vLLM draws random weights of the config's shape
+        kwargs["load_format"] = ec.load_format
+        notes.append(f"load_format {ec.load_format}: random weights (benchmarks; the text is meaningless)")
     kwargs["max_model_len"] = ec.max_model_len or min(int(config.get("max_position_embeddings", 8192)), 8192)
     if layout.swiftkv:
         fast = opts.fast_prefill is not False

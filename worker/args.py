@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weight/activation dtype ('auto': float32 on CPU, bfloat16 on CUDA)")
     e.add_argument("--seed", type=int, default=0, help="engine random seed")
+    e.add_argument("--load-format", choices=("auto", "dummy"), default="auto",
+                   help="'auto': the model directory's safetensors weights; 'dummy': random weights shaped by its "
+                        "config.json (no weight files needed; for benchmarks: the speed is that of the real model, "
+                        "the text is meaningless). With --engine vllm, vLLM's own --load-format")
     e.add_argument("--max-model-len", type=int, default=None,
                    help="context length (prompt + output); default: min(model maximum, 8192)")
     e.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
@@ -185,7 +189,7 @@ def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> 
 
         model_dir = str(resolve_model(args.model))
     engine_config = EngineConfig(
-        model=str(model_dir), device=args.device, dtype=args.dtype, seed=args.seed,
+        model=str(model_dir), device=args.device, dtype=args.dtype, seed=args.seed, load_format=args.load_format,
         max_model_len=args.max_model_len, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
         kv_cache_memory_gb=args.kv_cache_memory_gb, kv_host_memory_gb=args.kv_host_memory_gb,
         max_num_seqs=args.max_num_seqs,

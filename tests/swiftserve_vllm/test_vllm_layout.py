@@ -100,7 +100,9 @@ def test_worker_settings_cpu_defaults_and_model_routing(tmp_path, monkeypatch):
     assert k["kv_cache_memory_bytes"] == 2 ** 28 and k["max_model_len"] == 8192 and "hf_overrides" not in k
     assert (k["tensor_parallel_size"], k["pipeline_parallel_size"]) == (1, 1)
     assert k["worker_extension_cls"] == "swiftserve_vllm.rpc.SwiftServeWorkerExtension"
-    assert "|" not in s.env["VLLM_CPU_OMP_THREADS_BIND"]
+    assert "|" not in s.env["VLLM_CPU_OMP_THREADS_BIND"] and "load_format" not in k
+    dummy = build_settings(WorkerConfig(EngineConfig(model=str(d), load_format="dummy"), engine="vllm"), "cpu")
+    assert dummy.engine_kwargs["load_format"] == "dummy"             # vLLM's own random weights
     gpu = build_settings(wc, "cuda")
     assert gpu.engine_kwargs["dtype"] == "auto" and gpu.env == {} and "kv_cache_memory_bytes" not in gpu.engine_kwargs
     assert not gpu.engine_kwargs["enforce_eager"]          # SwiftKV compiles with CUDA graphs like any model

@@ -32,7 +32,7 @@ def test_every_engine_flag_reaches_the_engine_config():
             "--max-concurrent-requests", "10", "--overload-status", "503", "--tokenizer", "/t",
             "--log-level", "warning", "--packed-linear", "lm_head", "--decode-kernel", "torch",
             "--prefill-kernel", "cpp", "--fused-ops", "torch", "--engine-core", "thread", "--no-malloc-tuning",
-            "--no-huge-pages", "--kv-host-memory-gb", "0.75")
+            "--no-huge-pages", "--kv-host-memory-gb", "0.75", "--load-format", "dummy")
     e = c.engine_config
     assert c.model_names == ("a", "b") and c.model_name == "a"
     assert (c.host, c.port, c.max_concurrent_requests, c.overload_status) == ("0.0.0.0", 9000, 10, 503)
@@ -49,6 +49,7 @@ def test_every_engine_flag_reaches_the_engine_config():
     assert (e.huge_pages, cfg().engine_config.huge_pages) == (False, True)
     assert (e.kv_host_memory_gb, cfg().engine_config.kv_host_memory_gb) == (0.75, None)
     assert (c.engine_core, cfg().engine_core) == ("thread", "process")
+    assert (e.load_format, cfg().engine_config.load_format) == ("dummy", "auto")
 
 
 def test_engine_core_default_from_the_environment(monkeypatch):
@@ -67,7 +68,8 @@ def test_engine_core_default_from_the_environment(monkeypatch):
                                   ["--fused-ops", "x"], ["--engine", "vllm", "--fused-ops", "cpp"],
                                   ["--engine", "vllm", "--no-malloc-tuning"], ["--engine", "vllm", "--no-huge-pages"],
                                   ["--engine-core", "fork"], ["--engine", "vllm", "--engine-core", "process"],
-                                  ["--kv-host-memory-gb", "0"], ["--engine", "vllm", "--kv-host-memory-gb", "1"]])
+                                  ["--kv-host-memory-gb", "0"], ["--engine", "vllm", "--kv-host-memory-gb", "1"],
+                                  ["--load-format", "safetensors"]])
 def test_bad_flags_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv + ["--model", "/nonexistent"])
@@ -102,6 +104,36 @@ def test_to_sampling_params_context_rules():
     req = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], max_tokens=91)
     with pytest.raises(APIError):
         to_sampling_params(req, prompt_len=10, max_model_len=100, vocab_size=50)
+
+
+@pytest.mark.model
+def test_load_format_dummy_serves_a_directory_without_weights(smollm2_dir, tmp_path):
+    """``--load-format dummy``: random weights shaped by config.json; a directory with only the
+    config and the tokenizer (what benchmarks/model_shapes.py writes) serves a completion."""
+    import shutil
+
+    from fastapi.testclient import TestClient
+    from transformers import AutoTokenizer
+
+    from refengine.engine import LLMEngine
+    from worker.app import build_app
+    from worker.backends import create_engine_client
+    from worker.cli import checked_config
+
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(smollm2_dir / f, tmp_path / f)
+    argv = ["--model", str(tmp_path), "--served-model-name", "smol", "--max-model-len", "256", "--num-kv-blocks",
+            "32", "--engine-core", "thread", "--torch-threads", "1"]
+    config, reason = checked_config(build_parser().parse_args(argv + ["--load-format", "dummy"]))
+    assert reason is None and config.engine_config.load_format == "dummy"
+    app = build_app(config, create_engine_client(config), AutoTokenizer.from_pretrained(tmp_path))
+    with TestClient(app) as client:
+        r = client.post("/v1/completions", json={"model": "smol", "prompt": "Hi", "max_tokens": 3, "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    # the default (auto) wants the weights: the same directory cannot load without them
+    auto, _ = checked_config(build_parser().parse_args(argv))
+    with pytest.raises(Exception, match="safetensors"):
+        LLMEngine(auto.engine_config)
 
 
 @pytest.mark.slow
