@@ -3,6 +3,7 @@ GFLOP/s the benchmarks print.
 
     python benchmarks/cpu_peak.py --threads 2
     python benchmarks/cpu_peak.py --threads 2 --dtype bfloat16
+    python benchmarks/cpu_peak.py --threads 2 --bandwidth          # memory read bandwidth
 
 Builds (once, cached like the engine's kernels) benchmarks/csrc/fma_peak.cpp, a loop of
 independent fused multiply-adds on 16-float vectors: 16 accumulator chains per thread, enough
@@ -11,6 +12,9 @@ trial; the best of ``--trials`` is the peak (2 flops per lane per FMA). ``--dtyp
 the same loop with AVX-512-BF16's vdpbf16ps (each float32 lane adds two bf16 products: 4 flops),
 the instruction oneDNN's bf16 GEMMs are built on; it exits 2 where the CPU has none. GEMM and
 attention rates divided by these are the fractions of peak quoted in results/perf/README.md.
+``--bandwidth`` instead measures the memory read bandwidth decode is bound by: the best of
+``--trials`` sums of a 1 GiB float32 tensor (far larger than any cache) on ``--threads`` threads, in GB/s
+(torch's float32 sum is vectorised and streams; its bf16 sum converts and is compute-bound).
 """
 
 from __future__ import annotations
@@ -56,6 +60,22 @@ def measure(threads: int, seconds: float = 0.3, trials: int = 5, dtype: str = "f
     return max(_rate(mod, iters, threads, dtype)[0] for _ in range(trials))
 
 
+def read_bandwidth(threads: int, trials: int = 5, gib: float = 1.0) -> float:
+    """Best-of-``trials`` GB/s of reading a ``gib`` GiB float32 tensor once (``sum``)."""
+    import time
+
+    import torch
+
+    torch.set_num_threads(threads)
+    x = torch.ones(int(gib * (1 << 30)) // 4, dtype=torch.float32)
+    best = 0.0
+    for _ in range(trials + 1):                  # the first pass also faults the pages in
+        t = time.perf_counter()
+        x.sum()
+        best = max(best, x.numel() * 4 / (time.perf_counter() - t) / 1e9)
+    return best
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
@@ -63,9 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--dtype", choices=tuple(LOOPS), default="float32",
                     help="float32: FMAs; bfloat16: the bf16 dot-product instruction (AVX-512-BF16)")
+    ap.add_argument("--bandwidth", action="store_true", help="measure the memory read bandwidth instead (GB/s)")
     args = ap.parse_args(argv)
     if args.threads < 1 or args.seconds <= 0 or args.trials < 1:
         ap.error("--threads and --trials must be >= 1 and --seconds > 0")
+    if args.bandwidth:
+        print(f"memory read bandwidth, {args.threads} thread(s): {read_bandwidth(args.threads, args.trials):.1f} GB/s")
+        return 0
     try:
         peak = measure(args.threads, args.seconds, args.trials, args.dtype)
     except RuntimeError as exc:

@@ -73,6 +73,12 @@ def glibc_tunables() -> str | None:
     return _get("GLIBC_TUNABLES")
 
 
+def cpu_dtype() -> str | None:
+    """The dtype the worker's ``--dtype auto`` picks on CPU (SWIFTSERVE_CPU_DTYPE: float32 | bfloat16);
+    None = the measured rule of swiftcommon.cpu_dtype (bfloat16 where the CPU has native bf16)."""
+    return _get("SWIFTSERVE_CPU_DTYPE")
+
+
 def engine_core() -> str | None:
     """Default of the worker's --engine-core (SWIFTSERVE_ENGINE_CORE: process | thread); None = process."""
     return _get("SWIFTSERVE_ENGINE_CORE")

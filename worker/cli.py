@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     engine = create_engine_client(config)
     app = build_app(config, engine, tokenizer)
     log.info("serving %s (%s) on http://%s:%d", config.model_name, config.model_dir, config.host, config.port)
+    if config.dtype_note:
+        log.info("%s", config.dtype_note)
     from swiftcommon.logs import quiet_probe_logs
 
     quiet_probe_logs()

@@ -50,6 +50,7 @@ class WorkerConfig:
     vllm_fast_prefill: bool | None = None       # SwiftKV's kv_sharing_fast_prefill (None: on)
     tensor_parallel_size: int = 1               # vLLM's; the reference engine runs on one device
     pipeline_parallel_size: int = 1
+    dtype_note: str | None = None               # why --dtype auto became engine_config.dtype (logged at start-up)
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_KINDS:

@@ -147,6 +147,10 @@ def test_cpu_peak_bf16_dot_products_run_where_the_cpu_has_them(capsys):
     assert peak.measure(1, 0.02, 1, "bfloat16") > 0
 
 
+def test_cpu_peak_reads_a_memory_bandwidth():
+    assert load("cpu_peak").read_bandwidth(1, trials=1, gib=0.01) > 0
+
+
 def test_profile_vs_vllm_groups_operators():
     prof = load("profile_vs_vllm")
     assert prof.family("_C::onednn_mm") == prof.family("mkldnn::_linear_pointwise") == "gemm"
