@@ -88,10 +88,20 @@ def main(argv: list[str] | None = None) -> int:
                              "gflops": round(gflops, 1), "of_peak": round(gflops / peak, 3)})
             print(f"{name:8s} {k:5d}x{n:<6d} rows={m:5d}  plain {plain:9.3f} ms  packed {packed:9.3f} ms  "
                   f"ratio {packed / plain:.2f}  {gflops:6.1f} GFLOP/s ({100 * gflops / peak:.0f}% of peak)", flush=True)
+    # Per row count, the decoder layer's GEMMs together (qkv, o, gate_up, down; not the LM head,
+    # which prefill runs on a few rows): their flops over the faster paths' summed time, / peak.
+    layer_share = {}
+    for m in args.rows:
+        rs = [r for r in rows_out if r["rows"] == m and r["gemm"] != "lm_head"]
+        flops = sum(2 * m * r["in"] * r["out"] for r in rs)
+        ms = sum(min(r["plain_ms"], r["packed_ms"]) for r in rs)
+        layer_share[str(m)] = round(flops / (ms * 1e6) / peak, 3)
+    print("decoder-layer GEMMs as a share of the peak, by rows: " + json.dumps(layer_share))
     res = {"command": command_line(argv),
            "model": args.model, "threads": torch.get_num_threads(), "torch": torch.__version__,
            "cpu": platform.processor() or platform.machine(), "capability": torch.backends.cpu.get_cpu_capability(),
-           "repeats": args.repeats, "dtype": args.dtype, "peak_gflops": round(peak, 1), "rows": rows_out}
+           "repeats": args.repeats, "dtype": args.dtype, "peak_gflops": round(peak, 1),
+           "layer_share_of_peak": layer_share, "rows": rows_out}
     if args.out:
         write_json(args.out, res)
     return 0

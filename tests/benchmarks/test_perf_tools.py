@@ -64,6 +64,7 @@ def test_linear_bench_checks_and_records_every_projection(smollm2_dir, tmp_path)
     assert {x["gemm"] for x in doc["rows"]} == {"qkv", "o", "gate_up", "down", "lm_head"}
     assert all(x["rows"] == 3 and x["plain_ms"] > 0 and x["packed_ms"] > 0 and x["of_peak"] > 0 for x in doc["rows"])
     assert doc["command"].startswith("python ")
+    assert set(doc["layer_share_of_peak"]) == {"3"} and doc["layer_share_of_peak"]["3"] > 0
 
 
 def test_engine_ab_parses_config_overrides():
