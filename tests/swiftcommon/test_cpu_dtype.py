@@ -1,5 +1,5 @@
-"""swiftcommon.cpu_dtype: the serving default dtype on CPU (native bf16 -> bfloat16, else float32),
-the SWIFTSERVE_CPU_DTYPE override, and the worker's ``--dtype auto`` resolving through it."""
+"""swiftcommon.cpu_dtype: the serving default dtype on CPU (native bf16 -> bfloat16, else float32)
+and the SWIFTSERVE_CPU_DTYPE override (the worker's use of it: tests/worker/test_serving_dtype.py)."""
 
 import pytest
 
@@ -26,16 +26,3 @@ def test_cpu_flags_reads_proc_cpuinfo(tmp_path):
     f.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\n\nprocessor\t: 1\nflags\t\t: fpu\n")
     assert cpu_flags(f) == {"fpu", "avx2", "avx512_bf16"}
     assert cpu_flags(tmp_path / "missing") == set()
-
-
-def test_the_worker_resolves_dtype_auto_on_cpu_by_the_rule(monkeypatch):
-    from worker.args import serving_dtype
-
-    monkeypatch.delenv("SWIFTSERVE_CPU_DTYPE", raising=False)     # tests/conftest.py pins float32
-    want = auto_cpu_dtype()[0]
-    dtype, note = serving_dtype("cpu", "auto")
-    assert dtype == want and want in note and note.startswith("--dtype auto on CPU")
-    assert serving_dtype("cpu", "float32") == ("float32", None)          # an explicit dtype is kept
-    assert serving_dtype("cuda", "auto") == ("auto", None)               # CUDA: the engine's bf16
-    monkeypatch.setenv("SWIFTSERVE_CPU_DTYPE", "float32")
-    assert serving_dtype("cpu", "auto")[0] == "float32"
