@@ -140,17 +140,29 @@ SETTLE_IDLE_S = 0.5          # a run starts once every server's tree used < 2% C
 SETTLE_MAX_S = 15.0
 
 
+def cpu_seconds(root) -> dict[str, float]:
+    """CPU seconds so far (user + system) of the psutil process ``root`` and its descendants,
+    keyed 'pid name' (processes gone meanwhile are left out)."""
+    import psutil
+
+    out = {}
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            out[f"{p.pid} {p.name()}"] = t.user + t.system
+        except psutil.Error:
+            continue
+    return out
+
+
 def tree_cpu_seconds(procs) -> float:
-    """User + system CPU seconds of every process in the servers' trees (gone ones count 0)."""
+    """CPU seconds of every process in the servers' trees (``cpu_seconds`` summed; gone ones count 0)."""
     import psutil
 
     total = 0.0
     for proc in procs:
         try:
-            root = psutil.Process(proc.pid)
-            for p in [root, *root.children(recursive=True)]:
-                t = p.cpu_times()
-                total += t.user + t.system
+            total += sum(cpu_seconds(psutil.Process(proc.pid)).values())
         except psutil.Error:
             continue
     return total

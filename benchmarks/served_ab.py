@@ -29,8 +29,8 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import command_line, write_json  # noqa: E402
-from benchmarks.perf_suite import (SHAPES, WORKLOADS, run_workload, server_commands, start, stop,  # noqa: E402
-                                   workloads_of_shape)
+from benchmarks.perf_suite import (SHAPES, WORKLOADS, cpu_seconds, run_workload, server_commands,  # noqa: E402
+                                   start, stop, workloads_of_shape)
 
 
 def parse_variant(text: str) -> tuple[str, str, dict[str, str]]:
@@ -45,18 +45,6 @@ def parse_variant(text: str) -> tuple[str, str, dict[str, str]]:
             raise argparse.ArgumentTypeError(f"bad environment pair {pair!r} in {text!r}")
         env[k] = v
     return name, server, env
-
-
-def cpu_seconds(root: psutil.Process) -> dict[str, float]:
-    """CPU seconds so far of ``root`` and its descendants, keyed 'pid name'."""
-    out = {}
-    for p in [root, *root.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            out[f"{p.pid} {p.name()}"] = t.user + t.system
-        except psutil.Error:
-            continue
-    return out
 
 
 def measure(name: str, proc, port: int, args, seed: int) -> dict:

@@ -80,10 +80,15 @@ inline v16 loadf(const at::BFloat16* p) {
 // float -> bfloat16 conversion does (finite values; the kernels never make NaNs of their own).
 typedef uint32_t u16x32 __attribute__((vector_size(64)));       // 16 lanes of 32 bits
 
-inline v16 round_bf16(v16 x) {              // x rounded to bf16 precision, kept as float
+// The bits of x rounded to nearest even at bf16 precision: the upper 16 bits of each lane.
+inline u16x32 bf16_bits(v16 x) {
   u16x32 b;
   std::memcpy(&b, &x, sizeof(b));
-  b = (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u;
+  return b + 0x7FFFu + ((b >> 16) & 1u);
+}
+
+inline v16 round_bf16(v16 x) {              // x rounded to bf16 precision, kept as float
+  const u16x32 b = bf16_bits(x) & 0xFFFF0000u;
   v16 r;
   std::memcpy(&r, &b, sizeof(r));
   return r;
@@ -93,9 +98,7 @@ inline void storef(float* p, v16 x) { store(p, x); }
 
 inline void storef(at::BFloat16* p, v16 x) {
   typedef uint16_t u16 __attribute__((vector_size(32)));
-  u16x32 b;
-  std::memcpy(&b, &x, sizeof(b));
-  const u16 h = __builtin_convertvector((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16, u16);
+  const u16 h = __builtin_convertvector(bf16_bits(x) >> 16, u16);
   std::memcpy(p, &h, sizeof(h));
 }
 
