@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 sys.path.append(str(ROOT / "tests"))
 
-from common import command_line, write_json  # noqa: E402
+from benchmarks.common import command_line, write_json  # noqa: E402
 
 
 def prefill_times(model: str, tokens: int, repeats: int) -> dict:
