@@ -251,6 +251,10 @@ def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
         parser.error("--max-body-bytes and --max-choices-per-request must be positive")
     if args.drain_timeout < 0:
         parser.error("--drain-timeout must be >= 0")
+    try:                                       # a bad SWIFTSERVE_CPU_DTYPE is refused here, not as a model error
+        auto_cpu_dtype(set(), override=envs.cpu_dtype())
+    except ValueError as exc:
+        parser.error(str(exc))
     for flag, value in (("--packed-linear", args.packed_linear), ("--decode-kernel", args.decode_kernel),
                         ("--prefill-kernel", args.prefill_kernel), ("--fused-ops", args.fused_ops)):
         if value != "auto" and args.engine != "reference":
