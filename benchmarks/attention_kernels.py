@@ -8,8 +8,10 @@ against ``scaled_dot_product_attention(is_causal=True, enable_gqa=True)`` on con
 of this CPU's measured FMA peak (benchmarks/cpu_peak.py). Decode: ``--batch`` sequences of
 ``--context`` cached tokens in scattered blocks, one query each, through
 ``refengine.attention.paged_attention`` with and without the kernel (the engine's two
-paths, gather included). Medians over ``--repeats`` calls after warm-up, and the ratios
-kernel / torch; both paths' outputs are compared (max abs difference).
+paths, gather included). bf16 prefill: the same prompt rounded to bf16, the bf16 dot-product
+kernel (bf16 q over bf16 pools) against the float32 kernel on the same values. Medians over
+``--repeats`` calls after warm-up, and the ratios; both paths' outputs are compared (max abs
+difference).
 """
 
 from __future__ import annotations
@@ -66,6 +68,19 @@ def main(argv: list[str] | None = None) -> int:
                "sdpa_ms": median_ms(sdpa, args.repeats, 3),
                "max_abs_diff": float((out - sdpa()[0].transpose(0, 1)).abs().max())}
 
+    # bf16: the same values rounded to bf16, through the bf16 dot-product kernel (bf16 q over bf16
+    # pools; csrc/paged_prefill_bf16.cpp) and through the float32 kernel (q widened), alternating.
+    qb, kb, vb = q.bfloat16(), k_pool.bfloat16(), v_pool.bfloat16()
+    qbf, out_b = qb.float(), torch.empty(n, H, d)
+    kernel.prefill(qb, kb, vb, blocks, 0, scale, out_b)
+    kernel.prefill(qbf, kb, vb, blocks, 0, scale, out)
+    prefill_bf16 = {"bf16_dot_ms": median_ms(lambda: kernel.prefill(qb, kb, vb, blocks, 0, scale, out_b),
+                                             args.repeats, 3),
+                    "float32_kernel_ms": median_ms(lambda: kernel.prefill(qbf, kb, vb, blocks, 0, scale, out),
+                                                   args.repeats, 3),
+                    "max_abs_diff": float((out_b - out).abs().max())}
+    prefill_bf16["bf16_over_float32"] = prefill_bf16["bf16_dot_ms"] / prefill_bf16["float32_kernel_ms"]
+
     B, ctx = args.batch, args.context
     per = -(-ctx // bs)
     part = PartKV(HeadPart(tuple(range(kvh)), d, d), DenseStore(B * per + 8, bs, kvh, d, torch.float32, cpu),
@@ -90,13 +105,16 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"command": command_line(argv), "threads": args.threads, "torch": torch.__version__,
            "fma_peak_gflops": peak,
            "shape": {"heads": H, "kv_heads": kvh, "head_dim": d, "block_size": bs},
-           "prefill": {"tokens": n, **prefill}, "decode": {"batch": B, "context": ctx, **decode}}
+           "prefill": {"tokens": n, **prefill}, "prefill_bf16": {"tokens": n, **prefill_bf16},
+           "decode": {"batch": B, "context": ctx, **decode}}
     write_json(args.out, doc)
     print(f"prefill {n} tokens: kernel {prefill['kernel_ms']:.2f} ms ({prefill['kernel_gflops']:.0f} GFLOP/s, "
           f"{100 * prefill['kernel_of_fma_peak']:.0f}% of the {peak:.0f} GFLOP/s FMA peak), "
           f"SDPA {prefill['sdpa_ms']:.2f} ms "
           f"({prefill['kernel_over_sdpa']:.2f}x); decode {B} x {ctx}: kernel {decode['kernel_ms']:.3f} ms, "
-          f"gather + SDPA {decode['torch_ms']:.3f} ms ({decode['kernel_over_torch']:.2f}x)")
+          f"gather + SDPA {decode['torch_ms']:.3f} ms ({decode['kernel_over_torch']:.2f}x); bf16 prefill: "
+          f"dot-product kernel {prefill_bf16['bf16_dot_ms']:.2f} ms vs the float32 kernel on the same values "
+          f"{prefill_bf16['float32_kernel_ms']:.2f} ms ({prefill_bf16['bf16_over_float32']:.2f}x)")
     return 0
 
 

@@ -124,6 +124,8 @@ def test_attention_kernels_bench_compares_both_paths(tmp_path):
     for part in ("prefill", "decode"):
         assert doc[part]["kernel_ms"] > 0 and doc[part]["max_abs_diff"] < 1e-4, part
     assert doc["fma_peak_gflops"] > 0 and doc["prefill"]["kernel_of_fma_peak"] > 0
+    bf16 = doc["prefill_bf16"]                 # bf16 dot products vs the float32 kernel on the same values
+    assert bf16["bf16_dot_ms"] > 0 and bf16["float32_kernel_ms"] > 0 and bf16["max_abs_diff"] < 2e-2
 
 
 def test_cpu_peak_measures_a_rate_and_refuses_bad_options(capsys):
