@@ -3,7 +3,8 @@
     python benchmarks/engine_ab.py --set packed_linear=off packed_linear=all --threads 2 \
         --workloads decode_128_128 prefill_1024_32 --rounds 3 --out results/perf/profiles/ab_packed_linear.json
 
-Builds engine A and engine B (EngineConfig overrides ``--set A B``, each ``KEY=VALUE[,KEY=VALUE]``),
+Builds engine A and engine B (EngineConfig overrides ``--set A B``, each ``KEY=VALUE[,KEY=VALUE]``,
+and optionally KV methods ``--kv-methods A B``, each a JSON object as the worker takes it, ``{}`` for none),
 then for every round and workload runs A and B in turn on the same prompts (all submitted
 at once, ``ignore_eos``, greedy), and reports per configuration the median wall time,
 decode-step and prefill-step medians, and the ratio B / A. Both engines must produce the
@@ -34,7 +35,11 @@ def parse_set(text: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="default")
-    ap.add_argument("--set", nargs=2, required=True, metavar=("A", "B"))
+    ap.add_argument("--set", nargs=2, default=["", ""], metavar=("A", "B"),
+                    help="EngineConfig overrides of A and B, each KEY=VALUE[,KEY=VALUE] ('' for none)")
+    ap.add_argument("--kv-methods", nargs=2, default=None, metavar=("A", "B"),
+                    help="KV methods of A and B, each a JSON object ('{}' for none), e.g. "
+                         "'{}' '{\"zack\": {\"calibration\": \"DIR\", \"rate\": 0.5}}'")
     ap.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=["decode_128_128"])
     ap.add_argument("--prompts", type=int, default=None, help="override every workload's prompt count")
     ap.add_argument("--rounds", type=int, default=3)
@@ -48,8 +53,17 @@ def main(argv: list[str] | None = None) -> int:
 
     model = str(resolve_model(args.model))
     sets = [parse_set(s) for s in args.set]
+    if args.kv_methods:
+        for s, text in zip(sets, args.kv_methods):
+            methods = json.loads(text)
+            if not isinstance(methods, dict):
+                ap.error(f"--kv-methods takes JSON objects, not {text!r}")
+            if methods:
+                s["kv_methods"] = methods
+    if sets[0] == sets[1]:
+        ap.error("A and B are the same configuration: give --set and/or --kv-methods that differ")
     engines = [LLMEngine(EngineConfig(model=model, max_model_len=2048, torch_threads=args.threads, **s)) for s in sets]
-    prompts = {"decode_128_128": 32, "prefill_1024_32": 16, "chat_256_16": 16}
+    prompts = {"decode_128_128": 32, "prefill_1024_32": 16, "chat_256_16": 16, "decode_1024_128": 16}
     res: dict = {"command": command_line(argv),
                  "A": sets[0], "B": sets[1], "workloads": {}}
     for eng in engines:                                                   # warm-up

@@ -18,7 +18,8 @@ import statistics
 import time
 from pathlib import Path
 
-WORKLOADS = {"chat_256_16": (256, 16), "prefill_1024_32": (1024, 32), "decode_128_128": (128, 128)}
+WORKLOADS = {"chat_256_16": (256, 16), "prefill_1024_32": (1024, 32), "decode_128_128": (128, 128),
+             "decode_1024_128": (1024, 128)}      # decode over long (RAG-like) contexts
 
 
 def make_engine(model: str, swiftkv: bool, **kw):

@@ -73,6 +73,14 @@ def test_engine_ab_parses_config_overrides():
         "packed_linear": "off", "max_num_seqs": 8, "swiftkv": False}
 
 
+@pytest.mark.parametrize("argv", [["--kv-methods", "{}", "{}"], ["--kv-methods", "{}", "[1]"], []])
+def test_engine_ab_refuses_same_or_bad_configurations(argv, capsys):
+    # Refused before any model loads: A == B measures nothing, and KV methods are JSON objects.
+    with pytest.raises(SystemExit) as e:
+        load("engine_ab").main(argv)
+    assert e.value.code == 2 and ("same configuration" in capsys.readouterr().err or argv[-1] == "[1]")
+
+
 def test_served_profile_shares_per_thread(tmp_path):
     prof = load("served_profile")
     raw = tmp_path / "spy.txt"
