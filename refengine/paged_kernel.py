@@ -77,8 +77,9 @@ class PagedDecodeKernel:
 
     def __call__(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, table: torch.Tensor,
                  lens: torch.Tensor, scale: float, starts: torch.Tensor | None = None) -> torch.Tensor:
-        with named("swiftserve::paged_decode"):
-            out = self._op(q.float(), k_pool, v_pool, table, lens, float(scale), starts)
+        with named("swiftserve::paged_decode"):      # bf16 q stays bf16 (the kernel's dot-product path)
+            qk = q if q.dtype in (torch.float32, torch.bfloat16) else q.float()
+            out = self._op(qk, k_pool, v_pool, table, lens, float(scale), starts)
         return out if q.dtype == torch.float32 else out.to(q.dtype)
 
     def prefill(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, blocks: torch.Tensor,

@@ -1,7 +1,7 @@
 // Paged decode attention on CPU: one query position per sequence, keys and values read from the
 // block pool in place or one 64-key tile at a time (no gather into a padded batch of the context).
 //
-//   q      [B, kvh, g, d]    float32, contiguous (the g query heads sharing KV head h)
+//   q      [B, kvh, g, d]    float32, or bfloat16 (the g query heads sharing KV head h)
 //   k      [N, bs, kvh, d]   float32 or bfloat16, contiguous block pool
 //   v      [N, bs, kvh, dv]  same dtype as k
 //   table  [B, max_blocks]   int64 block ids; sequence b uses the first ceil(lens[b] / bs)
@@ -14,7 +14,9 @@
 // (ZACK's adaptive ranks: 37, 50, 1, ...) decode_tiles packs each 64-key tile as float32, K
 // transposed and V zero-padded to whole vectors, and runs the prefill tiles with the g query
 // heads of a KV head as rows (online softmax). Work is split over sequences (or sequence, KV
-// head pairs) with ATen's parallel_for (OpenMP).
+// head pairs) with ATen's parallel_for (OpenMP). bf16 queries over bf16 pools with d a multiple
+// of 32 take decode_vec's dot-product path (q K^T by vdpbf16ps, where the CPU has it); any other
+// bf16 query is widened to float32 first, which is exact.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -23,7 +25,8 @@
 template <typename T>
 void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, const int64_t* lens,
                 const int64_t* starts, float* out, int64_t B, int64_t kvh, int64_t g, int64_t d, int64_t dv,
-                int64_t bs, int64_t max_blocks, float scale);
+                int64_t bs, int64_t max_blocks, float scale, const uint16_t* qb);
+bool decode_has_bf16_dot();
 template <typename T>
 void decode_tiles(const float* q, const T* k, const T* v, const int64_t* table, const int64_t* lens,
                   const int64_t* starts, float* out, int64_t B, int64_t kvh, int64_t g, int64_t d, int64_t dv,
@@ -31,14 +34,19 @@ void decode_tiles(const float* q, const T* k, const T* v, const int64_t* table, 
 
 namespace {
 
-// One pool dtype: decode_vec when both widths are whole vectors, else the padded tiles.
+// One pool dtype: decode_vec when both widths are whole vectors, else the padded tiles. qb: the
+// bf16 queries for decode_vec's dot-product path (q is then unused), or nullptr.
 template <typename T>
-void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& table,
-         const torch::Tensor& lens, const int64_t* starts, torch::Tensor& out, float scale) {
-  const bool whole = v.size(3) % 16 == 0 && q.size(3) % 16 == 0;
-  const auto kernel = whole ? &decode_vec<T> : &decode_tiles<T>;
-  kernel(q.data_ptr<float>(), k.data_ptr<T>(), v.data_ptr<T>(), table.data_ptr<int64_t>(), lens.data_ptr<int64_t>(),
-         starts, out.data_ptr<float>(), q.size(0), q.size(1), q.size(2), q.size(3), v.size(3), k.size(1), table.size(1), scale);
+void run(const torch::Tensor& q, const uint16_t* qb, const torch::Tensor& k, const torch::Tensor& v,
+         const torch::Tensor& table, const torch::Tensor& lens, const int64_t* starts, torch::Tensor& out, float scale) {
+  const int64_t B = out.size(0), kvh = out.size(1), g = out.size(2), d = k.size(3), dv = v.size(3);
+  const float* qf = qb ? nullptr : q.data_ptr<float>();
+  if (dv % 16 == 0 && d % 16 == 0)
+    decode_vec<T>(qf, k.data_ptr<T>(), v.data_ptr<T>(), table.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), starts,
+                  out.data_ptr<float>(), B, kvh, g, d, dv, k.size(1), table.size(1), scale, qb);
+  else
+    decode_tiles<T>(qf, k.data_ptr<T>(), v.data_ptr<T>(), table.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), starts,
+                    out.data_ptr<float>(), B, kvh, g, d, dv, k.size(1), table.size(1), scale);
 }
 
 }  // namespace
@@ -47,11 +55,17 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
                            torch::Tensor lens, double scale, c10::optional<torch::Tensor> starts) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "paged_decode: CPU tensors only");
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "paged_decode: q, k, v must be 4-D");
-  TORCH_CHECK(q.scalar_type() == at::kFloat, "paged_decode: q must be float32");
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16,
+              "paged_decode: q must be float32 or bfloat16");
   TORCH_CHECK(k.scalar_type() == v.scalar_type(), "paged_decode: k and v dtypes differ");
   TORCH_CHECK(k.is_contiguous() && v.is_contiguous(), "paged_decode: the pools must be contiguous");
   TORCH_CHECK(table.scalar_type() == at::kLong && lens.scalar_type() == at::kLong, "paged_decode: int64 indices");
-  q = q.contiguous();
+  // bf16 queries over bf16 pools with whole 32-wide words keep bf16 (decode_vec's dot products);
+  // any other bf16 query is widened (exact).
+  const bool dot = q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 && q.size(3) % 32 == 0 &&
+                   v.size(3) % 16 == 0 && decode_has_bf16_dot();
+  q = dot ? q.contiguous() : q.to(at::kFloat).contiguous();
+  const uint16_t* qb = dot ? reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>()) : nullptr;
   table = table.contiguous();
   lens = lens.contiguous();
   const int64_t B = q.size(0), kvh = q.size(1), g = q.size(2), d = q.size(3);
@@ -66,11 +80,11 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
     TORCH_CHECK(lo.scalar_type() == at::kLong && lo.numel() == B, "paged_decode: starts must be int64 [B]");
   }
   const int64_t* lo_ptr = lo.defined() ? lo.data_ptr<int64_t>() : nullptr;
-  auto out = torch::empty({B, kvh, g, dv}, q.options());
+  auto out = torch::empty({B, kvh, g, dv}, q.options().dtype(at::kFloat));
   if (k.scalar_type() == at::kFloat) {
-    run<float>(q, k, v, table, lens, lo_ptr, out, static_cast<float>(scale));
+    run<float>(q, nullptr, k, v, table, lens, lo_ptr, out, static_cast<float>(scale));
   } else if (k.scalar_type() == at::kBFloat16) {
-    run<at::BFloat16>(q, k, v, table, lens, lo_ptr, out, static_cast<float>(scale));
+    run<at::BFloat16>(q, qb, k, v, table, lens, lo_ptr, out, static_cast<float>(scale));
   } else {
     TORCH_CHECK(false, "paged_decode: pools must be float32 or bfloat16");
   }

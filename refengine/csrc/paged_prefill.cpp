@@ -38,6 +38,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "tiles.h"
@@ -283,41 +284,66 @@ void decode_tiles(const float* q, const T* k, const T* v, const int64_t* table, 
 // s [head][g][L], 16 keys at a time per query row (one vector accumulator per key over d,
 // then sum16), an exact softmax per row, then out += P V with up to 4 rows x 64 value columns
 // in registers, each V row loaded once per row group.
+//
+// qb (bf16 pools only, d a multiple of 32, built with AVX-512-BF16; else nullptr): the queries as
+// bf16 [B, kvh, g, d], used instead of q: q K^T by vdpbf16ps (32 products per instruction, exact,
+// summed in float32), scaled afterwards, so no query is widened and no key either.
 template <typename T>
 void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, const int64_t* lens,
                 const int64_t* starts, float* out, int64_t B, int64_t kvh, int64_t g, int64_t d, int64_t dv,
-                int64_t bs, int64_t max_blocks, float scale) {
+                int64_t bs, int64_t max_blocks, float scale, const uint16_t* qb) {
   const int64_t nh = B >= 4 * at::get_num_threads() ? kvh : 1, per = kvh / nh, items = B * per;
   const int64_t gP = (g + 3) / 4 * 4;                        // rows padded to 4 (their P stays zero)
   std::atomic<int64_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     std::vector<float> qs(nh * g * d), s;
-    std::vector<int64_t> row(16);
+    std::vector<int64_t> row(16), prow;
     for (int64_t item; (item = next.fetch_add(1)) < items;) {
       const int64_t b = item / per, h0 = (item % per) * nh, len = lens[b], L = (len + 15) / 16 * 16;
       const int64_t lo = starts ? starts[b] : 0;            // first key the row sees (a window), masked below
       const int64_t* blocks = table + b * max_blocks;
-      const float* qb = q + (b * kvh + h0) * g * d;
-      for (int64_t i = 0; i < nh * g * d; ++i) qs[i] = qb[i] * scale;
+      // Pool row of every token, once per item: the loops below would otherwise divide by bs
+      // (a run-time value: an integer division) several times per key.
+      prow.resize(len);
+      for (int64_t t = 0, blk = 0; t < len; ++blk)
+        for (int64_t i = 0; i < bs && t < len; ++i, ++t) prow[t] = blocks[blk] * bs + i;
+      if (!qb) {
+        const float* qf = q + (b * kvh + h0) * g * d;
+        for (int64_t i = 0; i < nh * g * d; ++i) qs[i] = qf[i] * scale;
+      }
       s.assign(nh * gP * L, 0.f);
       for (int64_t t0 = 0; t0 < L; t0 += 16) {
         for (int kk = 0; kk < 16; ++kk) {                    // past len: repeat the last key, masked below
-          const int64_t tok = std::min(t0 + kk, len - 1);
-          row[kk] = (blocks[tok / bs] * bs + tok % bs) * kvh;
+          row[kk] = prow[std::min(t0 + kk, len - 1)] * kvh;
           const int64_t ahead = std::min(t0 + 16 + kk, len - 1);   // the next group's keys, into cache
-          const char* pk = reinterpret_cast<const char*>(k + ((blocks[ahead / bs] * bs + ahead % bs) * kvh + h0) * d);
+          const char* pk = reinterpret_cast<const char*>(k + (prow[ahead] * kvh + h0) * d);
           for (int64_t x = 0; x < static_cast<int64_t>(nh * d * sizeof(T)); x += 64) __builtin_prefetch(pk + x);
         }
         for (int64_t hh = 0; hh < nh; ++hh)
           for (int64_t j = 0; j < g; ++j) {
+            float* sj = s.data() + (hh * gP + j) * L + t0;
+            v16 acc[16] = {};
+#ifdef __AVX512BF16__
+            if constexpr (std::is_same<T, at::BFloat16>::value) {
+              if (qb) {                                       // words of two bf16: d / 2 per row
+                const uint32_t* qj = reinterpret_cast<const uint32_t*>(qb + ((b * kvh + h0 + hh) * g + j) * d);
+                const uint32_t* kh = reinterpret_cast<const uint32_t*>(k + (h0 + hh) * d);
+                for (int64_t c = 0; c < d / 2; c += 16) {
+                  const w16 qc = loadw(qj + c);
+                  for (int kk = 0; kk < 16; ++kk) acc[kk] = dot2(acc[kk], qc, loadw(kh + row[kk] * d / 2 + c));
+                }
+                store(sj, sum16(acc) * splat(scale));
+                continue;
+              }
+            }
+#endif
             const float* qj = qs.data() + (hh * g + j) * d;
             const T* kh = k + (h0 + hh) * d;
-            v16 acc[16] = {};
             for (int64_t c = 0; c < d; c += 16) {
               const v16 qc = load(qj + c);
               for (int kk = 0; kk < 16; ++kk) acc[kk] += qc * loadf(kh + row[kk] * d + c);
             }
-            store(s.data() + (hh * gP + j) * L + t0, sum16(acc));
+            store(sj, sum16(acc));
           }
       }
       for (int64_t hh = 0; hh < nh; ++hh)
@@ -350,10 +376,9 @@ void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, co
           for (int64_t c0 = 0; c0 < dv; c0 += width) {
             v16 acc[4][4] = {};
             for (int64_t t = lo; t < len; ++t) {
-              const T* vr = v + ((blocks[t / bs] * bs + t % bs) * kvh + h0 + hh) * dv + c0;
+              const T* vr = v + (prow[t] * kvh + h0 + hh) * dv + c0;
               const int64_t ahead = std::min(t + 8, len - 1);      // V rows 8 tokens ahead, into cache
-              const int64_t arow = blocks[ahead / bs] * bs + ahead % bs;
-              const char* pv = reinterpret_cast<const char*>(v + (arow * kvh + h0 + hh) * dv + c0);
+              const char* pv = reinterpret_cast<const char*>(v + (prow[ahead] * kvh + h0 + hh) * dv + c0);
               for (int64_t x = 0; x < static_cast<int64_t>(width * sizeof(T)); x += 64) __builtin_prefetch(pv + x);
               v16 x[4];
               for (int i = 0; i < nv; ++i) x[i] = loadf(vr + 16 * i);
@@ -370,13 +395,24 @@ void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, co
   });
 }
 
-#define SWIFTSERVE_DECODE(NAME, T)                                                                          \
+// Whether decode_vec's bf16 query path (qb) was built (AVX-512-BF16 at compile time).
+bool decode_has_bf16_dot() {
+#ifdef __AVX512BF16__
+  return true;
+#else
+  return false;
+#endif
+}
+
+#define SWIFTSERVE_DECODE(NAME, T, EXTRA)                                                                      \
   template void NAME<T>(const float*, const T*, const T*, const int64_t*, const int64_t*, const int64_t*, float*, \
-                        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float);
-SWIFTSERVE_DECODE(decode_vec, float)
-SWIFTSERVE_DECODE(decode_vec, at::BFloat16)
-SWIFTSERVE_DECODE(decode_tiles, float)
-SWIFTSERVE_DECODE(decode_tiles, at::BFloat16)
+                        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float EXTRA);
+#define SWIFTSERVE_QB , const uint16_t*
+SWIFTSERVE_DECODE(decode_vec, float, SWIFTSERVE_QB)
+SWIFTSERVE_DECODE(decode_vec, at::BFloat16, SWIFTSERVE_QB)
+SWIFTSERVE_DECODE(decode_tiles, float, )
+SWIFTSERVE_DECODE(decode_tiles, at::BFloat16, )
+#undef SWIFTSERVE_QB
 #undef SWIFTSERVE_DECODE
 
 

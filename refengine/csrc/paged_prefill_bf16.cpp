@@ -37,18 +37,6 @@ using namespace swiftserve_tiles;
 
 namespace {
 
-typedef uint32_t w16 __attribute__((vector_size(64)));     // 16 words of two bf16 each
-
-inline w16 loadw(const uint32_t* p) {
-  w16 r;
-  std::memcpy(&r, p, sizeof(r));
-  return r;
-}
-
-inline w16 splatw(uint32_t x) { return x - w16{}; }
-
-inline v16 dot2(v16 acc, w16 a, w16 b) { return (v16)_mm512_dpbf16_ps((__m512)acc, (__m512bh)a, (__m512bh)b); }
-
 // Keys j0 .. j0+cols-1 of KV head h into kt [d/2][KT] and vt [KT/2][dvp] (layouts above).
 void pack(uint32_t* kt, uint32_t* vt, int64_t j0, int64_t cols, const uint16_t* k, const uint16_t* v,
           const int64_t* blocks, int64_t bs, int64_t kvh, int64_t h, int64_t d, int64_t dv) {

@@ -8,6 +8,10 @@
 #include <cstdint>
 #include <cstring>
 
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+#endif
+
 namespace swiftserve_vec {
 
 typedef float v16 __attribute__((vector_size(64)));
@@ -124,5 +128,22 @@ inline v16 sum16(const v16* a) {
   return __builtin_shufflevector(e[0], e[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
          __builtin_shufflevector(e[0], e[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
+
+#ifdef __AVX512BF16__
+// Words of two bf16 each (element 2i in the low half, as in memory) and the AVX-512-BF16 dot
+// product: lane i of dot2(acc, a, b) is acc[i] + a[2i] b[2i] + a[2i+1] b[2i+1], the products exact
+// and summed in float32 (denormals flushed).
+typedef uint32_t w16 __attribute__((vector_size(64)));
+
+inline w16 loadw(const uint32_t* p) {
+  w16 r;
+  std::memcpy(&r, p, sizeof(r));
+  return r;
+}
+
+inline w16 splatw(uint32_t x) { return x - w16{}; }
+
+inline v16 dot2(v16 acc, w16 a, w16 b) { return (v16)_mm512_dpbf16_ps((__m512)acc, (__m512bh)a, (__m512bh)b); }
+#endif
 
 }  // namespace swiftserve_vec

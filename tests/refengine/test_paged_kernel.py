@@ -104,6 +104,34 @@ def test_bf16_dot_prefill_tracks_the_float32_kernel(kernel, kvh, g, d, dv, windo
 
 
 @needs_compiler
+@pytest.mark.parametrize("kvh,g,d,dv,window", [(3, 3, 64, 64, 0), (2, 2, 128, 128, 0), (1, 4, 32, 48, 0),
+                                                (1, 2, 64, 64, 37), (2, 1, 48, 32, 0), (1, 2, 24, 7, 0)])
+@pytest.mark.parametrize("lengths", [[1, 17, 64, 300], [5] * 20])
+def test_bf16_dot_decode_tracks_the_float32_query_path(kernel, kvh, g, d, dv, window, lengths):
+    """bf16 queries over bf16 pools take decode_vec's dot-product path (d a multiple of 32, dv of 16,
+    AVX-512-BF16; others widen q): q K^T are exact bf16 products summed in float32 either way, the
+    rest of the kernel is shared, so it agrees with the float32-query path to float32 rounding
+    (bound 1e-5 x max |out|); ragged lengths, windows, sequences split by KV head (few) or not (many)."""
+    torch.manual_seed(3)
+    bs = 16
+    need = [-(-n // bs) for n in lengths]
+    kp = torch.randn(sum(need) + 3, bs, kvh, d).bfloat16()
+    vp = torch.randn(sum(need) + 3, bs, kvh, dv).bfloat16()
+    perm = torch.randperm(sum(need) + 3)
+    table = torch.zeros(len(lengths), max(need), dtype=torch.long)
+    at = 0
+    for i, k in enumerate(need):
+        table[i, :k], at = perm[at:at + k], at + k
+    lens = torch.tensor(lengths)
+    starts = (lens - window).clamp(min=0) if window else None
+    q = torch.randn(len(lengths), kvh, g, d).bfloat16()
+    got = kernel(q, kp, vp, table, lens, 0.3, starts)
+    want = kernel._op(q.float(), kp, vp, table, lens, 0.3, starts)       # the float32-query path
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape == (len(lengths), kvh, g, dv)
+    assert (kernel._op(q, kp, vp, table, lens, 0.3, starts) - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+@needs_compiler
 def test_prefill_kernel_declines_what_it_cannot_read(kernel):
     """Float16 and non-dense pools take the SDPA path (any head width is the kernel's since issue 32)."""
     torch.manual_seed(3)
