@@ -151,8 +151,8 @@ def bytes_16bit(model: Path, overrides: dict) -> tuple[float, float]:
     """(device, host) KV bytes per token the same configuration plans with a 16-bit compute dtype."""
     from refengine.kv import registry
 
-    facts = registry.facts_for(model, overrides.get("swiftkv", True), elem_bytes=2,
-                               block_size=overrides.get("block_size", 16))
+    bs = overrides.get("block_size") or registry.default_block_size(overrides.get("kv_methods"))
+    facts = registry.facts_for(model, overrides.get("swiftkv", True), elem_bytes=2, block_size=bs)
     spec = registry.validate(overrides.get("kv_methods") or {}, facts, overrides.get("kv_cache_dtype", "auto")).spec
     return spec.device_bytes_per_token, spec.host_bytes_per_token
 

@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         model = resolve_model(name)
         for suffix, methods in combos:
             reason = registry.check(methods, model, overrides.get("swiftkv", True),
-                                    overrides.get("kv_cache_dtype", "auto"), overrides.get("block_size", 16))
+                                    overrides.get("kv_cache_dtype", "auto"), overrides.get("block_size"))
             if reason:
                 raise SystemExit(f"modelkit eval: {label or name}{suffix}: --kv-methods: {reason}")
             runs.append(((label or name) + suffix, model, dict(overrides, kv_methods=methods)))

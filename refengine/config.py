@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from refengine.kv.registry import KVMethods
+from refengine.kv.registry import KVMethods, default_block_size
 
 
 @dataclass
@@ -25,7 +25,8 @@ class EngineConfig:
     dtype: str = "auto"                         # "auto" (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
     seed: int = 0
     max_model_len: int | None = None            # None: min(config max_position_embeddings, 8192)
-    block_size: int = 16                        # tokens per KV block
+    block_size: int | None = None               # tokens per KV block; None: 16, or what a KV method prefers
+                                                # (ZipCache: 32), ``registry.default_block_size``
     num_kv_blocks: int | None = None            # None: sized from kv_cache_memory_gb
     kv_cache_memory_gb: float = 1.0             # budget for the block pool
     kv_host_memory_gb: float | None = None      # bound on host-resident KV (KCache's V pool); None: unbounded
@@ -49,3 +50,5 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         self.kv_methods = KVMethods.parse(self.kv_methods)
+        if self.block_size is None:
+            self.block_size = default_block_size(self.kv_methods)

@@ -107,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the text is meaningless). With --engine vllm, vLLM's own --load-format")
     e.add_argument("--max-model-len", type=int, default=None,
                    help="context length (prompt + output); default: min(model maximum, 8192)")
-    e.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
+    e.add_argument("--block-size", type=int, default=None,
+                   help="tokens per KV-cache block (default: 16, or 32 with ZipCache, whose per-block "
+                        "quantisation metadata then costs half as much per token)")
     e.add_argument("--num-kv-blocks", type=int, default=None,
                    help="KV blocks in the pool (default: sized from --kv-cache-memory-gb)")
     e.add_argument("--kv-cache-memory-gb", type=float, default=1.0, help="memory budget of the KV block pool (GiB)")
@@ -235,7 +237,7 @@ def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> 
 def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """The rules that need no model (``parser.error``: exit 2 with the message)."""
     for name in ("port", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_logprobs"):
-        if getattr(args, name) < (0 if name == "max_logprobs" else 1):
+        if getattr(args, name) is not None and getattr(args, name) < (0 if name == "max_logprobs" else 1):
             parser.error(f"--{name.replace('_', '-')} must be positive")
     if args.long_prefill_token_threshold is not None and args.long_prefill_token_threshold < 0:
         parser.error("--long-prefill-token-threshold must be >= 0")

@@ -88,6 +88,9 @@ class KVMethod:
     # tokens or change after being written (eviction, saliency-ranked codecs) sets this False
     # and the engine turns prefix caching off.
     prefix_cacheable: ClassVar[bool] = True
+    # The KV block size this method serves best with, used when the user leaves the block size
+    # unset (``EngineConfig.block_size=None``, the worker's default); None: no preference.
+    block_size: ClassVar[int | None] = None
 
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         try:

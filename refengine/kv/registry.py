@@ -142,6 +142,17 @@ class KVMethods(Mapping):
         return json.dumps(dict(self.given))
 
 
+DEFAULT_BLOCK_SIZE = 16
+
+
+def default_block_size(methods: KVMethods | Mapping | str | None) -> int:
+    """The block size when none is given: the largest any asked-for method prefers (ZipCache: 32,
+    which halves its per-block quantisation metadata per token), else ``DEFAULT_BLOCK_SIZE``."""
+    methods = KVMethods.parse(methods)
+    wanted = [METHODS[n].block_size for n in methods if methods[n] is not False and METHODS[n].block_size]
+    return max(wanted, default=DEFAULT_BLOCK_SIZE)
+
+
 @dataclass(frozen=True)
 class KVPlan:
     """A checked KV setting: the methods in role order and the cache they plan.
@@ -222,7 +233,8 @@ def check_engine(config: EngineInputs, spec: ModelSpec | None = None, elem_bytes
     return validate(config.kv_methods, facts, config.kv_cache_dtype)
 
 
-def facts_for(model_dir: str | Path, swiftkv: bool = True, elem_bytes: int = 4, block_size: int = 16) -> ModelFacts:
+def facts_for(model_dir: str | Path, swiftkv: bool = True, elem_bytes: int = 4,
+              block_size: int = DEFAULT_BLOCK_SIZE) -> ModelFacts:
     """``ModelFacts`` of a model directory without loading weights (for CLIs' early validation)."""
     from refengine.model_config import load_model_spec
 
@@ -230,7 +242,8 @@ def facts_for(model_dir: str | Path, swiftkv: bool = True, elem_bytes: int = 4, 
     return facts_from_spec(spec, str(model_dir), swiftkv, elem_bytes, block_size)
 
 
-def facts_from_spec(spec, model_dir: str, swiftkv: bool, elem_bytes: int, block_size: int = 16) -> ModelFacts:
+def facts_from_spec(spec, model_dir: str, swiftkv: bool, elem_bytes: int,
+                    block_size: int = DEFAULT_BLOCK_SIZE) -> ModelFacts:
     on = bool(swiftkv and spec.swiftkv)
     return ModelFacts(model_dir=str(model_dir), num_layers=spec.num_layers, num_heads=spec.num_heads,
                       num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, elem_bytes=elem_bytes,
@@ -240,10 +253,12 @@ def facts_from_spec(spec, model_dir: str, swiftkv: bool, elem_bytes: int, block_
 
 
 def check(methods: KVMethods | Mapping | None, model_dir: str | Path, swiftkv: bool = True,
-          kv_cache_dtype: str = "auto", block_size: int = 16) -> str | None:
+          kv_cache_dtype: str = "auto", block_size: int | None = None) -> str | None:
     """``validate`` for a model directory: None when the methods can serve it, else the reasons."""
     try:
-        validate(methods, facts_for(model_dir, swiftkv, block_size=block_size), kv_cache_dtype)
+        methods = KVMethods.parse(methods)
+        bs = default_block_size(methods) if block_size is None else block_size
+        validate(methods, facts_for(model_dir, swiftkv, block_size=bs), kv_cache_dtype)
     except (MethodError, ValueError) as exc:
         return str(exc)
     return None

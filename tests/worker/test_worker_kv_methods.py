@@ -58,8 +58,10 @@ def test_kcache_moves_v_to_the_host_and_fetches_top_n_rows(smollm2_dir):
 
 def test_zipcache_packs_the_pool(smollm2_dir):
     m = serve(smollm2_dir, {"zipcache": {"window": 16}})
+    assert m["kv_block_size"] == 32                    # ZipCache's default block size when none is given
     assert m["kv_bytes_per_token"] < BASELINE / 6 and m["kv_reserved_bytes"] > 0
-    assert m["zipcache_blocks_flushed"] >= 4 and m["zipcache_probe_queries"] > 0
+    # ~144 tokens, window 16: the blocks of tokens 0-95 have left the window and were quantised
+    assert m["zipcache_blocks_flushed"] >= 3 and m["zipcache_probe_queries"] > 0, m
 
 
 def test_eviction_frees_blocks_after_the_prompt(smollm2_dir):

@@ -99,11 +99,24 @@ def test_one_check_takes_block_size_and_kv_dtype_from_the_engine_config(tmp_path
 
     model = str(_llama_dir(tmp_path))
     plan = registry.check_engine(EngineConfig(model=model, kv_methods={"zipcache": {}}))
-    assert [m.name for m in plan.methods] == ["zipcache"] and plan.spec.block_size == 16
+    assert [m.name for m in plan.methods] == ["zipcache"] and plan.spec.block_size == 32     # ZipCache's default
+    plan = registry.check_engine(EngineConfig(model=model, kv_methods={"zipcache": {}}, block_size=16))
+    assert plan.spec.block_size == 16 and plan.methods[0].layout.block_size == 16          # an explicit size wins
     with pytest.raises(MethodError, match="block_size 512 > 256"):       # the block size reaches the check
         registry.check_engine(EngineConfig(model=model, kv_methods={"zipcache": {}}, block_size=512))
     with pytest.raises(MethodError, match="two KV codecs"):              # and so does the KV dtype
         registry.check_engine(EngineConfig(model=model, kv_methods={"zipcache": {}}, kv_cache_dtype="fp8_e4m3"))
+
+
+def test_the_default_block_size_is_16_unless_a_method_prefers_another():
+    from refengine.config import EngineConfig
+
+    assert registry.default_block_size(None) == registry.DEFAULT_BLOCK_SIZE == 16
+    assert registry.default_block_size({"kcache": {}}) == 16
+    assert registry.default_block_size({"zipcache": {}}) == 32
+    assert registry.default_block_size({"zipcache": False}) == 16                  # switched off: no preference
+    assert EngineConfig(model="m").block_size == 16
+    assert EngineConfig(model="m", kv_methods='{"zipcache": {}}').block_size == 32
 
 
 def test_the_one_check_sees_swiftkv_on_or_off(tmp_path):

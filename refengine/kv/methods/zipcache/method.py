@@ -39,7 +39,9 @@ Bits = Literal[2, 4, 8, 16]
 class ZipCacheOptions(Options):
     bits_hi: Bits = 4
     bits_lo: Bits = 2
-    salient_ratio: float = Field(0.25, ge=0.0, le=1.0)
+    # 0.375 with 32-token blocks: 0.242 of a 16-bit cache at the perplexity 0.25 gave with 16-token
+    # blocks (0.273); results/kv_methods/zipcache_curve.md has the curve.
+    salient_ratio: float = Field(0.375, ge=0.0, le=1.0)
     window: int = Field(32, ge=0, le=4096)
     probe_ratio: float = Field(0.1, gt=0.0, le=1.0)
 
@@ -54,6 +56,10 @@ class ZipCacheMethod(KVMethod):
     name = "zipcache"
     role = "codec"
     prefix_cacheable = False     # a block's precision split depends on attention from later tokens
+    # K's per-channel minimum and range are stored per block: at 32 tokens they cost half the bits
+    # per token they cost at 16 (results/kv_methods/zipcache_curve.md). The engine's default
+    # block size when ZipCache is on; an explicit --block-size still wins.
+    block_size = 32
     OptionsModel = ZipCacheOptions
     summary = ("packed 4/2-bit K (per channel) and V (channel-normalised, per token), salient tokens at bits_hi by "
                "probe-estimated normalised attention, full-precision window; options bits_hi, bits_lo, "
