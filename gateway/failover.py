@@ -14,7 +14,10 @@ worker fails after the first byte it:
    (``StreamTracker.resume``); up to ``max_attempts`` workers per migration, at most
    ``--max-migrations`` migrations per request;
 3. accepts the new stream only if it is a 200 SSE that confirms the continuation
-   (``x-swiftserve-continuation``), then relays it as the same stream.
+   (``x-swiftserve-continuation``), then relays it as the same stream. A worker that
+   refuses the continuation (a 4xx, e.g. a vLLM worker asked to resume a constrained
+   stream) is passed over for the next one without counting against its health; when
+   none is left, the error event quotes the last refusal.
 
 If no migration is possible (limit reached, no other worker, a worker that does not send
 token ids, the request already finished) the stream ends as a non-migratable one does:
@@ -27,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+
+import orjson
 
 from gateway.admission import Rejected
 from gateway.migration import CONTINUATION_HEADER, Migrate, StreamTracker, rewrite
@@ -116,6 +121,8 @@ class Failover:
             try:
                 worker = await fwd.admission.acquire(lambda: fwd.pool, self.choose, self.tried)
             except Rejected as exc:
+                if last.reason != "no_worker":          # a worker was tried: its answer says more
+                    raise last from None
                 raise AttemptFailed("no_worker", f"no other worker to resume on ({exc})", exc.status) from None
             self.tried.add(worker.url)
             fwd.m.routed.labels(fwd.cfg.policy, worker.url).inc()
@@ -126,7 +133,8 @@ class Failover:
                 resp = await self.session.post(fwd._url(worker.url, self.path), data=body, headers=UPSTREAM_HEADERS)
                 confirmed = n == 0 or resp.headers.get(CONTINUATION_HEADER) == str(n)
                 if resp.status != 200 or not resp.headers.get("content-type", "").startswith("text/event-stream"):
-                    raise AttemptFailed(f"http_{resp.status}", f"HTTP {resp.status} to the continuation")
+                    raise AttemptFailed(f"http_{resp.status}", f"HTTP {resp.status} to the continuation"
+                                                               f"{await _refusal(resp)}")
                 if not confirmed:
                     raise AttemptFailed("no_continuation", "the worker does not resume generations "
                                                            "(no x-swiftserve-continuation header)")
@@ -154,3 +162,12 @@ class Failover:
         """Release the current dispatch (once) and its upstream connection."""
         self.lease.finish(not self.failed)
         close_upstream(self.resp)
+
+
+async def _refusal(resp) -> str:
+    """": <the worker's error message>" of a JSON error answer (a refused continuation), else ""."""
+    try:
+        err = orjson.loads(await resp.content.read(4096)).get("error")
+        return f": {err['message']}" if isinstance(err, dict) and isinstance(err.get("message"), str) else ""
+    except Exception:  # noqa: BLE001 - only a better message is at stake
+        return ""

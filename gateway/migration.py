@@ -1,7 +1,11 @@
 """Stream migration: which streams may move to another worker, and what the client sees of them.
 
 A streamed ``/v1/completions`` or ``/v1/chat/completions`` request with one choice (no
-``echo``, no structured output, no tools, a single prompt) is *migratable*. The gateway
+``echo``, a single prompt) is *migratable*, structured outputs and tools included: the
+resuming worker advances the grammar and replays the tool-call holding through the
+continuation (``worker.continuation``). A worker whose engine cannot rebuild a grammar (the
+vLLM engine) refuses such a continuation with a 400; the gateway then tries another
+worker, and ends the stream with the explicit error when none resumes it. The gateway
 then asks the worker for the generated token ids (``return_token_ids``, vLLM's field)
 and parses every SSE event. ``StreamTracker`` keeps what the client has been sent: the
 token ids, the stream's ``id`` and ``created``, whether a choice has finished. When the
@@ -17,9 +21,12 @@ workers' are rewritten), every generated token's text exactly once (the resuming
 worker replays the ids through its detokenizer and stop matcher, so what the first one
 withheld comes out once), one chat ``role`` chunk, ``usage`` and ``finish_reason`` from
 the last worker (it counts the continuation as output), completions' ``logprobs.text_offset``
-counted from the start of the whole text, ``token_ids`` only if the client asked for them. A migration is only made when every event with text also carried its
-ids and no choice has finished; otherwise the failure ends the stream with an error
-event as before. A resuming worker must confirm the continuation with its
+counted from the start of the whole text, ``token_ids`` only if the client asked for them,
+tool calls with the ids, names and arguments of the worker that ended the choice (a chat
+choice's ``tool_calls`` deltas come in one burst at its end). A migration is only made when
+every event with text also carried its ids, no choice has finished and no ``tool_calls``
+delta has been sent (a worker lost inside that burst is not resumed: its calls would come
+twice); otherwise the failure ends the stream with an error event as before. A resuming worker must confirm the continuation with its
 ``x-swiftserve-continuation`` header (a server that would ignore the field, such as
 stock vLLM, is not trusted with it).
 """
@@ -35,7 +42,6 @@ CONTINUATION_HEADER = "x-swiftserve-continuation"       # worker.continuation
 DRAIN_ABORT = "worker_shutdown"                          # worker.continuation: a drain aborted the choice
 # In-band worker errors that say the worker or its engine failed, not the request.
 RETRYABLE_CODES = frozenset({"engine_error", "engine_unavailable", "shutting_down"})
-_STRUCTURED = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 
 class Migrate(Exception):
@@ -47,15 +53,11 @@ class Migrate(Exception):
 
 
 def migratable(path: str, body: dict) -> bool:
-    """True for a streamed single-choice request whose state a worker can rebuild from token ids."""
+    """True for a streamed single-choice request whose state a worker can rebuild from token ids
+    (constrained ones included: a worker that cannot rebuild the grammar refuses the continuation)."""
     if path not in MIGRATABLE_PATHS or body.get("stream") is not True:
         return False
     if body.get("n", 1) not in (1, None) or body.get("echo") or body.get("continuation_token_ids") is not None:
-        return False
-    fmt = body.get("response_format")
-    if any(body.get(k) is not None for k in _STRUCTURED) or (fmt is not None and fmt != {"type": "text"}):
-        return False
-    if body.get("tools") and body.get("tool_choice") != "none":
         return False
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) and len(prompt) != 1:
@@ -72,6 +74,7 @@ class StreamTracker:
         self.token_ids: list[int] = []
         self.ids_complete = True         # every event with text carried its token ids
         self.finished = False            # a choice ended: nothing left to resume
+        self.calls_sent = False          # a tool_calls delta went out: the choice is in its final burst
         self.started = False             # the client has the first event (and, for chat, the role)
         self.id = self.created = None
         self.migrations = 0
@@ -96,7 +99,7 @@ class StreamTracker:
         return orjson.dumps(body), len(self.token_ids)
 
     def can_migrate(self) -> bool:
-        return self.migrations < self.max_migrations and self.ids_complete and not self.finished
+        return self.migrations < self.max_migrations and self.ids_complete and not (self.finished or self.calls_sent)
 
     def event(self, data: dict) -> tuple[dict | None, Migrate | None]:
         """One parsed ``data:`` object -> (what the client gets, or None; a Migrate to act on after it)."""
@@ -122,12 +125,14 @@ class StreamTracker:
             lp = c.get("logprobs")
             if self.offset_base and isinstance(lp, dict) and isinstance(lp.get("text_offset"), list):
                 lp["text_offset"] = [o + self.offset_base for o in lp["text_offset"]]   # completions' offsets
+            calls = isinstance(delta, dict) and bool(delta.get("tool_calls"))
+            self.calls_sent = self.calls_sent or calls
             if ids is None:
-                self.ids_complete = self.ids_complete and not text
+                self.ids_complete = self.ids_complete and not (text or calls)
             else:
                 self.token_ids.extend(ids)
-                if not (self.want_ids or text or c.get("finish_reason") or c.get("logprobs") or data.get("usage")
-                        or (isinstance(delta, dict) and "role" in delta)):
+                if not (self.want_ids or text or calls or c.get("finish_reason") or c.get("logprobs")
+                        or data.get("usage") or (isinstance(delta, dict) and "role" in delta)):
                     keep = False         # only there for its ids (a token without text): not the client's
             if self.started and isinstance(delta, dict) and "role" in delta and not text:
                 keep = False             # a re-run's role chunk: the client has one

@@ -17,9 +17,10 @@ C, CHAT = "/v1/completions", "/v1/chat/completions"
     (C, {"prompt": "x", "stream": True, "n": 2}, False),
     (C, {"prompt": "x", "stream": True, "echo": True}, False),
     (C, {"prompt": ["x", "y"], "stream": True}, False),
-    (CHAT, {"messages": [], "stream": True, "tools": [{}]}, False),
-    (CHAT, {"messages": [], "stream": True, "response_format": {"type": "json_object"}}, False),
-    (C, {"prompt": "x", "stream": True, "guided_regex": "a+"}, False),
+    (CHAT, {"messages": [], "stream": True, "tools": [{}]}, True),             # the worker replays the holding
+    (CHAT, {"messages": [], "stream": True, "tools": [{}], "tool_choice": "required"}, True),
+    (CHAT, {"messages": [], "stream": True, "response_format": {"type": "json_object"}}, True),
+    (C, {"prompt": "x", "stream": True, "guided_regex": "a+"}, True),           # the worker advances the grammar
     (C, {"prompt": "x", "stream": True, "continuation_token_ids": [1]}, False),
     ("/v1/responses", {"input": "x", "stream": True}, False),
 ])
@@ -89,3 +90,15 @@ def test_completion_text_offsets_count_from_the_start_of_the_whole_text():
     t.migrations = 1
     out, _, _ = rewrite(t, ev(chunk("b", " you", [2], logprobs={"text_offset": [0]})))
     assert parsed(out)[0]["choices"][0]["logprobs"]["text_offset"] == [5]
+
+
+def test_tool_call_deltas_reach_the_client_and_a_failure_inside_their_burst_is_not_resumed():
+    t = StreamTracker({"messages": [], "stream": True, "tools": [{}]}, max_migrations=2)
+    held = {"id": "a", "choices": [{"index": 0, "delta": {}, "token_ids": [7, 8]}]}
+    assert rewrite(t, ev(held))[0] == b"" and t.token_ids == [7, 8] and t.can_migrate()     # held back: ids only
+    call = {"id": "a", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_1", "type":
+                                                                          "function", "function": {"name": "f"}}]},
+                                    "token_ids": []}]}
+    (sent,) = parsed(rewrite(t, ev(call))[0])
+    assert sent["choices"][0]["delta"]["tool_calls"][0]["id"] == "call_1" and "token_ids" not in sent["choices"][0]
+    assert not t.can_migrate()                  # inside the final burst: resuming would send the calls twice
