@@ -40,7 +40,8 @@ Tool calls keep their ids: a choice's calls are sent in one burst when it ends, 
 worker that ends it, so no call is split between workers (a gateway does not move a
 stream whose burst had begun, ``gateway.migration``).
 
-Refused (400): n > 1, ``echo``, several prompts, a continuation that already uses up
+Refused (400): n > 1 (a gateway resumes each choice of an n > 1 stream with an n = 1
+continuation of its own, ``gateway.migration``), ``echo``, several prompts, a continuation that already uses up
 ``max_tokens``, tools without ``stream`` (a whole answer's ``tool_calls`` are parsed from
 the whole output, which this worker does not have), and a constrained continuation on an
 engine that cannot advance a grammar through tokens it did not generate (the vLLM engine:
