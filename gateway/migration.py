@@ -105,6 +105,7 @@ class StreamTracker:
         self.id = self.created = None
         self.migrations = 0
         self.closed = False              # not resumable at all (the answer itself is too large)
+        self.terminal = False            # (a Responses stream's terminal event: gateway.migration_responses)
         self.usage: dict | None = None   # a leg's usage chunk
 
     @classmethod
@@ -256,7 +257,9 @@ def rewrite(tracker: StreamTracker, events: bytes) -> tuple[bytes, Migrate | Non
             raise ValueError("an event that is not a JSON object")
         obj, migrate = tracker.event(obj)
         if obj is not None:
-            out.append(b"data: " + dumps(obj) + b"\n\n")
+            head = [ln + b"\n" for ln in lines if ln.startswith(b"event:")][:1]     # Responses' event names
+            out.append(b"".join(head) + b"data: " + dumps(obj) + b"\n\n")
         if migrate is not None:
             return b"".join(out), migrate, False
+        ended = ended or tracker.terminal        # a Responses stream ends with its terminal event, no [DONE]
     return b"".join(out), None, ended

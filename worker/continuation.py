@@ -23,7 +23,10 @@ The worker then
   holding (``worker.serving_chat``) without reporting it: a call the first worker was
   holding back is held here too and sent whole (ids, names, arguments) at the end, and
   text it had already released as content is not sent again;
-* in a chat stream, sends no ``role`` chunk (the client has it from the first worker);
+* in a chat stream, sends no ``role`` chunk (the client has it from the first worker); in a
+  ``/v1/responses`` stream (streams only) no ``response.created`` / ``in_progress`` and no
+  message item the first worker had opened, while its closing events and terminal response
+  hold the whole text (``worker.serving_responses``);
 * answers with the header ``x-swiftserve-continuation: <n>`` (n continuation tokens
   applied), so a gateway can tell a worker that honours the field from one that would
   silently ignore it (a stock vLLM server).
@@ -49,8 +52,9 @@ engine that cannot advance a grammar through tokens it did not generate (the vLL
 A continuation that its constraint does not accept fails that request in the engine.
 
 ``DRAIN_ABORT``: the ``stop_reason`` of a choice aborted because the worker's drain time
-ran out (``worker.shutdown``), with ``finish_reason: "abort"``; a gateway migrates such a
-stream instead of ending it.
+ran out (``worker.shutdown``), with ``finish_reason: "abort"`` (a Responses stream ends with
+``response.failed``, code ``shutting_down``); a gateway migrates such a stream instead of
+ending it.
 """
 
 from __future__ import annotations

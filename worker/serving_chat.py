@@ -107,13 +107,16 @@ def template_text(state: ServingState, req) -> str | None:
 
 
 def check_tools(state: ServingState, req: ChatCompletionRequest, msgs: list[dict]):
-    """The request's tool plan (400s before admission) -> (plan, messages, tools for the template)."""
+    """The request's tool plan (400s before admission, a constrained continuation this engine cannot resume
+    among them) -> (plan, messages, tools for the template)."""
     tool_calls.check_history(req)
     template = template_text(state, req)
     plan = tool_calls.plan(req, template)
     if plan is not None and plan.spec is not None and structured_spec(req) is not None:
         raise bad_request("tool_choice 'required' or a named function cannot be combined with a structured-output "
                           "constraint.", "tool_choice")
+    constrained = (plan is not None and plan.spec is not None) or structured_spec(req) is not None
+    check_constrained(state.engine, req, constrained)
     msgs, tools = tool_calls.prepare_messages(msgs, plan, template)
     return plan, msgs, tools
 
@@ -142,8 +145,6 @@ async def create_chat_completion(state: ServingState, req: ChatCompletionRequest
     state.check_model(req.model)
     msgs = check_chat(state, req)
     plan, msgs, tools = check_tools(state, req, msgs)
-    constrained = (plan is not None and plan.spec is not None) or structured_spec(req) is not None
-    check_constrained(state.engine, req, constrained)
 
     async def prepare():
         ids, base = await chat_prompt(state, req, msgs, tools, plan)

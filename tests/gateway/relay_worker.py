@@ -33,10 +33,13 @@ PASS_HEADERS = ("content-type", "x-swiftserve-continuation")
 
 
 def count_ids(event: str) -> int:
-    """Generated tokens in one event (the gateway asks for token_ids), 0 for anything else."""
-    if not event.startswith("data: {"):
+    """Generated tokens in one event (the gateway asks for token_ids; a Responses event has them at its
+    top level), 0 for anything else."""
+    data = [ln[6:] for ln in event.split("\n") if ln.startswith("data: {")]
+    if not data:
         return 0
-    return sum(len(c.get("token_ids") or ()) for c in json.loads(event[6:]).get("choices") or ())
+    obj = json.loads(data[0])
+    return len(obj.get("token_ids") or ()) + sum(len(c.get("token_ids") or ()) for c in obj.get("choices") or ())
 
 
 def build(upstream: str, fail: str, after: int, delay: float, queue: int | None = None) -> FastAPI:
@@ -100,6 +103,7 @@ def build(upstream: str, fail: str, after: int, delay: float, queue: int | None 
 
     app.post("/v1/completions")(generate)
     app.post("/v1/chat/completions")(generate)
+    app.post("/v1/responses")(generate)
     return app
 
 
