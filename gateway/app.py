@@ -42,6 +42,7 @@ from gateway.errors import error
 from gateway.health import Health
 from gateway.metrics import GatewayMetrics
 from gateway.migration import StreamTracker
+from gateway.migration_responses import RESPONSES, ResponsesTracker
 from gateway.prefix import PrefixIndex, block_hashes, prompt_bytes
 from gateway.routing.base import RouteRequest
 from gateway.proxy import Forwarder
@@ -177,7 +178,8 @@ def _proxy_handler(app: FastAPI, p: _Parts):
         def on_usage(completion_tokens: int) -> None:
             auth.correct(who, est, est - requested_tokens(body) + completion_tokens)
 
-        tracker = StreamTracker.for_request(path, body, config.max_migrations)
+        tracker = (ResponsesTracker if path == RESPONSES else StreamTracker).for_request(path, body,
+                                                                                       config.max_migrations)
         if tracker is not None:         # the worker sends token ids, so that the stream can resume elsewhere
             raw = tracker.upstream()
         return await p.forwarder.forward(app.state.client, path, raw, on_usage,

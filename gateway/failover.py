@@ -14,7 +14,16 @@ worker fails after the first byte it:
    (``StreamTracker.resume``); up to ``max_attempts`` workers per migration, at most
    ``--max-migrations`` migrations per request;
 3. accepts the new stream only if it is a 200 SSE that confirms the continuation
-   (``x-swiftserve-continuation``), then relays it as the same stream.
+   (``x-swiftserve-continuation``), then relays it as the same stream. A worker that
+   refuses the continuation (a 4xx, e.g. a vLLM worker asked to resume a constrained
+   stream) is passed over for the next one without counting against its health; when
+   none is left, the error event quotes the last refusal.
+
+An n > 1 stream whose worker fails is split (``_split``): each unfinished choice is resumed
+as a leg of its own (an n = 1 continuation, ``StreamTracker.legs``), the legs run side by
+side, each with its own copy of the tried workers and its own later migrations, their
+events go to the client one send at a time, and the stream ends with one summed usage chunk
+and ``[DONE]`` when every leg is over, or with the error event if a leg could not go on.
 
 If no migration is possible (limit reached, no other worker, a worker that does not send
 token ids, the request already finished) the stream ends as a non-migratable one does:
@@ -28,8 +37,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import orjson
+
 from gateway.admission import Rejected
-from gateway.migration import CONTINUATION_HEADER, Migrate, StreamTracker, rewrite
+from gateway.migration import CONTINUATION_HEADER, Migrate, StreamTracker, rewrite, summed_usage
 from gateway.streaming import error_event, event_end
 from gateway.upstream import RETRYABLE, UPSTREAM_HEADERS, AttemptFailed, Lease, close_upstream, transport_failure
 
@@ -42,6 +53,8 @@ class Failover:
         self.fwd, self.session, self.path, self.choose, self.tried = fwd, session, path, choose, tried
         self.tracker, self.lease, self.resp, self.first, self.stats = tracker, lease, resp, first, stats
         self.failed = False
+        self.error: AttemptFailed | Migrate | None = None      # why it gave up
+        self.legs: list[Failover] = []      # an n > 1 stream's choices, resumed one by one (``_split``)
         self.size = 0
 
     async def _read(self) -> bytes:
@@ -57,7 +70,7 @@ class Failover:
                 events, pending = pending[:cut], pending[cut:]
                 self.size += len(events)
                 if self.size > self.fwd.cfg.max_response_bytes:
-                    self.tracker.finished = True        # not resumable: the answer itself is too large
+                    self.tracker.closed = True          # not resumable: the answer itself is too large
                     raise AttemptFailed("response_too_large", f"the stream exceeds {self.fwd.cfg.max_response_bytes}"
                                                           " bytes")
                 try:
@@ -74,8 +87,8 @@ class Failover:
             chunk = await self._read()
         raise AttemptFailed("truncated_stream", "the worker ended the stream without [DONE]")
 
-    async def pump(self, send) -> None:
-        chunk = self.first
+    async def pump(self, send, chunk: bytes | None = None) -> None:
+        chunk = self.first if chunk is None else chunk
         while True:
             try:
                 await self._relay(send, chunk)
@@ -85,7 +98,8 @@ class Failover:
             url, m = self.lease.worker.url, self.fwd.m
             if self.tracker.finished and failure.reason != "response_too_large":
                 log.warning("stream from %s failed after its finish (%s): ending it", url, failure.reason)
-                await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+                if self.tracker.index is None:          # a leg's stream ends with the others (``_split``)
+                    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
                 return
             if not self.tracker.can_migrate():
                 return await self._give_up(send, failure, "not migratable")
@@ -93,6 +107,8 @@ class Failover:
             self.lease.finish(False)
             self.resp.close()
             self.tracker.migrations += 1
+            if len(self.tracker.choices) > 1:
+                return await self._split(send, failure.reason)
             try:
                 chunk = await self._redispatch()
             except AttemptFailed as exc:
@@ -100,13 +116,46 @@ class Failover:
                 return await self._give_up(send, exc, "migration failed")
             m.migrations.labels(failure.reason, "resumed").inc()
 
+    async def _split(self, send, reason: str) -> None:
+        """An n > 1 stream's worker failed: resume each unfinished choice as a leg of its own (an n = 1
+        continuation, ``StreamTracker.legs``), all at once, their events relayed as they come (one send at
+        a time); then one usage chunk summed over the choices and ``[DONE]``, or, if a leg could not be
+        resumed, the error event. Each leg may migrate again on its own."""
+        lock = asyncio.Lock()
+
+        async def one_at_a_time(msg) -> None:
+            async with lock:
+                await send(msg)
+
+        self.legs = [Failover(self.fwd, self.session, self.path, self.choose, set(self.tried), leg, self.lease,
+                              self.resp, b"", self.stats) for leg in self.tracker.legs()]
+        await asyncio.gather(*(leg._resume_leg(one_at_a_time, reason) for leg in self.legs))
+        failed = [leg.error for leg in self.legs if leg.failed]
+        if failed:
+            self.failed = True
+            body = error_event(f"The worker failed during the stream: {failed[0]}", failed[0].reason)
+        else:
+            body = summed_usage(self.tracker, [leg.tracker for leg in self.legs]) + b"data: [DONE]\n\n"
+        self.stats.feed(body)
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+
+    async def _resume_leg(self, send, reason: str) -> None:
+        try:
+            chunk = await self._redispatch()
+        except AttemptFailed as exc:
+            self.fwd.m.migrations.labels(reason, "failed").inc()
+            return await self._give_up(send, exc, "migration failed")
+        self.fwd.m.migrations.labels(reason, "resumed").inc()
+        await self.pump(send, chunk)
+
     async def _give_up(self, send, failure, why: str) -> None:
-        self.failed = True
+        self.failed, self.error = True, failure
         self.fwd.m.retries.labels("after_first_byte_" + failure.reason).inc()
         log.warning("stream from %s ends with an error (%s; %s): %s", self.lease.worker.url, failure.reason, why,
                     failure)
-        await send({"type": "http.response.body", "body": error_event(
-            f"The worker failed during the stream: {failure}", failure.reason), "more_body": True})
+        if self.tracker.index is None:          # a leg's error ends the stream once every leg is over
+            await send({"type": "http.response.body", "body": error_event(
+                f"The worker failed during the stream: {failure}", failure.reason), "more_body": True})
 
     async def _redispatch(self) -> bytes:
         """Start the continuation on another worker -> its first bytes; the new dispatch becomes current.
@@ -116,6 +165,8 @@ class Failover:
             try:
                 worker = await fwd.admission.acquire(lambda: fwd.pool, self.choose, self.tried)
             except Rejected as exc:
+                if last.reason != "no_worker":          # a worker was tried: its answer says more
+                    raise last from None
                 raise AttemptFailed("no_worker", f"no other worker to resume on ({exc})", exc.status) from None
             self.tried.add(worker.url)
             fwd.m.routed.labels(fwd.cfg.policy, worker.url).inc()
@@ -126,7 +177,8 @@ class Failover:
                 resp = await self.session.post(fwd._url(worker.url, self.path), data=body, headers=UPSTREAM_HEADERS)
                 confirmed = n == 0 or resp.headers.get(CONTINUATION_HEADER) == str(n)
                 if resp.status != 200 or not resp.headers.get("content-type", "").startswith("text/event-stream"):
-                    raise AttemptFailed(f"http_{resp.status}", f"HTTP {resp.status} to the continuation")
+                    raise AttemptFailed(f"http_{resp.status}", f"HTTP {resp.status} to the continuation"
+                                                               f"{await _refusal(resp)}")
                 if not confirmed:
                     raise AttemptFailed("no_continuation", "the worker does not resume generations "
                                                            "(no x-swiftserve-continuation header)")
@@ -151,6 +203,17 @@ class Failover:
         raise last
 
     def close(self) -> None:
-        """Release the current dispatch (once) and its upstream connection."""
+        """Release the current dispatch (once) and its upstream connection, and those of the legs."""
         self.lease.finish(not self.failed)
         close_upstream(self.resp)
+        for leg in self.legs:
+            leg.close()
+
+
+async def _refusal(resp) -> str:
+    """": <the worker's error message>" of a JSON error answer (a refused continuation), else ""."""
+    try:
+        err = orjson.loads(await resp.content.read(4096)).get("error")
+        return f": {err['message']}" if isinstance(err, dict) and isinstance(err.get("message"), str) else ""
+    except Exception:  # noqa: BLE001 - only a better message is at stake
+        return ""

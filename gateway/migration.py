@@ -1,27 +1,41 @@
 """Stream migration: which streams may move to another worker, and what the client sees of them.
 
-A streamed ``/v1/completions`` or ``/v1/chat/completions`` request with one choice (no
-``echo``, no structured output, no tools, a single prompt) is *migratable*. The gateway
-then asks the worker for the generated token ids (``return_token_ids``, vLLM's field)
-and parses every SSE event. ``StreamTracker`` keeps what the client has been sent: the
-token ids, the stream's ``id`` and ``created``, whether a choice has finished. When the
-worker fails after the first byte (connection lost, stream cut without ``[DONE]``, no
-byte for ``--stall-timeout``, an in-band error whose code says the engine or worker
-failed, or a choice aborted by the worker's drain: ``finish_reason "abort"`` with
-``stop_reason "worker_shutdown"``), the request is re-sent to another worker with
-``continuation_token_ids`` = those ids (``worker.continuation``): that worker resumes
-exactly after them, and its events continue the same stream.
+A streamed ``/v1/completions`` or ``/v1/chat/completions`` request (no ``echo``, a single
+prompt, any ``n``, structured outputs and tools included) is *migratable*. The gateway then
+asks the worker for the generated token ids (``return_token_ids``, vLLM's field) and parses
+every SSE event. ``StreamTracker`` keeps what the client has been sent, per choice: the
+token ids, whether the choice has finished; and the stream's ``id`` and ``created``. When the
+worker fails after the first byte (connection lost, stream cut without ``[DONE]``, no byte
+for ``--stall-timeout``, an in-band error whose code says the engine or worker failed, or a
+choice aborted by the worker's drain: ``finish_reason "abort"`` with ``stop_reason
+"worker_shutdown"``), the request is re-sent to another worker with
+``continuation_token_ids`` = those ids (``worker.continuation``): that worker resumes exactly
+after them (advancing a constraint's grammar and replaying the tool-call holding through
+them), and its events continue the same stream. A worker whose engine cannot rebuild a
+grammar (the vLLM engine) refuses a constrained continuation with a 400; the gateway then
+tries another worker, and ends the stream with the explicit error when none resumes it.
 
-What the client sees (invariants): one stream, one ``id`` and ``created`` (later
-workers' are rewritten), every generated token's text exactly once (the resuming
-worker replays the ids through its detokenizer and stop matcher, so what the first one
-withheld comes out once), one chat ``role`` chunk, ``usage`` and ``finish_reason`` from
-the last worker (it counts the continuation as output), completions' ``logprobs.text_offset``
-counted from the start of the whole text, ``token_ids`` only if the client asked for them. A migration is only made when every event with text also carried its
-ids and no choice has finished; otherwise the failure ends the stream with an error
-event as before. A resuming worker must confirm the continuation with its
-``x-swiftserve-continuation`` header (a server that would ignore the field, such as
-stock vLLM, is not trusted with it).
+n > 1: when the worker fails, each unfinished choice is resumed as a *leg*, an n = 1
+continuation with its own ids (``StreamTracker.legs``, run side by side by
+``gateway.failover``): its events get the choice's ``index`` back, choices that had finished
+stay finished, and the legs' usage chunks become one (``summed_usage``) before ``[DONE]``.
+Greedy choices equal the uninterrupted ones; sampled ones continue validly (choice ``i`` > 0
+with seed ``seed + i``), not with the tokens the first worker would have drawn.
+
+What the client sees (invariants): one stream, one ``id`` and ``created`` (later workers'
+are rewritten), every generated token's text exactly once (the resuming worker replays the
+ids through its detokenizer and stop matcher, so what the first one withheld comes out
+once), one chat ``role`` chunk per choice, ``usage`` and ``finish_reason`` from the last
+worker (it counts the continuation as output; summed over the legs for n > 1), completions'
+``logprobs.text_offset`` counted from the start of the choice's whole text, ``token_ids``
+only if the client asked for them, tool calls with the ids, names and arguments of the
+worker that ended the choice (a chat choice's ``tool_calls`` deltas come in one burst at its
+end). A migration is only made when, for every unfinished choice, every event with text
+also carried its ids and no ``tool_calls`` delta has been sent (a worker lost inside that
+burst is not resumed: its calls would come twice); otherwise the failure ends the stream
+with an error event as before. A resuming worker must confirm the continuation with its
+``x-swiftserve-continuation`` header (a server that would ignore the field, such as stock
+vLLM, is not trusted with it).
 """
 
 from __future__ import annotations
@@ -35,7 +49,6 @@ CONTINUATION_HEADER = "x-swiftserve-continuation"       # worker.continuation
 DRAIN_ABORT = "worker_shutdown"                          # worker.continuation: a drain aborted the choice
 # In-band worker errors that say the worker or its engine failed, not the request.
 RETRYABLE_CODES = frozenset({"engine_error", "engine_unavailable", "shutting_down"})
-_STRUCTURED = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 
 class Migrate(Exception):
@@ -47,15 +60,13 @@ class Migrate(Exception):
 
 
 def migratable(path: str, body: dict) -> bool:
-    """True for a streamed single-choice request whose state a worker can rebuild from token ids."""
+    """True for a streamed request whose choices' state a worker can rebuild from token ids (constrained
+    ones included: a worker that cannot rebuild the grammar refuses the continuation)."""
     if path not in MIGRATABLE_PATHS or body.get("stream") is not True:
         return False
-    if body.get("n", 1) not in (1, None) or body.get("echo") or body.get("continuation_token_ids") is not None:
-        return False
-    fmt = body.get("response_format")
-    if any(body.get(k) is not None for k in _STRUCTURED) or (fmt is not None and fmt != {"type": "text"}):
-        return False
-    if body.get("tools") and body.get("tool_choice") != "none":
+    n = body.get("n", 1)
+    if not (n is None or isinstance(n, int) and n >= 1) or body.get("echo") \
+            or body.get("continuation_token_ids") is not None:
         return False
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) and len(prompt) != 1:
@@ -63,40 +74,88 @@ def migratable(path: str, body: dict) -> bool:
     return True
 
 
-class StreamTracker:
-    """What one migratable stream has sent to the client; builds the bodies sent upstream."""
+class ChoiceState:
+    """What the client has been sent of one choice."""
 
-    def __init__(self, body: dict, max_migrations: int) -> None:
-        self.body, self.max_migrations = body, max_migrations
-        self.want_ids = body.get("return_token_ids") is True
+    __slots__ = ("token_ids", "ids_complete", "finished", "calls_sent", "started", "text_len", "offset_base")
+
+    def __init__(self) -> None:
         self.token_ids: list[int] = []
         self.ids_complete = True         # every event with text carried its token ids
-        self.finished = False            # a choice ended: nothing left to resume
-        self.started = False             # the client has the first event (and, for chat, the role)
-        self.id = self.created = None
-        self.migrations = 0
+        self.finished = False            # it ended: nothing left to resume
+        self.calls_sent = False          # a tool_calls delta went out: the choice is in its final burst
+        self.started = False             # the client has its first event (and, for chat, its role)
         self.text_len = 0                # characters of generated text sent to the client
         self.offset_base = 0             # where the current worker's text starts (its text_offset 0)
+
+
+class StreamTracker:
+    """What one migratable stream has sent to the client; builds the bodies sent upstream.
+
+    ``index`` set: a *leg*, choice ``index`` of an n > 1 stream resumed as an n = 1 request of its
+    own (``legs``): its events' ``index`` 0 becomes ``index``, its usage chunk is kept for the
+    stream's summed one (``summed_usage``) and its ``[DONE]`` is not the client's."""
+
+    def __init__(self, body: dict, max_migrations: int, index: int | None = None,
+                 choice: ChoiceState | None = None) -> None:
+        self.body, self.max_migrations, self.index = body, max_migrations, index
+        self.want_ids = body.get("return_token_ids") is True
+        n = 1 if index is not None else body.get("n") or 1
+        self.choices = {index: choice or ChoiceState()} if index is not None else {i: ChoiceState() for i in range(n)}
+        self.id = self.created = None
+        self.migrations = 0
+        self.closed = False              # not resumable at all (the answer itself is too large)
+        self.terminal = False            # (a Responses stream's terminal event: gateway.migration_responses)
+        self.usage: dict | None = None   # a leg's usage chunk
 
     @classmethod
     def for_request(cls, path: str, body: dict, max_migrations: int) -> "StreamTracker | None":
         return cls(body, max_migrations) if max_migrations > 0 and migratable(path, body) else None
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The ids of a one-choice stream (or leg)."""
+        (only,) = self.choices.values()
+        return only.token_ids
+
+    @property
+    def finished(self) -> bool:
+        return all(ch.finished for ch in self.choices.values())
 
     def upstream(self) -> bytes:
         """The first worker's body: the client's, asking for token ids."""
         return orjson.dumps({**self.body, "return_token_ids": True})
 
     def resume(self) -> tuple[bytes, int]:
-        """The next worker's body and how many continuation tokens it must confirm (0: a plain re-run,
-        when no token was generated yet)."""
+        """The next worker's body for a one-choice stream or a leg, and how many continuation tokens it
+        must confirm (0: a plain re-run, when no token was generated yet)."""
+        (ch,) = self.choices.values()
         body = {**self.body, "return_token_ids": True}
-        self.offset_base = self.text_len
-        if self.token_ids:
-            body["continuation_token_ids"] = self.token_ids
-        return orjson.dumps(body), len(self.token_ids)
+        ch.offset_base = ch.text_len
+        if ch.token_ids:
+            body["continuation_token_ids"] = ch.token_ids
+        return orjson.dumps(body), len(ch.token_ids)
 
     def can_migrate(self) -> bool:
-        return self.migrations < self.max_migrations and self.ids_complete and not self.finished
+        left = [ch for ch in self.choices.values() if not ch.finished]
+        return (self.migrations < self.max_migrations and not self.closed and bool(left)
+                and all(ch.ids_complete and not ch.calls_sent for ch in left))
+
+    def legs(self) -> list["StreamTracker"]:
+        """An n > 1 stream's unfinished choices, each as an n = 1 request of its own. Choice ``i`` > 0 of a
+        seeded request gets the seed ``seed + i`` (the first worker derived its own; either way the
+        random generator restarts at the continuation)."""
+        out = []
+        for i, ch in self.choices.items():
+            if ch.finished:
+                continue
+            body = {k: v for k, v in self.body.items() if k != "best_of"} | {"n": 1}
+            if isinstance(body.get("seed"), int) and i:
+                body["seed"] = (body["seed"] + i + 2**63) % 2**64 - 2**63
+            leg = StreamTracker(body, self.max_migrations, i, ch)
+            leg.id, leg.created, leg.migrations = self.id, self.created, self.migrations
+            out.append(leg)
+        return out
 
     def event(self, data: dict) -> tuple[dict | None, Migrate | None]:
         """One parsed ``data:`` object -> (what the client gets, or None; a Migrate to act on after it)."""
@@ -112,33 +171,59 @@ class StreamTracker:
         migrate, keep, choices = None, True, data.get("choices") or ()
         if not self.want_ids:
             data.pop("prompt_token_ids", None)          # what vLLM adds with return_token_ids
+        if self.index is not None and not choices and data.get("usage"):
+            self.usage = data                           # a leg's usage: summed into the stream's at its end
+            return None, None
         for c in choices:
+            if self.index is not None:
+                c["index"] = self.index
+            ch = self.choices.get(c.get("index", 0))
             ids = c.get("token_ids") if self.want_ids else c.pop("token_ids", None)
             if not self.want_ids:
                 c.pop("prompt_token_ids", None)
+            if ch is None:
+                continue
             delta = c.get("delta")
             text = c.get("text") or (delta or {}).get("content")
-            self.text_len += len(text or "")
+            ch.text_len += len(text or "")
             lp = c.get("logprobs")
-            if self.offset_base and isinstance(lp, dict) and isinstance(lp.get("text_offset"), list):
-                lp["text_offset"] = [o + self.offset_base for o in lp["text_offset"]]   # completions' offsets
+            if ch.offset_base and isinstance(lp, dict) and isinstance(lp.get("text_offset"), list):
+                lp["text_offset"] = [o + ch.offset_base for o in lp["text_offset"]]   # completions' offsets
+            calls = isinstance(delta, dict) and bool(delta.get("tool_calls"))
+            ch.calls_sent = ch.calls_sent or calls
             if ids is None:
-                self.ids_complete = self.ids_complete and not text
+                ch.ids_complete = ch.ids_complete and not (text or calls)
             else:
-                self.token_ids.extend(ids)
-                if not (self.want_ids or text or c.get("finish_reason") or c.get("logprobs") or data.get("usage")
-                        or (isinstance(delta, dict) and "role" in delta)):
+                ch.token_ids.extend(ids)
+                if not (self.want_ids or text or calls or c.get("finish_reason") or c.get("logprobs")
+                        or data.get("usage") or (isinstance(delta, dict) and "role" in delta)):
                     keep = False         # only there for its ids (a token without text): not the client's
-            if self.started and isinstance(delta, dict) and "role" in delta and not text:
+            if ch.started and isinstance(delta, dict) and "role" in delta and not text:
                 keep = False             # a re-run's role chunk: the client has one
             if c.get("finish_reason") == "abort" and c.get("stop_reason") == DRAIN_ABORT:
                 c["finish_reason"] = c["stop_reason"] = None
                 migrate = Migrate("worker_drain", "the worker's drain time ran out")
                 keep = bool(text or (self.want_ids and ids))
             elif c.get("finish_reason") is not None:
-                self.finished = True
-        self.started = self.started or keep
+                ch.finished = True
+            ch.started = ch.started or keep
         return (data if keep else None), migrate
+
+
+def summed_usage(stream: StreamTracker, legs: list[StreamTracker]) -> bytes:
+    """The usage chunk that ends an n > 1 stream whose choices were resumed as legs: the prompt once, and
+    every choice's completion tokens (a leg's from its last worker, which counts its continuation; a
+    choice that had finished before, its token ids). b"" when no leg reported usage (not asked for)."""
+    reported = [leg.usage for leg in legs if leg.usage]
+    if not reported:
+        return b""
+    resumed = {leg.index for leg in legs}
+    done = sum(len(ch.token_ids) for i, ch in stream.choices.items() if i not in resumed)
+    completion = done + sum(u["usage"].get("completion_tokens") or 0 for u in reported)
+    prompt = reported[0]["usage"].get("prompt_tokens") or 0
+    chunk = {**reported[0], "id": stream.id, "created": stream.created,
+             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
 def _py_dumps(obj) -> bytes:
@@ -161,7 +246,8 @@ def rewrite(tracker: StreamTracker, events: bytes) -> tuple[bytes, Migrate | Non
             continue
         if data[0] == b"[DONE]":
             ended = True
-            out.append(b"data: [DONE]\n\n")
+            if tracker.index is None:            # a leg's is not the client's (gateway.failover ends it)
+                out.append(b"data: [DONE]\n\n")
             continue
         try:
             obj, dumps = orjson.loads(data[0]), orjson.dumps
@@ -171,7 +257,9 @@ def rewrite(tracker: StreamTracker, events: bytes) -> tuple[bytes, Migrate | Non
             raise ValueError("an event that is not a JSON object")
         obj, migrate = tracker.event(obj)
         if obj is not None:
-            out.append(b"data: " + dumps(obj) + b"\n\n")
+            head = [ln + b"\n" for ln in lines if ln.startswith(b"event:")][:1]     # Responses' event names
+            out.append(b"".join(head) + b"data: " + dumps(obj) + b"\n\n")
         if migrate is not None:
             return b"".join(out), migrate, False
+        ended = ended or tracker.terminal        # a Responses stream ends with its terminal event, no [DONE]
     return b"".join(out), None, ended

@@ -47,7 +47,7 @@ from refengine.dummy_weights import DummyWeights
 from refengine.weights import OverlayWeights, WeightSource
 from refengine.prompt_logprobs import head_rows, score_rows, scored_positions
 from refengine.sampler import SampleRow, sample
-from refengine.structured.masks import GrammarMasks
+from refengine.structured.masks import GrammarMasks, constrained_ids
 from refengine.pool_sizing import size_pool
 from refengine.scheduler import SchedulerOutput
 
@@ -243,7 +243,8 @@ class ModelRunner:
                            for t, w in zip(self.table_of, self.kv.windows)]
         for m in self.kv_methods:
             m.begin_step(sched, self.kv)
-        masks = self.grammar.start([(j, c.request.request_id, c.request.params.structured, c.request.output_token_ids)
+        masks = self.grammar.start([(j, c.request.request_id, c.request.params.structured,
+                                     constrained_ids(c.request.params, c.request.output_token_ids))
                                     for j, c in enumerate(sampling) if c.request.params.structured is not None])
         try:
             hidden = self.model(input_ids, positions, self.kv, attn_all, slots, logits_idx, attn_logits)   # [N, D]

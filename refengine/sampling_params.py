@@ -33,6 +33,9 @@ class SamplingParams:
     prompt_logprob_ranks: bool = False  # also each prompt token's rank (vLLM's prompt_logprobs shape shows it)
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, added to its logit) before sampling
     structured: StructuredSpec | None = None          # the output must match it (token masks in the sampler)
+    # A continuation's ids (generated elsewhere, now at the end of the prompt): the constraint consumes them
+    # before this request's output, so its state is the one the first engine was in. Unused without one.
+    structured_prefix: tuple[int, ...] = ()
     # Applied at the edge by the detokenizer, not by the engine:
     stop: tuple[str, ...] = field(default=())
     include_stop_str_in_output: bool = False

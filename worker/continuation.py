@@ -15,7 +15,18 @@ The worker then
 * reports only what comes after the continuation (text, ``token_ids``, logprobs), but
   ``usage`` and ``finish_reason`` for the whole generation: ``completion_tokens`` counts
   the continuation too, so a client joining the two outputs has the uninterrupted answer;
-* in a chat stream, sends no ``role`` chunk (the client has it from the first worker);
+* under a constraint (structured outputs, ``tool_choice`` "required" or a named function)
+  has the engine advance the grammar through the continuation before it masks the next
+  token (``SamplingParams.structured_prefix``), so the constraint is where the first
+  worker left it, never restarted;
+* with a tool plan, replays the continuation's text through the chat stream's tool-call
+  holding (``worker.serving_chat``) without reporting it: a call the first worker was
+  holding back is held here too and sent whole (ids, names, arguments) at the end, and
+  text it had already released as content is not sent again;
+* in a chat stream, sends no ``role`` chunk (the client has it from the first worker); in a
+  ``/v1/responses`` stream (streams only) no ``response.created`` / ``in_progress`` and no
+  message item the first worker had opened, while its closing events and terminal response
+  hold the whole text (``worker.serving_responses``);
 * answers with the header ``x-swiftserve-continuation: <n>`` (n continuation tokens
   applied), so a gateway can tell a worker that honours the field from one that would
   silently ignore it (a stock vLLM server).
@@ -28,18 +39,27 @@ sample from the same distribution, not the tokens the first worker would have dr
 continuation as prompt, so they do not count it; ``repetition_penalty`` (prompt and
 output) does.
 
-Refused (400): n > 1, ``echo``, structured outputs and tool plans (their state is not
-rebuilt), several prompts, and a continuation that already uses up ``max_tokens``.
+Tool calls keep their ids: a choice's calls are sent in one burst when it ends, by the
+worker that ends it, so no call is split between workers (a gateway does not move a
+stream whose burst had begun, ``gateway.migration``).
+
+Refused (400): n > 1 (a gateway resumes each choice of an n > 1 stream with an n = 1
+continuation of its own, ``gateway.migration``), ``echo``, several prompts, a continuation that already uses up
+``max_tokens``, tools without ``stream`` (a whole answer's ``tool_calls`` are parsed from
+the whole output, which this worker does not have), and a constrained continuation on an
+engine that cannot advance a grammar through tokens it did not generate (the vLLM engine:
+``constrained_continuation_refusal``; it is refused, never run with a restarted grammar).
+A continuation that its constraint does not accept fails that request in the engine.
 
 ``DRAIN_ABORT``: the ``stop_reason`` of a choice aborted because the worker's drain time
-ran out (``worker.shutdown``), with ``finish_reason: "abort"``; a gateway migrates such a
-stream instead of ending it.
+ran out (``worker.shutdown``), with ``finish_reason: "abort"`` (a Responses stream ends with
+``response.failed``, code ``shutting_down``); a gateway migrates such a stream instead of
+ending it.
 """
 
 from __future__ import annotations
 
 from worker.errors import bad_request
-from worker.structured import structured_spec
 
 CONTINUATION_HEADER = "x-swiftserve-continuation"
 DRAIN_ABORT = "worker_shutdown"
@@ -59,11 +79,9 @@ def check_continuation(req) -> None:
         raise bad_request("continuation_token_ids needs n = 1 (one generation to resume).", param)
     if getattr(req, "echo", False):
         raise bad_request("continuation_token_ids cannot be combined with echo.", param)
-    if structured_spec(req) is not None:
-        raise bad_request("continuation_token_ids cannot be combined with structured outputs (the grammar's "
-                          "state is not rebuilt).", param)
-    if getattr(req, "tools", None) and getattr(req, "tool_choice", None) != "none":
-        raise bad_request("continuation_token_ids cannot be combined with tools.", param)
+    if getattr(req, "tools", None) and getattr(req, "tool_choice", None) != "none" and not req.stream:
+        raise bad_request("continuation_token_ids with tools needs stream: true (a whole answer's tool calls are "
+                          "parsed from the whole output).", param)
     prompt = getattr(req, "prompt", None)
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) and len(prompt) != 1:
         raise bad_request("continuation_token_ids needs a single prompt.", param)
@@ -71,6 +89,13 @@ def check_continuation(req) -> None:
     if limit is not None and len(ids) >= limit:
         raise bad_request(f"continuation_token_ids has {len(ids)} tokens: nothing is left of max_tokens "
                           f"({limit}).", param)
+
+
+def check_constrained(engine, req, constrained: bool) -> None:
+    """Refuse (400) a continuation under a constraint when ``engine`` cannot rebuild the grammar's state."""
+    refusal = getattr(engine, "constrained_continuation_refusal", None)
+    if constrained and req.continuation_token_ids and refusal:
+        raise bad_request(refusal, "continuation_token_ids")
 
 
 def response_headers(req) -> dict[str, str] | None:

@@ -15,8 +15,10 @@ Contract:
 
 Optional attributes, read with ``getattr`` because not every backend has them:
 ``vocab_size`` (the model's vocabulary when it is smaller than the tokenizer's; the
-reference engine reports it) and ``prompt_logprobs_refusal`` (why prompt logprobs are
-refused, or None; the vLLM backend with fast prefill).
+reference engine reports it), ``prompt_logprobs_refusal`` (why prompt logprobs are
+refused, or None; the vLLM backend with fast prefill) and ``constrained_continuation_refusal``
+(why a continuation under a grammar is refused, or None: the engine honours
+``SamplingParams.structured_prefix``; the vLLM backend refuses).
 
 Backends satisfy this structurally (``refengine.async_engine.AsyncEngine``,
 ``refengine.engine_process.ProcessEngine``, ``worker.backends.vllm.VllmEngineClient``);

@@ -323,6 +323,7 @@ def to_sampling_params(req: AnyRequest, *, prompt_len: int, max_model_len: int, 
         prompt_logprob_ranks=req.prompt_logprobs is not None,      # vLLM's shape reports ranks; echo does not
         logit_bias=bias,
         structured=structured_spec(req),
+        structured_prefix=tuple(req.continuation_token_ids or ()),
         stop=tuple(req.stop_list()),
         include_stop_str_in_output=req.include_stop_str_in_output,
     )

@@ -18,6 +18,9 @@ exactly as for /v1/chat/completions:
   ``parallel_tool_calls`` -> the chat fields; the calls come back as ``function_call``
   output items (``worker.serving_responses``).
 
+SwiftServe's migration fields ``return_token_ids`` and ``continuation_token_ids`` pass to the
+chat request (``worker.continuation``); a continuation needs ``stream: true``.
+
 Refused: ``store: true`` and ``previous_response_id`` (nothing is stored: an absent
 ``store`` is taken as false and reported as such), tools other than functions (web and
 file search, computer use, MCP: nothing here runs them), ``max_tool_calls``, reasoning,
@@ -56,6 +59,10 @@ class ResponsesRequest(_Request):
     parallel_tool_calls: bool | None = None
     tool_choice: str | dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
+    # Migration (worker.continuation), streams only: token ids in ``swiftserve.token_ids`` events, and a
+    # generation resumed after ids generated elsewhere.
+    return_token_ids: bool | None = None
+    continuation_token_ids: list[int] | None = None
     # Declared so that they are refused rather than silently ignored:
     store: bool | None = None
     previous_response_id: str | None = None
@@ -183,9 +190,13 @@ def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
                  "parallel_tool_calls": req.parallel_tool_calls}
     elif req.tool_choice not in (None, "none", "auto"):
         raise bad_request("tool_choice requires tools.", "tool_choice")
+    if req.continuation_token_ids is not None and not req.stream:
+        raise bad_request("continuation_token_ids on /v1/responses needs stream: true.", "continuation_token_ids")
     return ChatCompletionRequest(messages=messages(req), model=req.model, max_completion_tokens=req.max_output_tokens,
                                  temperature=req.temperature, top_p=req.top_p, seed=req.seed, user=req.user,
-                                 response_format=_response_format(req.text_format()), **extra)
+                                 response_format=_response_format(req.text_format()), stream=bool(req.stream),
+                                 return_token_ids=req.return_token_ids,
+                                 continuation_token_ids=req.continuation_token_ids, **extra)
 
 
 def echo_format(req: ResponsesRequest) -> dict:

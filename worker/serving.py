@@ -6,7 +6,8 @@ tokenizers are not safe to call from several threads at once, and the work must
 stay off the event loop).
 
 One *choice* is one engine request. ``run_choice`` turns its ``RequestOutput``
-stream into ``ChoiceEvent``s: text deltas (``OutputText``: incremental
+stream into ``ChoiceEvent``s: a continuation's replayed text first (``replayed``: not
+output, formatters only update their state with it), text deltas (``OutputText``: incremental
 detokenisation + stop strings), logprobs, prompt logprobs (first event), and exactly
 one final event carrying ``finish_reason``. A ``score_only`` choice (echo with
 ``max_tokens: 0``) reports no generated text or token and ``finish_reason="length"``. On a stop-string hit it closes the engine stream and aborts the
@@ -122,6 +123,7 @@ class ChoiceEvent:
     num_output_tokens: int = 0
     prompt_logprobs: list[TokenLogprob | None] | None = None     # on the choice's first event, when asked
     token_ids: list[int] = field(default_factory=list)           # generated ids of this event (EOS included)
+    replayed: bool = False      # a continuation's text as the first worker's edge had it: state, not output
 
 
 @dataclass
@@ -148,13 +150,16 @@ async def run_choice(state: ServingState, spec: ChoiceSpec, tracker: RequestTrac
                       min_tokens, spec.skip_special_tokens)
     # Replay the continuation unreported: the detokenizer and the stop matcher reach the state the first
     # worker was in (what it withheld, a split character or a possible stop prefix, comes out here).
-    text.add_tokens(spec.continuation)
+    replayed = text.add_tokens(spec.continuation).text
     n_done = len(spec.continuation)
     gen = engine.generate(spec.engine_request_id, engine_prompt(spec), params)
     done = False
     n_prompt = len(spec.prompt_token_ids)
     state.active.add(spec.engine_request_id)
     try:
+        if n_done:              # the formatter's own state (chat's tool-call holding) replays it too
+            yield ChoiceEvent(spec.index, replayed, num_prompt_tokens=n_prompt, num_output_tokens=n_done,
+                              replayed=True)
         async for out in gen:
             tracker.on_output(out)
             ids = out.new_token_ids

@@ -19,7 +19,10 @@ delta with ``id``, ``type`` and ``function.name``, then one with ``function.argu
 holds it back while it can.
 
 ``return_token_ids`` adds each choice's generated ids (``token_ids``); ``continuation_token_ids``
-resumes a generation (worker.continuation: no role chunk, usage for the whole generation).
+resumes a generation (worker.continuation: no role chunk, usage for the whole generation; the
+continuation's text is replayed through the tool-call holding, unreported). A choice's held
+tool-call deltas go out in one write, the last of them carrying its finish and its last ids;
+a drain abort sends none of the held text (the resuming worker holds it again).
 
 ``create_chat_completion`` does the checks and builds the choices; ``worker.serving_driver.serve``
 runs them; ``ChatFormatter`` writes the chunks or the response. The template and tool helpers
@@ -33,7 +36,7 @@ import dataclasses
 from fastapi import Request, Response
 
 from worker import tools as tool_calls
-from worker.continuation import response_headers
+from worker.continuation import DRAIN_ABORT, check_constrained, response_headers
 from worker.errors import APIError, bad_request
 from worker.logprobs import chat_logprobs, prompt_logprobs_out
 from worker.protocol import ChatCompletionRequest, to_sampling_params, validate_request
@@ -104,13 +107,16 @@ def template_text(state: ServingState, req) -> str | None:
 
 
 def check_tools(state: ServingState, req: ChatCompletionRequest, msgs: list[dict]):
-    """The request's tool plan (400s before admission) -> (plan, messages, tools for the template)."""
+    """The request's tool plan (400s before admission, a constrained continuation this engine cannot resume
+    among them) -> (plan, messages, tools for the template)."""
     tool_calls.check_history(req)
     template = template_text(state, req)
     plan = tool_calls.plan(req, template)
     if plan is not None and plan.spec is not None and structured_spec(req) is not None:
         raise bad_request("tool_choice 'required' or a named function cannot be combined with a structured-output "
                           "constraint.", "tool_choice")
+    constrained = (plan is not None and plan.spec is not None) or structured_spec(req) is not None
+    check_constrained(state.engine, req, constrained)
     msgs, tools = tool_calls.prepare_messages(msgs, plan, template)
     return plan, msgs, tools
 
@@ -180,20 +186,39 @@ class ChatFormatter(ChoicesFormatter):
             if not resumed:          # a resumed stream: the client has its role chunk already
                 yield self.chunk(index, {"role": "assistant", "content": ""})
 
+    def _hold(self, i: int, text: str) -> str:
+        """Choice ``i``'s text through the tool-call holding -> what may be sent now as content.
+        Once the held text cannot start a call it is released for good (the test is monotone), so
+        replaying a continuation's text at once reaches the state the first worker reached in steps."""
+        if self.free[i]:
+            return text
+        self.held[i] += text
+        if self.plan.mode == "auto" and not self.plan.fmt.may_start_call(self.held[i]):
+            self.free[i], text, self.held[i] = True, self.held[i], ""
+            return text
+        return ""
+
+    def replay(self, ev: ChoiceEvent) -> None:
+        self._hold(ev.index, ev.text)          # what the first worker released, the client has
+
     def event_chunks(self, ev: ChoiceEvent):
         lp = None
         if self.k is not None and ev.logprobs:
             lp = {"content": [e.model_dump() for e in chat_logprobs(self.state.token_texts, ev.logprobs, self.k)],
                   "refusal": None}
-        text, i = ev.text, ev.index
-        if not self.free[i]:
-            self.held[i] += text
-            text = ""
-            if self.plan.mode == "auto" and not self.plan.fmt.may_start_call(self.held[i]):
-                self.free[i], text, self.held[i] = True, self.held[i], ""
+        i = ev.index
+        text = self._hold(i, ev.text)
         if ev.finish_reason is not None and not self.free[i]:
-            for delta, finish in _held_deltas(self.plan, self.held[i], ev.finish_reason):
-                yield self.chunk(i, delta, None, finish, ev.stop_reason if finish == ev.finish_reason else None)
+            if ev.finish_reason == "abort" and ev.stop_reason == DRAIN_ABORT:
+                # the worker that resumes it holds the same text again: none of it goes out here
+                yield self.chunk(i, {}, None, ev.finish_reason, ev.stop_reason, ev.token_ids)
+                return
+            deltas = _held_deltas(self.plan, self.held[i], ev.finish_reason)
+            # One write: a choice's calls reach the client together (worker.continuation); its last ids
+            # go with its finish.
+            yield "".join(self.chunk(i, delta, None, finish, ev.stop_reason if finish == ev.finish_reason else None,
+                                     ev.token_ids if k == len(deltas) - 1 else None)
+                          for k, (delta, finish) in enumerate(deltas))
             return
         yield self.chunk(i, {"content": text} if text else {}, lp, ev.finish_reason, ev.stop_reason, ev.token_ids)
 

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 from fastapi import Request, Response
 
-from worker.continuation import response_headers
+from worker.continuation import check_constrained, response_headers
 from worker.errors import bad_request
 from worker.logprobs import completion_logprobs, echo_logprobs, extend_logprobs, prompt_logprobs_out
 from worker.protocol import CompletionRequest, to_sampling_params, validate_request
 from worker.response_models import CompletionChoice, CompletionLogprobs, CompletionResponse
 from worker.serving import ChoiceEvent, ChoiceSpec, ServingState, new_id
 from worker.serving_driver import ChoicesFormatter, seeded, serve
+from worker.structured import structured_spec
 
 
 def _tokenize(tokenizer, prompt, add_special_tokens: bool, truncate: int | None, echo: bool, vocab_size: int):
@@ -73,6 +74,7 @@ async def create_completion(state: ServingState, req: CompletionRequest, raw: Re
                           f"limit of {limit} per request.", "n")
     state.check_engine()
     state.check_prompt_logprobs(req)
+    check_constrained(state.engine, req, structured_spec(req) is not None)
 
     async def prepare():
         prompts = await state.run_sync(_tokenize, state.tokenizer, req.prompt, req.add_special_tokens,

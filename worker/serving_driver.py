@@ -220,6 +220,9 @@ class ChoicesFormatter:
         return ()
 
     def stream_event(self, ev: ChoiceEvent) -> Iterable[str]:
+        if ev.replayed:
+            self.replay(ev)
+            return ()
         self.out_tokens[ev.index] = ev.num_output_tokens
         return self.event_chunks(ev)
 
@@ -234,10 +237,16 @@ class ChoicesFormatter:
         yield SSE_DONE
 
     def add(self, ev: ChoiceEvent) -> None:
+        if ev.replayed:
+            self.replay(ev)
+            return
         self.out_tokens[ev.index] = ev.num_output_tokens
         self.fold(ev)
 
     # ---- for subclasses -----------------------------------------------------------------------
+    def replay(self, ev: ChoiceEvent) -> None:
+        """A continuation's text, as the first worker's formatter saw it: rebuild state, send nothing."""
+
     def event_chunks(self, ev: ChoiceEvent) -> Iterable[str]:
         raise NotImplementedError
 

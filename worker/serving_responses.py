@@ -21,6 +21,13 @@ it may be a call (as on the chat path); each call is sent at the end as
 ``response.function_call_arguments.done`` and ``response.output_item.done``. An engine failure after the first
 byte ends the stream with ``response.failed`` carrying the error. No ``[DONE]``
 follows, as in OpenAI's API: the terminal event ends the stream.
+
+Migration (worker.continuation, streams only): ``return_token_ids`` puts a delta's ids on it
+(``token_ids``) and sends other ids as ``swiftserve.token_ids`` events (no
+``sequence_number``; the generation's last ones, with ``finish_reason``, before its last
+text); ``continuation_token_ids`` resumes: no opening events, the continuation's text
+replayed into the state (held or free) unsent. A drain abort ends the stream with
+``response.failed`` (code ``shutting_down``), which a gateway migrates.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from contextlib import contextmanager
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
+from worker.continuation import DRAIN_ABORT, response_headers
 from worker.errors import APIError
 from worker.response_models import now
 from worker import tools as tool_calls
@@ -137,9 +145,11 @@ async def create_response(state: ServingState, req: ResponsesRequest, raw: Reque
         with _responses_params():
             ids, params = await chat_prompt(state, chat, msgs, tools, plan)
         view = ResponseView(req, state.config.model_name, len(ids), plan)
-        return [ChoiceSpec(0, view.id, ids, params)], ResponsesFormatter(view)
+        cont = list(chat.continuation_token_ids or [])
+        spec = ChoiceSpec(0, view.id, ids, params, continuation=cont, report_ids=bool(chat.return_token_ids))
+        return [spec], ResponsesFormatter(view, bool(cont), spec.report_ids)
 
-    return await serve(state, raw, req.stream, prepare)
+    return await serve(state, raw, req.stream, prepare, response_headers(chat))
 
 
 class ResponsesFormatter:
@@ -150,9 +160,10 @@ class ResponsesFormatter:
     once known. Streaming: ``free`` is True once text streams as it comes (no tool plan, or
     an "auto" output that cannot be a call); until then the text is held back."""
 
-    def __init__(self, view: ResponseView) -> None:
-        self.view, self.plan = view, view.plan
+    def __init__(self, view: ResponseView, resumed: bool = False, report_ids: bool = False) -> None:
+        self.view, self.plan, self.resumed, self.report_ids = view, view.plan, resumed, report_ids
         self.text, self.n, self.finish = "", 0, None
+        self.drained = False
         self.free = self.plan is None
         self.seq = 0
         self.where = {"item_id": view.msg_id, "output_index": 0, "content_index": 0}
@@ -187,10 +198,21 @@ class ResponsesFormatter:
         yield self.event("response.content_part.done", part=self.view.part(text), **self.where)
         yield self.event("response.output_item.done", output_index=0, item=self.view.message(status, text))
 
-    def _delta(self, text: str) -> str:
-        return self.event("response.output_text.delta", delta=text, logprobs=[], **self.where)
+    def _delta(self, text: str, ids: list[int] | None = None) -> str:
+        extra = {"token_ids": ids} if ids is not None else {}
+        return self.event("response.output_text.delta", delta=text, logprobs=[], **self.where, **extra)
+
+    def _ids(self, ev) -> str:
+        """A SwiftServe event with the generated ids (``return_token_ids``; no ``sequence_number``): the
+        last one of a generation that ended says so (``finish_reason``)."""
+        obj = {"type": "swiftserve.token_ids", "token_ids": ev.token_ids}
+        if ev.finish_reason is not None and not self.drained:
+            obj["finish_reason"] = ev.finish_reason
+        return f"event: swiftserve.token_ids\ndata: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
     def opening(self):
+        if self.resumed:            # a continuation: the client has these, and maybe the message item
+            return
         yield self.event("response.created", response=self.view.response("in_progress"))
         yield self.event("response.in_progress", response=self.view.response("in_progress"))
         if self.free:
@@ -198,16 +220,34 @@ class ResponsesFormatter:
 
     def stream_event(self, ev):
         self._take(ev)
+        if ev.replayed:                       # a continuation's text: state only (worker.continuation)
+            self.free = self.free or (self.plan.mode == "auto" and not self.plan.fmt.may_start_call(self.text))
+            return
+        self.drained = ev.finish_reason == "abort" and ev.stop_reason == DRAIN_ABORT
+        # ids go on the delta that sends their text; alone otherwise, and first for the last event (whose
+        # finish_reason tells a gateway that only the closing burst is left)
+        last = self.report_ids and ev.finish_reason is not None and not self.drained
+        inline = ev.token_ids if self.report_ids and not last else None
+        if last:
+            yield self._ids(ev)
+        text = None
         if not self.free and self.plan.mode == "auto" and not self.plan.fmt.may_start_call(self.text):
             self.free = True                  # prose: what was held goes out as the first delta
             yield from self._opened()
-            if self.text:
-                yield self._delta(self.text)
-        elif self.free and ev.text:
-            yield self._delta(ev.text)
+            text = self.text
+        elif self.free:
+            text = ev.text
+        if text:
+            yield self._delta(text, inline)
+        elif inline:
+            yield self._ids(ev)
 
     def closing(self):
         status, view = _status(self.finish), self.view
+        if self.drained:            # resumable elsewhere (worker.continuation): a gateway moves the stream
+            yield self.event("response.failed", response=view.response("failed", error={
+                "code": "shutting_down", "message": "The worker shut down before the response was complete."}))
+            return
         if self.free:
             yield from self._closed(status, self.text)
             output = [view.message(status, self.text)]

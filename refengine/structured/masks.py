@@ -22,6 +22,12 @@ sample: a step that is run again (batch isolation) or a preempted and recomputed
 request simply catch up from the request's own token list. ``release`` drops a
 request's matcher when it finishes or aborts.
 
+A continuation (a generation resumed from another worker's tokens, which end its prompt)
+carries those tokens as ``SamplingParams.structured_prefix``: ``constrained_ids`` puts them
+before the request's output, so the matcher (and the JSON number state) first consumes
+what the other engine generated and masks the next token from exactly its state. Ids the
+constraint does not accept fail that request alone (``GrammarError``, the engine's isolation).
+
 The compiled template of a spec (an ``LLMatcher`` before any token) is copied per
 request (``deep_copy``), so a schema is compiled once while it stays in the cache.
 
@@ -49,6 +55,12 @@ CACHE_SIZE = 256
 class TokenMasks:
     rows: list[int]              # positions in the step's sampling batch
     bits: torch.Tensor           # [len(rows), ceil(V/32)] int32
+
+
+def constrained_ids(params, output_ids: list[int]) -> list[int]:
+    """The tokens a request's constraint has to have consumed: a continuation's prefix, then its output."""
+    prefix = params.structured_prefix
+    return [*prefix, *output_ids] if prefix else output_ids
 
 
 class _State:
@@ -115,7 +127,9 @@ class GrammarMasks:
             new = out_ids[st.consumed:]
             if new:
                 if not st.matcher.consume_tokens(new):
-                    raise GrammarError(f"request {rid}: the output left its grammar: {st.matcher.get_error()}")
+                    self._states.pop(rid, None)
+                    raise GrammarError(f"request {rid}: the output (or the continuation it resumes) left its "
+                                       f"grammar: {st.matcher.get_error()}")
                 st.consumed += len(new)
                 if st.numbers is not None:
                     st.numbers.feed(self._tokenizer.decode_bytes(new))
@@ -138,8 +152,9 @@ class GrammarMasks:
 
     # ---- on the engine thread ---------------------------------------------------------------
     def start(self, todo: list[tuple[int, str, StructuredSpec, list[int]]]) -> Future | None:
-        """``todo``: (sampling row, request id, spec, the request's output token ids so far) per
-        constrained row. Returns a future of ``TokenMasks`` (None when nothing is constrained)."""
+        """``todo``: (sampling row, request id, spec, ``constrained_ids``: the request's output token ids
+        so far, after a continuation's) per constrained row. Returns a future of ``TokenMasks`` (None when
+        nothing is constrained)."""
         if not todo:
             return None
         # The token lists are copied: the engine thread appends to them after this step.

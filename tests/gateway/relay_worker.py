@@ -10,7 +10,8 @@ starts at or past that point is relayed whole), as set by ``--fail``: ``cut`` (t
 worker), ``exit`` (the process dies at once: connection reset), ``stall`` (nothing more is
 sent: a hung worker), ``error`` (an in-band ``engine_error`` event and ``[DONE]``), ``drain``
 (the next chunk ends with ``finish_reason "abort"`` / ``stop_reason "worker_shutdown"``, as a
-worker whose drain time ran out), ``none`` (never). So a stream that migrates to another
+worker whose drain time ran out), ``none`` (never), ``refuse`` (never, but a continuation is
+answered with a 400, as a vLLM worker answers a constrained one). So a stream that migrates to another
 relay completes there with the real worker's tokens, or fails again further on.
 ``/health``, ``/metrics`` and ``/load`` are relayed (``--queue``: ``/metrics`` reports that
 fixed queue instead, so that a test can order relays for the gateway's ``jsq`` policy).
@@ -32,10 +33,13 @@ PASS_HEADERS = ("content-type", "x-swiftserve-continuation")
 
 
 def count_ids(event: str) -> int:
-    """Generated tokens in one event (the gateway asks for token_ids), 0 for anything else."""
-    if not event.startswith("data: {"):
+    """Generated tokens in one event (the gateway asks for token_ids; a Responses event has them at its
+    top level), 0 for anything else."""
+    data = [ln[6:] for ln in event.split("\n") if ln.startswith("data: {")]
+    if not data:
         return 0
-    return sum(len(c.get("token_ids") or ()) for c in json.loads(event[6:]).get("choices") or ())
+    obj = json.loads(data[0])
+    return len(obj.get("token_ids") or ()) + sum(len(c.get("token_ids") or ()) for c in obj.get("choices") or ())
 
 
 def build(upstream: str, fail: str, after: int, delay: float, queue: int | None = None) -> FastAPI:
@@ -54,6 +58,11 @@ def build(upstream: str, fail: str, after: int, delay: float, queue: int | None 
         raw = await request.body()
         body = json.loads(raw)
         done = len(body.get("continuation_token_ids") or ())
+        if fail == "refuse" and done:
+            return Response(json.dumps({"error": {"message": "continuation_token_ids cannot be combined with "
+                                                  "structured outputs on this worker", "type": "invalid_request_error",
+                                                  "param": "continuation_token_ids", "code": None}}),
+                            status_code=400, media_type="application/json")
         req = client.build_request("POST", request.url.path, content=raw, headers={"content-type": "application/json"})
         r = await client.send(req, stream=True)
         headers = {k: v for k, v in r.headers.items() if k in PASS_HEADERS}
@@ -94,6 +103,7 @@ def build(upstream: str, fail: str, after: int, delay: float, queue: int | None 
 
     app.post("/v1/completions")(generate)
     app.post("/v1/chat/completions")(generate)
+    app.post("/v1/responses")(generate)
     return app
 
 
@@ -101,7 +111,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--upstream", required=True)
-    ap.add_argument("--fail", choices=("cut", "exit", "stall", "error", "drain", "none"), default="none")
+    ap.add_argument("--fail", choices=("cut", "exit", "stall", "error", "drain", "none", "refuse"), default="none")
     ap.add_argument("--after", type=int, default=8)
     ap.add_argument("--delay", type=float, default=0.0)
     ap.add_argument("--queue", type=int, default=None, help="report this vllm:num_requests_waiting on /metrics")

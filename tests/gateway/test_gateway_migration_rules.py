@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gateway.migration import StreamTracker, migratable, rewrite
+from gateway.migration import StreamTracker, migratable, rewrite, summed_usage
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 
@@ -14,12 +14,14 @@ C, CHAT = "/v1/completions", "/v1/chat/completions"
     (CHAT, {"messages": [], "stream": True, "tools": [{}], "tool_choice": "none"}, True),
     (C, {"prompt": ["x"], "stream": True}, True),
     (C, {"prompt": "x"}, False),                                        # not streamed: re-run instead
-    (C, {"prompt": "x", "stream": True, "n": 2}, False),
+    (C, {"prompt": "x", "stream": True, "n": 2}, True),                   # each choice resumes on its own
+    (C, {"prompt": "x", "stream": True, "n": 0}, False),
     (C, {"prompt": "x", "stream": True, "echo": True}, False),
     (C, {"prompt": ["x", "y"], "stream": True}, False),
-    (CHAT, {"messages": [], "stream": True, "tools": [{}]}, False),
-    (CHAT, {"messages": [], "stream": True, "response_format": {"type": "json_object"}}, False),
-    (C, {"prompt": "x", "stream": True, "guided_regex": "a+"}, False),
+    (CHAT, {"messages": [], "stream": True, "tools": [{}]}, True),             # the worker replays the holding
+    (CHAT, {"messages": [], "stream": True, "tools": [{}], "tool_choice": "required"}, True),
+    (CHAT, {"messages": [], "stream": True, "response_format": {"type": "json_object"}}, True),
+    (C, {"prompt": "x", "stream": True, "guided_regex": "a+"}, True),           # the worker advances the grammar
     (C, {"prompt": "x", "stream": True, "continuation_token_ids": [1]}, False),
     ("/v1/responses", {"input": "x", "stream": True}, False),
 ])
@@ -89,3 +91,52 @@ def test_completion_text_offsets_count_from_the_start_of_the_whole_text():
     t.migrations = 1
     out, _, _ = rewrite(t, ev(chunk("b", " you", [2], logprobs={"text_offset": [0]})))
     assert parsed(out)[0]["choices"][0]["logprobs"]["text_offset"] == [5]
+
+
+def test_tool_call_deltas_reach_the_client_and_a_failure_inside_their_burst_is_not_resumed():
+    t = StreamTracker({"messages": [], "stream": True, "tools": [{}]}, max_migrations=2)
+    held = {"id": "a", "choices": [{"index": 0, "delta": {}, "token_ids": [7, 8]}]}
+    assert rewrite(t, ev(held))[0] == b"" and t.token_ids == [7, 8] and t.can_migrate()     # held back: ids only
+    call = {"id": "a", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_1", "type":
+                                                                          "function", "function": {"name": "f"}}]},
+                                    "token_ids": []}]}
+    (sent,) = parsed(rewrite(t, ev(call))[0])
+    assert sent["choices"][0]["delta"]["tool_calls"][0]["id"] == "call_1" and "token_ids" not in sent["choices"][0]
+    assert not t.can_migrate()                  # inside the final burst: resuming would send the calls twice
+
+
+def test_an_n2_stream_resumes_each_unfinished_choice_as_a_leg_of_its_own():
+    t = StreamTracker({"prompt": "x", "stream": True, "n": 3, "best_of": 3, "seed": 5, "logprobs": 1}, max_migrations=2)
+    c0, c1, c2 = (dict(chunk("a", "", [])["choices"][0], index=i) for i in range(3))
+    events = [{"id": "a", "created": 1, "choices": [dict(c0, text="He", token_ids=[1])]},
+              {"id": "a", "created": 1, "choices": [dict(c1, text="Yo", token_ids=[7, 8], finish_reason="stop")]},
+              {"id": "a", "created": 1, "choices": [dict(c2, text="Hi", token_ids=[4])]},
+              {"id": "a", "created": 1, "choices": [dict(c2, text="!", token_ids=[5])]}]
+    out, migrate, _ = rewrite(t, b"".join(ev(e) for e in events))
+    assert [e["choices"][0]["index"] for e in parsed(out)] == [0, 1, 2, 2] and t.can_migrate() and not t.finished
+    t.migrations = 1
+    legs = t.legs()
+    assert [leg.index for leg in legs] == [0, 2]                     # choice 1 had finished
+    bodies = [json.loads(leg.resume()[0]) for leg in legs]
+    assert [b["continuation_token_ids"] for b in bodies] == [[1], [4, 5]]
+    assert all(b["n"] == 1 and "best_of" not in b for b in bodies) and [b["seed"] for b in bodies] == [5, 7]
+    leg = legs[1]
+    piece = chunk("b", " you", [6], "length", logprobs={"text_offset": [0]})
+    usage = {"id": "b", "created": 2, "object": "text_completion", "model": "m", "choices": [],
+             "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}}
+    out, _, ended = rewrite(leg, ev(piece) + ev(usage) + b"data: [DONE]\n\n")
+    (only,) = parsed(out)                                            # its usage and [DONE] are the stream's
+    assert ended and only["id"] == "a" and only["choices"][0]["index"] == 2
+    assert only["choices"][0]["logprobs"]["text_offset"] == [3]      # after choice 2's "Hi!"
+    legs[0].usage = {**usage, "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}}
+    summed = parsed(summed_usage(t, legs))[0]
+    assert summed["id"] == "a" and summed["usage"] == {"prompt_tokens": 3, "completion_tokens": 5 + 2 + 4,
+                                                        "total_tokens": 14}
+
+
+def test_an_n2_stream_with_an_unresumable_choice_does_not_move():
+    t = StreamTracker({"messages": [], "stream": True, "n": 2}, max_migrations=2)
+    call = {"id": "a", "choices": [{"index": 1, "delta": {"tool_calls": [{"index": 0, "id": "call_1"}]},
+                                    "token_ids": []}]}
+    rewrite(t, ev({"id": "a", "choices": [{"index": 0, "delta": {"content": "x"}, "token_ids": [1]}]}) + ev(call))
+    assert not t.can_migrate()

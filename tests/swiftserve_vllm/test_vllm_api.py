@@ -243,3 +243,20 @@ def test_a_greedy_continuation_on_vllm_joins_into_the_uninterrupted_text(served)
         head = httpx.post(served["worker"] + "/v1/completions", timeout=300,
                           json={**body, "max_tokens": k}).json()["choices"][0]["text"]
         assert head + rest["text"] == whole["text"]
+
+
+def test_a_constrained_continuation_is_refused_on_vllm_and_tools_auto_resumes(served):
+    # vLLM cannot advance a grammar through tokens it did not generate: refused, never restarted.
+    url = served["worker"]
+    body = {"model": "smol", "prompt": "A JSON object:", "max_tokens": 24, "temperature": 0,
+            "continuation_token_ids": [90], "response_format": {"type": "json_object"}}
+    r = httpx.post(url + "/v1/completions", json=body, timeout=300)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "continuation_token_ids", r.text
+    assert "grammar" in r.json()["error"]["message"]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    chat = {"model": "smol", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "temperature": 0,
+            "continuation_token_ids": [90], "stream": True, "tools": tools}
+    assert httpx.post(url + "/v1/chat/completions", json={**chat, "tool_choice": "required"}, timeout=300
+                      ).status_code == 400
+    r = httpx.post(url + "/v1/chat/completions", json=chat, timeout=300)      # auto: no grammar to rebuild
+    assert r.status_code == 200 and r.headers["x-swiftserve-continuation"] == "1", r.text

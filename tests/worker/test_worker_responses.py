@@ -217,3 +217,57 @@ def test_sdk_responses_parse_and_tools(serve):
     assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
     client.close()
     client2.close()
+
+
+def _resuming(text: str) -> FakeEngineClient:
+    """A scripted reply that resumes after whatever part of it ends the prompt (like a greedy model)."""
+    reply = make_tokenizer().encode(text, add_special_tokens=False)
+
+    def script(prompt, _params):
+        k = next((k for k in range(len(reply), 0, -1) if prompt[-k:] == reply[:k]), 0)
+        return reply[k:] + [2]
+    return FakeEngineClient(script, max_model_len=4096)
+
+
+@pytest.mark.parametrize("text,tools", [(REPLY, None), (CALL, "required")])
+def test_a_stream_resumed_after_any_event_joins_into_the_uninterrupted_one(client_for, text, tools):
+    client, _ = client_for(_resuming(text))
+    body = {"input": "Hi", "stream": True, "return_token_ids": True, "max_output_tokens": 60}
+    if tools:
+        body |= {"tools": [{"type": "function", **WEATHER}], "tool_choice": tools}
+    full = sse_events(client.post("/v1/responses", json=body).text)
+
+    def view(events):       # what a client keeps: text deltas, the closing events, the final response's output
+        return ("".join(d["delta"] for k, d in events if k == "response.output_text.delta"),
+                [k for k, _ in events if k != "swiftserve.token_ids"][-4:], events[-1][1]["response"]["output"],
+                events[-1][1]["response"]["usage"])
+
+    ends = next(i for i, (_, d) in enumerate(full) if d.get("finish_reason"))
+    for cut in range(1, ends):
+        sent = full[:cut]
+        done = [t for _, d in sent for t in d.get("token_ids") or ()]
+        if not done:
+            continue
+        r = client.post("/v1/responses", json={**body, "continuation_token_ids": done})
+        assert r.headers["x-swiftserve-continuation"] == str(len(done))
+        rest = sse_events(r.text)
+        assert not any(k in ("response.created", "response.in_progress") for k, _ in rest)
+        got, want = view(sent + rest), view(full)
+        assert got[0] == want[0] and got[1] == want[1] and got[3] == want[3], cut
+        strip = lambda out: [{k: v for k, v in o.items() if k not in ("id", "call_id")} for o in out]  # noqa: E731
+        assert strip(got[2]) == strip(want[2])
+
+
+def test_a_drain_abort_ends_a_responses_stream_as_a_resumable_failure():
+    from worker.continuation import DRAIN_ABORT
+    from worker.protocol_responses import ResponsesRequest
+    from worker.serving import ChoiceEvent
+    from worker.serving_responses import ResponsesFormatter, ResponseView
+
+    fmt = ResponsesFormatter(ResponseView(ResponsesRequest(input="x", stream=True), "m", 3), report_ids=True)
+    out = list(fmt.opening()) + list(fmt.stream_event(ChoiceEvent(0, "Hi", token_ids=[1], num_output_tokens=1)))
+    out += list(fmt.stream_event(ChoiceEvent(0, "", finish_reason="abort", stop_reason=DRAIN_ABORT, token_ids=[2],
+                                             num_output_tokens=2)))
+    events = sse_events("".join(out) + "".join(fmt.closing()))
+    assert events[-2] == ("swiftserve.token_ids", {"type": "swiftserve.token_ids", "token_ids": [2]})
+    assert events[-1][0] == "response.failed" and events[-1][1]["response"]["error"]["code"] == "shutting_down"

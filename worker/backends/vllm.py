@@ -175,12 +175,24 @@ class VllmEngineClient:
                     "the model without SwiftKV.")
         return None
 
+    @property
+    def constrained_continuation_refusal(self) -> str:
+        """Why a continuation (worker.continuation) under a grammar is refused: vLLM starts a request's
+        grammar at its first generated token, and the continuation's tokens are prompt there, so the
+        constraint would restart mid-output. Refused, never run unconstrained or restarted."""
+        return ("continuation_token_ids cannot be combined with structured outputs or tool_choice 'required' / "
+                "a named function on this vLLM worker: vLLM cannot advance a grammar through tokens it did "
+                "not generate. Resume it on a reference-engine worker.")
+
     def stats(self) -> EngineStats:
         return self._stats
 
     # ---- requests -------------------------------------------------------------------
     def _params(self, p: SamplingParams):
         from swiftserve_vllm import compat as V
+
+        if p.structured is not None and p.structured_prefix:
+            raise ValueError(self.constrained_continuation_refusal)      # the edge refuses it first (400)
 
         return V.SamplingParams(
             n=1, max_tokens=p.max_tokens, min_tokens=p.min_tokens, temperature=p.temperature, top_p=p.top_p,
