@@ -9,19 +9,22 @@
 //   starts [B] or None       int64 first entry sequence b sees (a sliding window); None: 0
 //   -> out [B, kvh, g, dv]   float32
 //
-// Two paths, both in paged_prefill.cpp: when d and dv are multiples of 16 (every common head
-// size) decode_vec reads K and V in place, 16 keys per vector step; for any other widths
-// (ZACK's adaptive ranks: 37, 50, 1, ...) decode_tiles packs each 64-key tile as float32, K
-// transposed and V zero-padded to whole vectors, and runs the prefill tiles with the g query
-// heads of a KV head as rows (online softmax). Work is split over sequences (or sequence, KV
+// Two paths, both in paged_prefill.cpp: decode_vec reads K and V in place, 16 keys per vector
+// step, when d and dv are multiples of 16 (every common head size) or, for any other widths
+// (ZACK's adaptive ranks: 37, 50, 1, ...), where the build has AVX-512 masked loads for the
+// rows' tails; else decode_tiles packs each 64-key tile as float32, K transposed and V
+// zero-padded to whole vectors, and runs the prefill tiles with the g query heads of a KV head
+// as rows (online softmax). Work is split over sequences (or sequence, KV
 // head pairs) with ATen's parallel_for (OpenMP). bf16 queries over bf16 pools with d a multiple
 // of 32 take decode_vec's dot-product path (q K^T by vdpbf16ps, where the CPU has it); any other
 // bf16 query is widened to float32 first, which is exact.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
-// paged_prefill.cpp's vectorised kernels: decode_vec when d and dv are multiples of 16 (K and V
-// read in place), else decode_tiles (K and V packed per 64-key tile; any d and dv).
+#include "vec.h"
+
+// paged_prefill.cpp's vectorised kernels: decode_vec (K and V read in place), decode_tiles (K and V
+// packed per 64-key tile; any d and dv on any build).
 template <typename T>
 void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, const int64_t* lens,
                 const int64_t* starts, float* out, int64_t B, int64_t kvh, int64_t g, int64_t d, int64_t dv,
@@ -34,14 +37,15 @@ void decode_tiles(const float* q, const T* k, const T* v, const int64_t* table, 
 
 namespace {
 
-// One pool dtype: decode_vec when both widths are whole vectors, else the padded tiles. qb: the
+// One pool dtype: decode_vec when both widths are whole vectors or tails can be read masked, else
+// the padded tiles. qb: the
 // bf16 queries for decode_vec's dot-product path (q is then unused), or nullptr.
 template <typename T>
 void run(const torch::Tensor& q, const uint16_t* qb, const torch::Tensor& k, const torch::Tensor& v,
          const torch::Tensor& table, const torch::Tensor& lens, const int64_t* starts, torch::Tensor& out, float scale) {
   const int64_t B = out.size(0), kvh = out.size(1), g = out.size(2), d = k.size(3), dv = v.size(3);
   const float* qf = qb ? nullptr : q.data_ptr<float>();
-  if (dv % 16 == 0 && d % 16 == 0)
+  if ((dv % 16 == 0 && d % 16 == 0) || swiftserve_vec::kMaskedTails)
     decode_vec<T>(qf, k.data_ptr<T>(), v.data_ptr<T>(), table.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), starts,
                   out.data_ptr<float>(), B, kvh, g, d, dv, k.size(1), table.size(1), scale, qb);
   else

@@ -277,7 +277,8 @@ void decode_tiles(const float* q, const T* k, const T* v, const int64_t* table, 
   });
 }
 
-// Decode when d and dv are multiples of 16: K and V read in place, nothing packed. A work item
+// Decode with K and V read in place, nothing packed: d and dv multiples of 16, or any widths
+// where the build has AVX-512 masked moves (kMaskedTails; the rows' tails are read masked). A work item
 // is a sequence with all its KV heads when there are enough sequences to keep every thread
 // busy (the pool's token rows read front to back), else (sequence, KV head); items are taken
 // from a shared counter (ragged lengths). Per item, with L = len rounded up to 16: scores
@@ -294,9 +295,10 @@ void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, co
                 int64_t bs, int64_t max_blocks, float scale, const uint16_t* qb) {
   const int64_t nh = B >= 4 * at::get_num_threads() ? kvh : 1, per = kvh / nh, items = B * per;
   const int64_t gP = (g + 3) / 4 * 4;                        // rows padded to 4 (their P stays zero)
+  const int64_t dp = padded(d);
   std::atomic<int64_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    std::vector<float> qs(nh * g * d), s;
+    std::vector<float> qs(nh * g * dp, 0.f), s;            // rows of dp floats, zeros past d
     std::vector<int64_t> row(16), prow;
     for (int64_t item; (item = next.fetch_add(1)) < items;) {
       const int64_t b = item / per, h0 = (item % per) * nh, len = lens[b], L = (len + 15) / 16 * 16;
@@ -309,7 +311,8 @@ void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, co
         for (int64_t i = 0; i < bs && t < len; ++i, ++t) prow[t] = blocks[blk] * bs + i;
       if (!qb) {
         const float* qf = q + (b * kvh + h0) * g * d;
-        for (int64_t i = 0; i < nh * g * d; ++i) qs[i] = qf[i] * scale;
+        for (int64_t r = 0; r < nh * g; ++r)
+          for (int64_t c = 0; c < d; ++c) qs[r * dp + c] = qf[r * d + c] * scale;
       }
       s.assign(nh * gP * L, 0.f);
       for (int64_t t0 = 0; t0 < L; t0 += 16) {
@@ -337,11 +340,18 @@ void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, co
               }
             }
 #endif
-            const float* qj = qs.data() + (hh * g + j) * d;
+            const float* qj = qs.data() + (hh * g + j) * dp;
             const T* kh = k + (h0 + hh) * d;
             for (int64_t c = 0; c < d; c += 16) {
               const v16 qc = load(qj + c);
-              for (int kk = 0; kk < 16; ++kk) acc[kk] += qc * loadf(kh + row[kk] * d + c);
+              if (c + 16 <= d) {
+                for (int kk = 0; kk < 16; ++kk) acc[kk] += qc * loadf(kh + row[kk] * d + c);
+              } else {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+                const int n = static_cast<int>(d - c);      // a ragged width's tail: the rest of the row only
+                for (int kk = 0; kk < 16; ++kk) acc[kk] += qc * loadf_n(kh + row[kk] * d + c, n);
+#endif
+              }
             }
             store(sj, sum16(acc));
           }
@@ -366,6 +376,8 @@ void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, co
           const v16 inv = splat(1.f / hsum(sum));
           for (int64_t t = 0; t < L; t += 16) store(sj + t, load(sj + t) * inv);
         }
+      // 64 value columns per pass when dv allows, else 16; a ragged width's last 16 are a
+      // tail of n < 16 (masked loads and stores: nothing past the row is touched).
       const int64_t width = dv % 64 == 0 ? 64 : 16;
       const int nv = static_cast<int>(width / 16);
       for (int64_t hh = 0; hh < nh; ++hh)
@@ -374,6 +386,7 @@ void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, co
           float* o = out + ((b * kvh + h0 + hh) * g + j0) * dv;
           const int rows = static_cast<int>(std::min<int64_t>(4, g - j0));
           for (int64_t c0 = 0; c0 < dv; c0 += width) {
+            const int n = static_cast<int>(std::min<int64_t>(16, dv - c0));   // < 16: the tail (nv is 1)
             v16 acc[4][4] = {};
             for (int64_t t = lo; t < len; ++t) {
               const T* vr = v + (prow[t] * kvh + h0 + hh) * dv + c0;
@@ -381,14 +394,27 @@ void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, co
               const char* pv = reinterpret_cast<const char*>(v + (prow[ahead] * kvh + h0 + hh) * dv + c0);
               for (int64_t x = 0; x < static_cast<int64_t>(width * sizeof(T)); x += 64) __builtin_prefetch(pv + x);
               v16 x[4];
-              for (int i = 0; i < nv; ++i) x[i] = loadf(vr + 16 * i);
+              if (n == 16) {
+                for (int i = 0; i < nv; ++i) x[i] = loadf(vr + 16 * i);
+              } else {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+                x[0] = loadf_n(vr, n);
+#endif
+              }
               for (int r = 0; r < 4; ++r) {
                 const v16 pr = splat(p[r * L + t]);
                 for (int i = 0; i < nv; ++i) acc[r][i] += pr * x[i];
               }
             }
-            for (int r = 0; r < rows; ++r)
-              for (int i = 0; i < nv; ++i) store(o + r * dv + c0 + 16 * i, acc[r][i]);
+            for (int r = 0; r < rows; ++r) {
+              if (n == 16) {
+                for (int i = 0; i < nv; ++i) store(o + r * dv + c0 + 16 * i, acc[r][i]);
+              } else {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+                store_n(o + r * dv + c0, acc[r][0], n);
+#endif
+              }
+            }
           }
         }
     }

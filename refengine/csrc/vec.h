@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-#ifdef __AVX512BF16__
+#if defined(__AVX512F__) || defined(__AVX512BF16__)
 #include <immintrin.h>
 #endif
 
@@ -79,6 +79,22 @@ inline v16 loadf(const at::BFloat16* p) {
   std::memcpy(&r, &bits, sizeof(r));
   return r;
 }
+
+// The first n (0 < n <= 16) elements of a row, the other lanes zero, and the store of the first n
+// lanes: the tails of rows whose width is not a whole number of vectors (ZACK's ragged ranks).
+// Nothing past element n is read or written. AVX-512 masked moves where the build has them.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+constexpr bool kMaskedTails = true;
+inline __mmask16 lanes(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
+inline v16 loadf_n(const float* p, int n) { return (v16)_mm512_maskz_loadu_ps(lanes(n), p); }
+inline v16 loadf_n(const at::BFloat16* p, int n) {
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes(n), p));
+  return (v16)_mm512_slli_epi32(w, 16);
+}
+inline void store_n(float* p, v16 x, int n) { _mm512_mask_storeu_ps(p, lanes(n), (__m512)x); }
+#else
+constexpr bool kMaskedTails = false;
+#endif
 
 // Stores of 16 floats into float32 or bfloat16 rows; bf16 rounds to nearest even, as torch's
 // float -> bfloat16 conversion does (finite values; the kernels never make NaNs of their own).
