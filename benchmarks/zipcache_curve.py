@@ -183,8 +183,7 @@ def merge_summary(path: Path, rows: list[dict], pick: str, ap: argparse.Argument
     entry.update({"device_bytes_per_token_ratio": row["pool_ratio"],
                   "device_bytes_ratio_with_window_2048": row["with_window"].get("2048"),
                   "ppl_increase_pct": row["short"]["ppl_increase_pct"],
-                  "task_accuracy_kept": row.get("task_accuracy_kept"),
-                  "block_size": row["block_size"], "salient_ratio": row["salient_ratio"]})
+                  "task_accuracy_kept": row.get("task_accuracy_kept")})
     path.write_text(json.dumps(doc, indent=2) + "\n")
 
 
