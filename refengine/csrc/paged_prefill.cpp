@@ -342,17 +342,18 @@ void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, co
 #endif
             const float* qj = qs.data() + (hh * g + j) * dp;
             const T* kh = k + (h0 + hh) * d;
-            for (int64_t c = 0; c < d; c += 16) {
+            int64_t c = 0;
+            for (; c + 16 <= d; c += 16) {
               const v16 qc = load(qj + c);
-              if (c + 16 <= d) {
-                for (int kk = 0; kk < 16; ++kk) acc[kk] += qc * loadf(kh + row[kk] * d + c);
-              } else {
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-                const int n = static_cast<int>(d - c);      // a ragged width's tail: the rest of the row only
-                for (int kk = 0; kk < 16; ++kk) acc[kk] += qc * loadf_n(kh + row[kk] * d + c, n);
-#endif
-              }
+              for (int kk = 0; kk < 16; ++kk) acc[kk] += qc * loadf(kh + row[kk] * d + c);
             }
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+            if (c < d) {                                      // a ragged width's tail: the rest of the row only
+              const v16 qc = load(qj + c);
+              const int n = static_cast<int>(d - c);
+              for (int kk = 0; kk < 16; ++kk) acc[kk] += qc * loadf_n(kh + row[kk] * d + c, n);
+            }
+#endif
             store(sj, sum16(acc));
           }
       }
@@ -385,8 +386,11 @@ void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, co
           const float* p = s.data() + (hh * gP + j0) * L;
           float* o = out + ((b * kvh + h0 + hh) * g + j0) * dv;
           const int rows = static_cast<int>(std::min<int64_t>(4, g - j0));
-          for (int64_t c0 = 0; c0 < dv; c0 += width) {
-            const int n = static_cast<int>(std::min<int64_t>(16, dv - c0));   // < 16: the tail (nv is 1)
+          // Full passes of `width` columns, then (ragged dv) one masked tail of n < 16 columns.
+          // tail: std::true_type for the masked tail (n columns), false_type for a full pass; a
+          // compile-time flag, so the full passes' loop is the plain one.
+          const auto pass = [&](int64_t c0, int n, auto tail) {
+            constexpr bool kTail = decltype(tail)::value;
             v16 acc[4][4] = {};
             for (int64_t t = lo; t < len; ++t) {
               const T* vr = v + (prow[t] * kvh + h0 + hh) * dv + c0;
@@ -394,20 +398,21 @@ void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, co
               const char* pv = reinterpret_cast<const char*>(v + (prow[ahead] * kvh + h0 + hh) * dv + c0);
               for (int64_t x = 0; x < static_cast<int64_t>(width * sizeof(T)); x += 64) __builtin_prefetch(pv + x);
               v16 x[4];
-              if (n == 16) {
+              if constexpr (!kTail) {
                 for (int i = 0; i < nv; ++i) x[i] = loadf(vr + 16 * i);
               } else {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
                 x[0] = loadf_n(vr, n);
 #endif
               }
+              const int nx = kTail ? 1 : nv;
               for (int r = 0; r < 4; ++r) {
                 const v16 pr = splat(p[r * L + t]);
-                for (int i = 0; i < nv; ++i) acc[r][i] += pr * x[i];
+                for (int i = 0; i < nx; ++i) acc[r][i] += pr * x[i];
               }
             }
             for (int r = 0; r < rows; ++r) {
-              if (n == 16) {
+              if constexpr (!kTail) {
                 for (int i = 0; i < nv; ++i) store(o + r * dv + c0 + 16 * i, acc[r][i]);
               } else {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -415,7 +420,10 @@ void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, co
 #endif
               }
             }
-          }
+          };
+          int64_t c0 = 0;
+          for (; c0 + width <= dv; c0 += width) pass(c0, 16, std::false_type{});
+          if (c0 < dv) pass(c0, static_cast<int>(dv - c0), std::true_type{});     // 0 < n < 16 (width is 16)
         }
     }
   });

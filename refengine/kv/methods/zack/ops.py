@@ -27,33 +27,47 @@ from refengine.kv.spec import CacheSpec, GroupSpec, ModelFacts
 
 
 class ZackRotate:
-    """QK transform of one slot: rotate and truncate keys and queries per head part."""
+    """QK transform of one slot: rotate and truncate keys and queries per head part.
+
+    One matmul each for keys and queries, whatever the number of parts: the per-head maps
+    are laid out block-diagonally (``k_map [kv_heads*d, sum_p n_p*k_r]``, ``q_map
+    [kv_heads*G*d, sum_p n_p*G*k_r]``, parts in order, heads in each part's order), and the
+    product is split into the parts' column ranges (views). With adaptive ranks every head
+    is its own part; one index_select and one einsum per part and per call cost more than
+    the attention they serve saves at decode batch sizes. The zeros add nothing: each
+    output column is one head's d products."""
 
     def __init__(self, group: GroupSpec, m_k: torch.Tensor, m_q: torch.Tensor, device: torch.device,
                  dtype: torch.dtype):
-        self.G = group.q_per_kv
-        self.kvh = group.kv_heads
-        self.parts = []
+        G, kvh, d = group.q_per_kv, group.kv_heads, m_k.shape[1]
+        self.G, self.kvh = G, kvh
+        self.k_split = [len(p.heads) * p.k_dim for p in group.parts]
+        self.q_split = [len(p.heads) * G * p.k_dim for p in group.parts]
+        self.shapes = [(len(p.heads), p.k_dim) for p in group.parts]
+        k_map = torch.zeros(kvh * d, sum(self.k_split), dtype=torch.float64)
+        q_map = torch.zeros(kvh * G * d, sum(self.q_split), dtype=torch.float64)
+        ko = qo = 0
         for p in group.parts:
-            heads = torch.tensor(p.heads, device=device)
-            hs = list(p.heads)
-            mk = m_k[hs, :, :p.k_dim].to(device=device, dtype=dtype).contiguous()     # [n, d, r]
-            mq = m_q[hs, :, :p.k_dim].to(device=device, dtype=dtype).contiguous()
-            whole = len(p.heads) == group.kv_heads
-            self.parts.append((None if whole else heads, mk, mq))
+            r = p.k_dim
+            for i, h in enumerate(p.heads):
+                k_map[h * d:(h + 1) * d, ko + i * r:ko + (i + 1) * r] = m_k[h, :, :r]
+                for g in range(G):
+                    q_map[(h * G + g) * d:(h * G + g + 1) * d, qo + (i * G + g) * r:qo + (i * G + g + 1) * r] = \
+                        m_q[h, :, :r]
+            ko += len(p.heads) * r
+            qo += len(p.heads) * G * r
+        self.k_map = k_map.to(device=device, dtype=dtype)
+        self.q_map = q_map.to(device=device, dtype=dtype)
 
     def keys(self, k: torch.Tensor) -> list[torch.Tensor]:
-        return [torch.einsum("tnd,ndr->tnr", k if idx is None else k.index_select(1, idx), mk)
-                for idx, mk, _ in self.parts]
+        T = k.shape[0]
+        flat = k.reshape(T, -1) @ self.k_map
+        return [x.view(T, n, r) for x, (n, r) in zip(flat.split(self.k_split, dim=1), self.shapes)]
 
     def queries(self, q: torch.Tensor) -> list[torch.Tensor]:
-        T, d = q.shape[0], q.shape[-1]
-        qv = q.view(T, self.kvh, self.G, d)
-        out = []
-        for idx, _, mq in self.parts:
-            qp = qv if idx is None else qv.index_select(1, idx)
-            out.append(torch.einsum("tngd,ndr->tngr", qp, mq).reshape(T, -1, mq.shape[-1]))
-        return out
+        T = q.shape[0]
+        flat = q.reshape(T, -1) @ self.q_map
+        return [x.view(T, n * self.G, r) for x, (n, r) in zip(flat.split(self.q_split, dim=1), self.shapes)]
 
 
 def _is_swiftkv_slot(facts: ModelFacts, group: GroupSpec) -> bool:
