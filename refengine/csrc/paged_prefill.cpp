@@ -377,53 +377,53 @@ void decode_vec(const float* q, const T* k, const T* v, const int64_t* table, co
           const v16 inv = splat(1.f / hsum(sum));
           for (int64_t t = 0; t < L; t += 16) store(sj + t, load(sj + t) * inv);
         }
-      // 64 value columns per pass when dv allows, else 16; a ragged width's last 16 are a
-      // tail of n < 16 (masked loads and stores: nothing past the row is touched).
-      const int64_t width = dv % 64 == 0 ? 64 : 16;
-      const int nv = static_cast<int>(width / 16);
+      // P V in passes of up to 64 value columns (4 vectors) over the tokens; a ragged dv's last
+      // pass has its last vector's n < 16 columns read and written masked (nothing past the row
+      // is touched), so any dv <= 64 (ZACK's ranks) is one pass over the context.
       for (int64_t hh = 0; hh < nh; ++hh)
         for (int64_t j0 = 0; j0 < g; j0 += 4) {
           const float* p = s.data() + (hh * gP + j0) * L;
           float* o = out + ((b * kvh + h0 + hh) * g + j0) * dv;
           const int rows = static_cast<int>(std::min<int64_t>(4, g - j0));
-          // Full passes of `width` columns, then (ragged dv) one masked tail of n < 16 columns.
-          // tail: std::true_type for the masked tail (n columns), false_type for a full pass; a
-          // compile-time flag, so the full passes' loop is the plain one.
-          const auto pass = [&](int64_t c0, int n, auto tail) {
+          // nvec vectors from column c0, the last of n columns; tail (std::true_type) when n < 16:
+          // a compile-time flag, so a whole pass's loop is the plain one.
+          const auto pass = [&](int64_t c0, int nvec, int n, auto tail) {
             constexpr bool kTail = decltype(tail)::value;
+            const int full = kTail ? nvec - 1 : nvec;
             v16 acc[4][4] = {};
             for (int64_t t = lo; t < len; ++t) {
               const T* vr = v + (prow[t] * kvh + h0 + hh) * dv + c0;
               const int64_t ahead = std::min(t + 8, len - 1);      // V rows 8 tokens ahead, into cache
               const char* pv = reinterpret_cast<const char*>(v + (prow[ahead] * kvh + h0 + hh) * dv + c0);
-              for (int64_t x = 0; x < static_cast<int64_t>(width * sizeof(T)); x += 64) __builtin_prefetch(pv + x);
+              for (int64_t x = 0; x < static_cast<int64_t>(nvec * 16 * sizeof(T)); x += 64) __builtin_prefetch(pv + x);
               v16 x[4];
-              if constexpr (!kTail) {
-                for (int i = 0; i < nv; ++i) x[i] = loadf(vr + 16 * i);
-              } else {
+              for (int i = 0; i < full; ++i) x[i] = loadf(vr + 16 * i);
+              if constexpr (kTail) {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-                x[0] = loadf_n(vr, n);
+                x[full] = loadf_n(vr + 16 * full, n);
 #endif
               }
-              const int nx = kTail ? 1 : nv;
               for (int r = 0; r < 4; ++r) {
                 const v16 pr = splat(p[r * L + t]);
-                for (int i = 0; i < nx; ++i) acc[r][i] += pr * x[i];
+                for (int i = 0; i < nvec; ++i) acc[r][i] += pr * x[i];
               }
             }
             for (int r = 0; r < rows; ++r) {
-              if constexpr (!kTail) {
-                for (int i = 0; i < nv; ++i) store(o + r * dv + c0 + 16 * i, acc[r][i]);
-              } else {
+              for (int i = 0; i < full; ++i) store(o + r * dv + c0 + 16 * i, acc[r][i]);
+              if constexpr (kTail) {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-                store_n(o + r * dv + c0, acc[r][0], n);
+                store_n(o + r * dv + c0 + 16 * full, acc[r][full], n);
 #endif
               }
             }
           };
           int64_t c0 = 0;
-          for (; c0 + width <= dv; c0 += width) pass(c0, 16, std::false_type{});
-          if (c0 < dv) pass(c0, static_cast<int>(dv - c0), std::true_type{});     // 0 < n < 16 (width is 16)
+          for (; c0 + 64 <= dv; c0 += 64) pass(c0, 4, 16, std::false_type{});
+          if (c0 < dv) {
+            const int rem = static_cast<int>(dv - c0), nvec = (rem + 15) / 16, n = rem - 16 * (nvec - 1);
+            if (n == 16) pass(c0, nvec, 16, std::false_type{});
+            else pass(c0, nvec, n, std::true_type{});              // only where masked tails exist
+          }
         }
     }
   });
