@@ -21,6 +21,16 @@ The gateway's ``swiftserve_gateway_migrations_total`` says how many streams move
 ``migrated_greedy_identical`` (true when at least one stream migrated and every stream's
 text equals its uninterrupted run), which ``benchmarks/reliability_summary.py`` merges into
 ``summary.json``.
+
+``--mix``: the streams rotate over completions, chat, chat with a JSON schema, chat with a
+required tool, chat with ``n`` = 2 and ``/v1/responses`` (``benchmarks/failover_kinds.py``:
+the requests and how each is judged against the same request's uninterrupted stream, asked
+of a worker directly); each scenario also counts per kind (``kinds``: streams, outcomes,
+and how many had ended before the fault).
+
+``--dtype float32`` pins the workers' dtype: with bfloat16 (the workers' ``auto`` on a CPU with
+native bf16) greedy tokens depend on the batch, so streams differ from their one-at-a-time
+uninterrupted runs with or without a migration (results/reliability/README.md).
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import command_line, write_json  # noqa: E402
+from failover_kinds import KINDS, OUTCOMES, judge_kind, read, request  # noqa: E402
 
 TOPICS = ["dragons", "the sea", "tea", "mountains", "robots", "gardens", "trains", "the moon", "bees", "rivers",
           "castles", "winter", "music", "cities", "forests", "ships", "clocks", "bridges", "owls", "deserts"]
@@ -88,8 +99,7 @@ class Server:
 
 
 def body(i: int, max_tokens: int) -> dict:
-    return {"model": "m", "prompt": f"Write a long story about {TOPICS[i % len(TOPICS)]}.", "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    return request("completions", TOPICS[i % len(TOPICS)], max_tokens)[1]
 
 
 def judge(data: bytes, want: str, max_tokens: int) -> str:
@@ -109,7 +119,7 @@ def judge(data: bytes, want: str, max_tokens: int) -> str:
 async def stream(client, url: str, payload: dict, first: asyncio.Event) -> bytes:
     data = b""
     try:
-        async with client.stream("POST", url + "/v1/completions", json=payload) as r:
+        async with client.stream("POST", url, json=payload) as r:
             async for chunk in r.aiter_raw():
                 data += chunk
                 first.set()
@@ -124,31 +134,64 @@ def migrations(gw: Server) -> float:
                if line.startswith("swiftserve_gateway_migrations_total{") and 'outcome="resumed"' in line)
 
 
-async def scenario(gw: Server, victim: Server, kind: str, n: int, max_tokens: int, wants: list[str]) -> dict:
-    before = migrations(gw)
+async def scenario(gw: Server, victim: Server, fault: str, reqs: list, judges: list, kinds: list | None) -> dict:
+    """``reqs``: (path, body) of each stream; ``judges``: its judge (bytes -> outcome); ``kinds``: per kind
+    counts too."""
+    before, n = migrations(gw), len(reqs)
     async with httpx.AsyncClient(timeout=600) as client:
         firsts = [asyncio.Event() for _ in range(n)]
-        tasks = [asyncio.create_task(stream(client, gw.url, body(i, max_tokens), firsts[i])) for i in range(n)]
+        tasks = [asyncio.create_task(stream(client, gw.url + path, payload, firsts[i]))
+                 for i, (path, payload) in enumerate(reqs)]
         for f in firsts:
             await asyncio.wait_for(f.wait(), 300)
-        victim.signal(signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
+        ended = [t.done() for t in tasks]
+        victim.signal(signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
         results = await asyncio.gather(*tasks)
-    if kind == "hang":
+    if fault == "hang":
         victim.signal(signal.SIGCONT)
-    outcomes = [judge(d, wants[i], max_tokens) for i, d in enumerate(results)]
-    counts = {k: outcomes.count(k) for k in ("complete", "wrong", "error", "lost")}
-    return {"streams": n, **counts, "migrations": migrations(gw) - before,
-            "completed_pct": round(100.0 * counts["complete"] / n, 1),
-            "error_messages": sorted(set(filter(None, (_error_text(d) for d in results))))[:5]}
+    outcomes = [j(d) for j, d in zip(judges, results)]
+    counts = {k: outcomes.count(k) for k in OUTCOMES}
+    out = {"streams": n, **counts, "migrations": migrations(gw) - before,
+           "completed_pct": round(100.0 * counts["complete"] / n, 1),
+           "error_messages": sorted(set(filter(None, (read(d)["error"] for d in results))))[:5]}
+    if kinds:
+        out["kinds"] = per_kind(kinds, outcomes, ended)
+    return out
 
 
-def _error_text(data: bytes) -> str | None:
-    """The first error event's message of a stream (what a failed stream told its client)."""
-    for e in data.decode(errors="replace").split("\n\n"):
-        if e.startswith("data: {") and '"error"' in e:
-            err = json.loads(e[len("data: "):]).get("error") or {}
-            return f"{err.get('code')}: {str(err.get('message'))[:160]}"
-    return None
+def per_kind(kinds: list, outcomes: list, ended: list) -> dict:
+    """kind -> streams, each outcome's count, and how many had ended before the fault."""
+    out: dict[str, dict] = {}
+    for k, outcome, e in zip(kinds, outcomes, ended):
+        c = out.setdefault(k, {"streams": 0, **dict.fromkeys(OUTCOMES, 0), "ended_before_fault": 0})
+        c["streams"] += 1
+        c[outcome] += 1
+        c["ended_before_fault"] += e
+    return out
+
+
+def plain(url: str, streams: int, max_tokens: int) -> tuple[list, list]:
+    """The default streams: (path, body) and judge of each, from the uninterrupted non-streamed texts."""
+    reqs, judges = [], []
+    for i in range(streams):
+        r = httpx.post(url + "/v1/completions", json={**body(i, max_tokens), "stream": False, "stream_options": None},
+                       timeout=600)
+        reqs.append(("/v1/completions", body(i, max_tokens)))
+        judges.append(lambda d, want=r.json()["choices"][0]["text"]: judge(d, want, max_tokens))
+    return reqs, judges
+
+
+def mixed(url: str, streams: int, max_tokens: int) -> tuple[list, list, list]:
+    """``--mix``: (path, body), judge and kind of each stream, judged against its uninterrupted stream."""
+    kinds = [KINDS[i % len(KINDS)] for i in range(streams)]
+    reqs = [request(k, TOPICS[i % len(TOPICS)], max_tokens) for i, k in enumerate(kinds)]
+    judges = []
+    for k, (path, payload) in zip(kinds, reqs):
+        want = read(httpx.post(url + path, json=payload, timeout=600).content)
+        if not want["ended"] or want["error"] or not want["one_id"]:
+            raise RuntimeError(f"the uninterrupted {k} stream is not usable: {want}")
+        judges.append(lambda d, k=k, want=want: judge_kind(k, d, want, max_tokens))
+    return reqs, judges, kinds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--stall-timeout", type=float, default=5.0, help="the gateway's --stall-timeout (s)")
     ap.add_argument("--torch-threads", type=int, default=1)
+    ap.add_argument("--dtype", default=None, help="workers' --dtype (default: theirs, auto: bfloat16 on a CPU with "
+                    "native bf16, whose greedy tokens can depend on the batch: float32 keeps them batch-independent)")
+    ap.add_argument("--mix", action="store_true", help="streams of every migratable kind (failover_kinds.KINDS)")
     a = ap.parse_args(argv)
     model = a.model
     if model is None:
@@ -171,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         port = port or free_port()
         return Server([a.worker_python, "-m", "worker", "--engine", a.engine, "--model", model, "--port", str(port),
                        "--served-model-name", "m", "--max-model-len", "512", "--torch-threads", str(a.torch_threads),
-                       "--log-level", "warning"], port)
+                       "--log-level", "warning", *(["--dtype", a.dtype] if a.dtype else [])], port)
 
     def gateway(workers: list[Server]) -> Server:
         port = free_port()
@@ -185,29 +231,29 @@ def main(argv: list[str] | None = None) -> int:
         started += [a_w, b_w]
         for w in (a_w, b_w):
             w.wait_healthy(600)
-        wants = []
-        for i in range(a.streams):
-            r = httpx.post(a_w.url + "/v1/completions", json={**body(i, a.max_tokens), "stream": False,
-                                                              "stream_options": None}, timeout=600)
-            wants.append(r.json()["choices"][0]["text"])
+        if a.mix:
+            reqs, judges, kinds = mixed(a_w.url, a.streams, a.max_tokens)
+        else:
+            (reqs, judges), kinds = plain(a_w.url, a.streams, a.max_tokens), None
         gw = gateway([a_w, b_w])
         started.append(gw)
         gw.wait_healthy(60)
-        kill = asyncio.run(scenario(gw, a_w, "kill", a.streams, a.max_tokens, wants))
+        kill = asyncio.run(scenario(gw, a_w, "kill", reqs, judges, kinds))
         print("kill:", kill, flush=True)
         a_w.stop()
         a2 = worker(int(a_w.url.rsplit(":", 1)[1]))          # back on its port: the gateway's static list
         started.append(a2)
         a2.wait_healthy(600)
         time.sleep(2)                                         # health checks readmit it
-        hang = asyncio.run(scenario(gw, b_w, "hang", a.streams, a.max_tokens, wants))
+        hang = asyncio.run(scenario(gw, b_w, "hang", reqs, judges, kinds))
         print("hang:", hang, flush=True)
     finally:
         for s in started:
             s.stop()
     identical = (kill["migrations"] + hang["migrations"]) > 0 and kill["wrong"] == hang["wrong"] == 0
-    doc = {"command": command_line(argv), "engine": a.engine, "streams": a.streams, "max_tokens": a.max_tokens,
-           "stall_timeout_s": a.stall_timeout, "kill": kill, "hang": hang,
+    doc = {"command": command_line(argv), "engine": a.engine, **({"dtype": a.dtype} if a.dtype else {}),
+           "streams": a.streams, "max_tokens": a.max_tokens,
+           "stall_timeout_s": a.stall_timeout, **({"kinds": list(KINDS)} if a.mix else {}), "kill": kill, "hang": hang,
            "figures": {"kill_midstream_completed_pct": kill["completed_pct"],
                        "hang_midstream_completed_pct": hang["completed_pct"],
                        "migrated_greedy_identical": identical}}
