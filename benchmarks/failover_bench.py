@@ -28,9 +28,10 @@ the requests and how each is judged against the same request's uninterrupted str
 of a worker directly); each scenario also counts per kind (``kinds``: streams, outcomes,
 and how many had ended before the fault).
 
-``--dtype float32`` pins the workers' dtype: with bfloat16 (the workers' ``auto`` on a CPU with
-native bf16) greedy tokens depend on the batch, so streams differ from their one-at-a-time
-uninterrupted runs with or without a migration (results/reliability/README.md).
+``--dtype`` is the workers' dtype, float32 unless given: with bfloat16 (the workers' ``auto``
+on a CPU with native bf16) greedy tokens depend on what else is in the batch, so streams
+differ from their one-at-a-time uninterrupted runs with or without a migration
+(results/reliability/README.md); the identity check needs batch-independent numerics.
 """
 
 from __future__ import annotations
@@ -204,8 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--stall-timeout", type=float, default=5.0, help="the gateway's --stall-timeout (s)")
     ap.add_argument("--torch-threads", type=int, default=1)
-    ap.add_argument("--dtype", default=None, help="workers' --dtype (default: theirs, auto: bfloat16 on a CPU with "
-                    "native bf16, whose greedy tokens can depend on the batch: float32 keeps them batch-independent)")
+    ap.add_argument("--dtype", default="float32",
+                    help="workers' --dtype (default: float32, whose greedy tokens do not depend on what else is in "
+                         "the batch, so 'equals the uninterrupted text' tests the migration; 'auto' is bfloat16 on a "
+                         "CPU with native bf16, where a greedy text can change with the batch even without a fault)")
     ap.add_argument("--mix", action="store_true", help="streams of every migratable kind (failover_kinds.KINDS)")
     a = ap.parse_args(argv)
     model = a.model
@@ -217,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         port = port or free_port()
         return Server([a.worker_python, "-m", "worker", "--engine", a.engine, "--model", model, "--port", str(port),
                        "--served-model-name", "m", "--max-model-len", "512", "--torch-threads", str(a.torch_threads),
-                       "--log-level", "warning", *(["--dtype", a.dtype] if a.dtype else [])], port)
+                       "--log-level", "warning", "--dtype", a.dtype], port)
 
     def gateway(workers: list[Server]) -> Server:
         port = free_port()
@@ -251,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         for s in started:
             s.stop()
     identical = (kill["migrations"] + hang["migrations"]) > 0 and kill["wrong"] == hang["wrong"] == 0
-    doc = {"command": command_line(argv), "engine": a.engine, **({"dtype": a.dtype} if a.dtype else {}),
+    doc = {"command": command_line(argv), "engine": a.engine, "dtype": a.dtype,
            "streams": a.streams, "max_tokens": a.max_tokens,
            "stall_timeout_s": a.stall_timeout, **({"kinds": list(KINDS)} if a.mix else {}), "kill": kill, "hang": hang,
            "figures": {"kill_midstream_completed_pct": kill["completed_pct"],

@@ -32,7 +32,10 @@ The worker then
   silently ignore it (a stock vLLM server).
 
 Guarantee: for greedy requests (temperature 0) the joined output is token-for-token the
-uninterrupted one (same weights, same engine kind). A seeded sampled request continues
+uninterrupted one (same weights, same engine kind) when greedy tokens do not depend on the
+batch (float32 on CPU; in bfloat16 greedy tokens were measured to change with what else is
+in the batch, fault or not, so there the joined output is a greedy continuation, not
+necessarily the same tokens: results/reliability/README.md). A seeded sampled request continues
 with the same seed, but the RNG restarts at the continuation, so the rest is a valid
 sample from the same distribution, not the tokens the first worker would have drawn.
 ``presence_penalty`` / ``frequency_penalty`` (computed over output tokens) see the
