@@ -14,8 +14,8 @@
 // (ZACK's adaptive ranks: 37, 50, 1, ...), where the build has AVX-512 masked loads for the
 // rows' tails; else decode_tiles packs each 64-key tile as float32, K transposed and V
 // zero-padded to whole vectors, and runs the prefill tiles with the g query heads of a KV head
-// as rows (online softmax). Work is split over sequences (or sequence, KV
-// head pairs) with ATen's parallel_for (OpenMP). bf16 queries over bf16 pools with d a multiple
+// as rows (online softmax). Work is split over sequences (or sequence, KV head pairs) with
+// ATen's parallel_for (OpenMP). bf16 queries over bf16 pools with d a multiple
 // of 32 take decode_vec's dot-product path (q K^T by vdpbf16ps, where the CPU has it); any other
 // bf16 query is widened to float32 first, which is exact.
 #include <torch/extension.h>
@@ -38,8 +38,8 @@ void decode_tiles(const float* q, const T* k, const T* v, const int64_t* table, 
 namespace {
 
 // One pool dtype: decode_vec when both widths are whole vectors or tails can be read masked, else
-// the padded tiles. qb: the
-// bf16 queries for decode_vec's dot-product path (q is then unused), or nullptr.
+// the padded tiles. qb: the bf16 queries for decode_vec's dot-product path (q is then unused), or
+// nullptr.
 template <typename T>
 void run(const torch::Tensor& q, const uint16_t* qb, const torch::Tensor& k, const torch::Tensor& v,
          const torch::Tensor& table, const torch::Tensor& lens, const int64_t* starts, torch::Tensor& out, float scale) {
