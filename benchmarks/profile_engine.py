@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shlex
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -64,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="decode_128_128")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--swiftkv", action="store_true", help="serve the checkpoint with SwiftKV on")
+    ap.add_argument("--dtype", default="auto", help="the engine's dtype (auto: float32 on CPU), e.g. bfloat16")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--out", default="results/perf/profiles")
     ap.add_argument("--rows", type=int, default=25)
     args = ap.parse_args(argv)
@@ -71,15 +75,16 @@ def main(argv: list[str] | None = None) -> int:
 
     model = str(resolve_model(args.model))
     n_in, n_out = WORKLOADS[args.workload]
-    eng = make_engine(model, args.swiftkv)
+    eng = make_engine(model, args.swiftkv, dtype=args.dtype, torch_threads=args.threads)
     run_once(eng, n_in, min(n_out, 4), min(args.prompts, 4), seed=99)          # warm-up
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         figures = run_once(eng, n_in, n_out, args.prompts)
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows)
-    name = args.workload + ("-swiftkv" if args.swiftkv else "")
+    name = args.workload + ("-swiftkv" if args.swiftkv else "") + ("" if args.dtype == "auto" else f"-{args.dtype}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    figures.update(workload=args.workload, prompts=args.prompts, swiftkv=args.swiftkv, model=args.model,
+    figures.update(command=shlex.join(["python", "benchmarks/profile_engine.py", *(sys.argv[1:] if argv is None else argv)]),
+                   workload=args.workload, prompts=args.prompts, swiftkv=args.swiftkv, model=args.model, dtype=args.dtype,
                    torch=torch.__version__, threads=torch.get_num_threads(), note="wall times include profiler overhead")
     (out / f"{name}.txt").write_text(json.dumps(figures, indent=1) + "\n\n" + table + "\n")
     (out / f"{name}.json").write_text(json.dumps(figures, indent=1) + "\n")
