@@ -6,7 +6,8 @@ full-precision window. Per KV head of ``dims`` channels, one block stores:
 - ``n_hi`` *salient* token slots at ``bits_hi`` and ``block_size - n_hi`` slots at
   ``bits_lo``, each slot ``ceil(dims * bits / 8)`` bytes (codes packed little-end
   first within a byte);
-- ``slot_of``: 1 byte per token (which slot holds it), when both precisions occur;
+- ``slot_of``: 1 byte per token (which slot holds it), when both precisions occur; K and V
+  of a head share it (one salient set per token and head), so only K's block counts it;
 - K (quantised per channel): the block's per-channel minimum and range
   (``2 * dims`` metadata values);
 - V (channel-separable, per token): the per-channel normaliser ``sqrt(max |v|)``
@@ -50,7 +51,7 @@ class ZipLayout:
             raise ValueError(f"ZipCache layout planned for blocks of {self.block_size}, not {block_size}")
         data = (self.n_hi * self.slot_bytes(dims, self.bits_hi)
                 + (block_size - self.n_hi) * self.slot_bytes(dims, self.bits_lo))
-        slot_map = block_size if self.mixed else 0
+        slot_map = block_size if self.mixed and which == "k" else 0     # V reads K's (see the docstring)
         meta = (2 * dims if which == "k" else dims + 2 * block_size) * self.meta_bytes
         return data + slot_map + meta
 

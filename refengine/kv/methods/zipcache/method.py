@@ -106,7 +106,8 @@ class ZipCacheMethod(KVMethod):
         if self.state is None:
             capacity = getattr(self, "capacity", None) or self._staging_blocks(EngineLimits(block_size))
             self.state = ZipState(num_blocks, capacity, device)
-        store = ZipStore(which, group.codec_args, self.state, num_blocks, heads, dims, dtype, device)
+        shared = self._pending["k"].slot_of if which == "v" else None      # K is made first
+        store = ZipStore(which, group.codec_args, self.state, num_blocks, heads, dims, dtype, device, shared)
         if which == "k":
             self._pending["k"] = store
         else:

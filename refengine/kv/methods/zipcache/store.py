@@ -10,6 +10,7 @@ its first token is written until it leaves the window (``flush``), then *packed*
 
 ``ZipStore`` (one per K or V of a head part), ``n`` heads of ``d`` channels, shapes:
   hi [blocks, n_hi, n, bytes_hi]   lo [blocks, bs - n_hi, n, bytes_lo]   slot_of [blocks, bs, n]
+  (slot_of is the K store's; its V store holds the same tensor, so the map is stored once)
   K: cmin, crange [blocks, n, d]          value = cmin + u * crange
   V: cnorm [blocks, n, d]; tmin, trange [blocks, bs, n]   value = cnorm * (tmin + u * trange)
   u = code / (2^bits - 1) in [0, 1]; stage [S, bs, n, d] (compute dtype)
@@ -92,7 +93,8 @@ class ZipState:
 
 class ZipStore:
     def __init__(self, which: str, layout: ZipLayout, state: ZipState, num_blocks: int, heads: int, dims: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, slot_of: torch.Tensor | None = None):
+        """``slot_of``: for a V store, its K store's slot map (required when both precisions occur)."""
         lay, bs = layout, layout.block_size
         self.which, self.layout, self.state, self.dims, self.dtype = which, lay, state, dims, dtype
         self.device = torch.device(device)
@@ -101,7 +103,12 @@ class ZipStore:
         u8 = dict(dtype=torch.uint8, device=device)
         self.hi = torch.zeros(num_blocks, lay.n_hi, heads, lay.slot_bytes(dims, lay.bits_hi), **u8)
         self.lo = torch.zeros(num_blocks, bs - lay.n_hi, heads, lay.slot_bytes(dims, lay.bits_lo), **u8)
-        self.slot_of = torch.zeros(num_blocks, bs if lay.mixed else 0, heads, **u8)
+        if which == "v" and lay.mixed:
+            if slot_of is None or tuple(slot_of.shape) != (num_blocks, bs, heads):
+                raise ValueError("a mixed-precision V store shares its K store's slot map")
+            self.slot_of = slot_of                  # written by the K store's flush, same salient set
+        else:
+            self.slot_of = torch.zeros(num_blocks, bs if lay.mixed else 0, heads, **u8)
         if which == "k":
             self.cmin = torch.zeros(num_blocks, heads, dims, dtype=meta, device=device)
             self.crange = torch.zeros(num_blocks, heads, dims, dtype=meta, device=device)
@@ -120,7 +127,7 @@ class ZipStore:
     def tensors(self) -> list[torch.Tensor]:
         """The pool's tensors (what ``bytes_per_block`` counts; staging excluded)."""
         names = ("hi", "lo", "slot_of", "cmin", "crange") if self.which == "k" else \
-            ("hi", "lo", "slot_of", "cnorm", "tmin", "trange")
+            ("hi", "lo", "cnorm", "tmin", "trange")          # V's slot map is K's
         return [getattr(self, n) for n in names]
 
     def staging_tensors(self) -> list[torch.Tensor]:
@@ -157,7 +164,8 @@ class ZipStore:
             # salient tokens first (stable: token order within each group)
             order = torch.argsort((~salient).to(torch.int8), dim=1, stable=True)     # [m, bs, n]
             u = u.gather(1, order.unsqueeze(-1).expand_as(u))
-            self.slot_of[blocks] = torch.argsort(order, dim=1).to(torch.uint8)
+            if self.which == "k":                                         # V shares this map
+                self.slot_of[blocks] = torch.argsort(order, dim=1).to(torch.uint8)
         if lay.n_hi:
             q = (1 << lay.bits_hi) - 1
             self.hi[blocks] = pack(torch.round(u[:, :lay.n_hi] * q), lay.bits_hi)

@@ -28,9 +28,9 @@ def test_pack_puts_the_first_code_in_the_low_bits():
 
 def test_layout_bytes_match_the_allocated_tensors():
     lay = ZipLayout(4, 2, 4, 16)
-    # K: 4 slots x 32 B + 12 x 16 B + 16 slot bytes + 2 x 64 fp16; V: data + map + 64 + 2 x 16 fp16
+    # K: 4 slots x 32 B + 12 x 16 B + 16 slot bytes + 2 x 64 fp16; V: data + 64 + 2 x 16 fp16 (K's map)
     assert lay.block_bytes(64, 16, "k") == 4 * 32 + 12 * 16 + 16 + 2 * 64 * 2
-    assert lay.block_bytes(64, 16, "v") == 4 * 32 + 12 * 16 + 16 + (64 + 32) * 2
+    assert lay.block_bytes(64, 16, "v") == 4 * 32 + 12 * 16 + (64 + 32) * 2
     for opts in ({}, {"bits_hi": 8, "bits_lo": 8}, {"bits_hi": 16, "bits_lo": 2, "salient_ratio": 0.5}):
         s = OneSlot([ZipCacheMethod({"window": 0, **opts})], d=37)
         for part in s.slot.parts:
