@@ -39,8 +39,8 @@ Bits = Literal[2, 4, 8, 16]
 class ZipCacheOptions(Options):
     bits_hi: Bits = 4
     bits_lo: Bits = 2
-    # 0.375 with 32-token blocks: 0.242 of a 16-bit cache at the perplexity 0.25 gave with 16-token
-    # blocks (0.273); results/kv_methods/zipcache_curve.md has the curve.
+    # 0.375 with 32-token blocks: 0.238 of a 16-bit cache at the perplexity 0.25 gave with 16-token
+    # blocks (0.273 then); results/kv_methods/zipcache_curve.md has the curve.
     salient_ratio: float = Field(0.375, ge=0.0, le=1.0)
     window: int = Field(32, ge=0, le=4096)
     probe_ratio: float = Field(0.1, gt=0.0, le=1.0)
