@@ -14,11 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import command_line  # noqa: E402
 
 WORKLOADS = {"chat_256_16": (256, 16), "prefill_1024_32": (1024, 32), "decode_128_128": (128, 128),
              "decode_1024_128": (1024, 128)}      # decode over long (RAG-like) contexts
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     name = args.workload + ("-swiftkv" if args.swiftkv else "") + ("" if args.dtype == "auto" else f"-{args.dtype}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    figures.update(command=shlex.join(["python", "benchmarks/profile_engine.py", *(sys.argv[1:] if argv is None else argv)]),
+    figures.update(command=command_line(argv),
                    workload=args.workload, prompts=args.prompts, swiftkv=args.swiftkv, model=args.model, dtype=args.dtype,
                    torch=torch.__version__, threads=torch.get_num_threads(), note="wall times include profiler overhead")
     (out / f"{name}.txt").write_text(json.dumps(figures, indent=1) + "\n\n" + table + "\n")
