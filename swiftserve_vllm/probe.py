@@ -5,9 +5,13 @@ engine settings, ``settings.build_settings``, and the same KV budget), it record
 token-id lists, the KV capacity vLLM allocated (blocks x block size = tokens), and how
 many tokens of a ``--prefill-len``-token prompt reached layers < l and >= l
 (``tokens_head`` / ``tokens_tail``, read from the model through ``LLM.apply_model``; with
-SwiftKV's fast prefill only the logits token reaches the later layers). With
-``--compare`` it also runs the reference engine (and, for ZACK checkpoints, the pure-torch
-reference of ``reference.zack_greedy``) and reports parity. Prints and writes JSON.
+SwiftKV's fast prefill only the logits token reaches the later layers), vLLM's compilation and
+CUDA-graph mode, the model runner it picked and the CUDA graphs its workers captured
+(``compat.compilation_counters``). ``--also-eager`` loads each model a second time with
+``enforce_eager`` (no compilation, no graphs) and records its tokens (``eager_tokens``). With ``--compare`` it
+also runs the reference engine (and, for ZACK checkpoints, the pure-torch reference of
+``reference.zack_greedy``) and reports parity. Prints and writes JSON; with ``--out`` the file is
+rewritten after every model, so a run stopped part-way keeps what it measured.
 
 Parity against a ZACK checkpoint directory, for example:
   .venv-vllm/bin/python -m swiftserve_vllm.probe --model /path/to/zack-dir --compare \
@@ -27,7 +31,7 @@ DEFAULT_PROMPTS = [[1, 504, 3575, 282, 4649, 314], [1, 9690, 198, 2683, 359, 253
 
 def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefill_len: int,
                 kv_gb: float, max_model_len: int, eager: bool | None = None, tp: int = 1, pp: int = 1,
-                kv_cache_dtype: str = "auto", dtype: str = "auto") -> dict:
+                kv_cache_dtype: str = "auto", dtype: str = "auto", gpu_share: float | None = None) -> dict:
     from refengine.config import EngineConfig
     from swiftserve_vllm import compat as V
     from swiftserve_vllm.settings import VllmOptions, build_settings
@@ -35,13 +39,17 @@ def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefi
     device = V.platform_device()
     settings = build_settings(EngineConfig(model=model_dir, max_model_len=max_model_len, kv_cache_memory_gb=kv_gb,
                                            max_num_seqs=16, kv_cache_dtype=kv_cache_dtype, dtype=dtype),
-                              VllmOptions(enforce_eager=eager, tensor_parallel_size=tp, pipeline_parallel_size=pp),
+                              VllmOptions(enforce_eager=eager, tensor_parallel_size=tp, pipeline_parallel_size=pp,
+                                          gpu_memory_utilization=gpu_share),
                               device)
     os.environ.update(settings.env)
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"     # apply_model pickles a function
     from swiftserve_vllm.model import token_counters
 
     kwargs = {k: v for k, v in settings.engine_kwargs.items() if k not in ("served_model_name", "disable_log_stats")}
+    # The same KV budget on every platform (on a GPU the worker's default is a share of its memory):
+    # capacities compare across models, and no engine takes the card for a small model.
+    kwargs.setdefault("kv_cache_memory_bytes", int(kv_gb * 2 ** 30))
     llm = V.LLM(**kwargs)
     try:
         cc = llm.llm_engine.vllm_config.cache_config
@@ -53,7 +61,12 @@ def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefi
                      use_tqdm=False)
         after = _counters(llm.apply_model(token_counters))
         lay = settings.layout
+        vc = llm.llm_engine.vllm_config
         return {"model": model_dir, "device": device, "dtype": kwargs["dtype"], "enforce_eager": kwargs["enforce_eager"],
+                "compilation_mode": _name(getattr(vc.compilation_config, "mode", None)),
+                "cudagraph_mode": _name(getattr(vc.compilation_config, "cudagraph_mode", None)),
+                "model_runner": "v2" if V.uses_v2_model_runner(vc) else "v1",
+                "graphs": llm.apply_model(V.compilation_counters)[0],
                 "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "kv_cache_dtype": kv_cache_dtype,
                 "tokens": [list(o.outputs[0].token_ids) for o in outs],
                 "num_blocks": int(cc.num_gpu_blocks), "block_size": int(cc.block_size),
@@ -65,6 +78,11 @@ def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefi
     finally:
         del llm
         gc.collect()
+
+
+def _name(mode) -> str:
+    """An enum setting of vLLM's config by name (``VLLM_COMPILE``, ``FULL_AND_PIECEWISE``)."""
+    return str(getattr(mode, "name", mode))
 
 
 def _counters(per_rank: list[tuple[int, int]]) -> tuple[int, int]:
@@ -102,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="model dtype of vLLM and of the --compare reference engine (auto: the worker's default "
                         "for vLLM, i.e. float32 on CPU; the reference engine then runs float32)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="vLLM's share of the GPU memory (default: the worker's; small ones let several probes share "
+                        "a GPU)")
+    p.add_argument("--also-eager", action="store_true",
+                   help="also load each model with enforce_eager (no compilation, no CUDA graphs): eager_tokens")
     p.add_argument("--compare", action="store_true", help="also run the reference engine / torch reference")
     p.add_argument("--ref-kv-methods", type=json.loads, default=None,
                    help="reference engine's KV methods as JSON (its --kv-methods), e.g. for its ZACK")
@@ -114,9 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in args.model:
         model_dir = str(resolve_model(name))
-        r = probe_model(model_dir, prompts, args.max_tokens, args.prefill_len, args.kv_gb, args.max_model_len,
-                        args.eager, args.tensor_parallel_size, args.pipeline_parallel_size, args.kv_cache_dtype,
-                        args.dtype)
+        run = dict(prompts=prompts, max_tokens=args.max_tokens, prefill_len=args.prefill_len, kv_gb=args.kv_gb,
+                   max_model_len=args.max_model_len, tp=args.tensor_parallel_size, pp=args.pipeline_parallel_size,
+                   kv_cache_dtype=args.kv_cache_dtype, dtype=args.dtype, gpu_share=args.gpu_memory_utilization)
+        r = probe_model(model_dir, eager=args.eager, **run)
+        if args.also_eager:
+            e = probe_model(model_dir, eager=True, **run)
+            r.update(eager_tokens=e["tokens"], eager_tokens_head=e["tokens_head"], eager_tokens_tail=e["tokens_tail"])
         if args.compare:
             ref_dtype = r["dtype"] if r["dtype"] != "auto" else "float32"
             r["reference_tokens"] = reference_tokens(model_dir, prompts, args.max_tokens, args.ref_kv_methods,
@@ -129,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
                 r["torch_reference_parity"] = r["torch_reference_tokens"] == r["tokens"]
         results.append(r)
         print(json.dumps(r), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(results, f, indent=1)
     return 0
 
 
