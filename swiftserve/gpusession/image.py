@@ -2,7 +2,8 @@
 the facts a pack for it is resolved against. Standard library only.
 
 - ``PYTHON``: its interpreter's version; ``PLATFORMS``: the wheel platform tags pip may take for
-  it (x86-64, glibc 2.28+).
+  it (x86-64; glibc up to 2.35: its Python 3.12.3 is Ubuntu 24.04's, glibc 2.39, and vLLM's
+  dependencies include manylinux_2_31 wheels, e.g. llguidance).
 - ``PACKAGES``: the distributions the image ships (names as pip normalises them). A pack carries
   none of them; where a carried package needs a version of one the image may not have, the GPU
   side checks it there first (``vllm_env.check_requirements``) and installs a carried
@@ -20,8 +21,9 @@ from __future__ import annotations
 import re
 
 PYTHON = "3.12"
-PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
-             "manylinux2014_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+PLATFORMS = ["manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64", "manylinux_2_28_x86_64",
+             "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+             "manylinux1_x86_64", "linux_x86_64"]
 
 KNOWN = {"torch": "2.11.0", "torchvision": "0.26.0", "torchaudio": "2.11.0", "triton": "3.6.0",
          "transformers": "5.17.0", "numpy": "2.5.2", "tokenizers": "0.23.2", "huggingface-hub": "1.33.0",

@@ -113,7 +113,8 @@ def plan_lines(ctx: Context, budget_s: float) -> list[str]:
         prev = ctx.state.get(st.name, {})
         fp = st.fingerprint(ctx)
         est = f"~{st.estimate_s:.0f} s{'' if st.measured else ' (estimate)'}"
-        if fp is not None and st.name not in cfg.redo and prev.get("status") == "done" and prev.get("fingerprint") == fp:
+        done = prev.get("status") == "done" and prev.get("fingerprint") == fp
+        if fp is not None and st.name not in cfg.redo and done:
             note = "done in an earlier call"
         else:
             parts = _missing_parts(Path(cfg.pack), manifest, st.files(meta)) if manifest else []

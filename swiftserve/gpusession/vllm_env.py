@@ -89,7 +89,12 @@ def install_overrides(python: str, results: list[dict], wheels: dict[str, Path],
 def _extract(job: tuple[str, str]) -> str:
     archive, site = job
     with tarfile.open(archive, "r:xz") as tar:
-        tar.extractall(site, filter="data")
+        members = tar.getmembers()
+        # Archives extracted at once share folders: make them first, race-free (tarfile's own makedirs
+        # fails when another process made the folder between its check and its call).
+        for d in {os.path.dirname(m.name) for m in members} - {""}:
+            os.makedirs(os.path.join(site, d), exist_ok=True)
+        tar.extractall(site, members=members, filter="data")
     return archive
 
 

@@ -81,7 +81,8 @@ def run(py: str, payload, base: Path) -> dict:
     vllm_env.write_plugin_dist(ROOT, plugin)
     env = vllm_env.vllm_environ(base_env, [str(over), str(site), str(plugin)])
     after = vllm_env.check_requirements(py, payload.meta["checks"], env=env)
-    seen["checks_failing_after_overrides"] = [c["name"] for c in after if not c["ok"]]
+    seen["checks_failing_after_overrides"] = [f"{c['name']} {c['installed']} (needs {c['specifier']})"
+                                              for c in after if not c["ok"]]
     info = vllm_env.import_check(py, env, ROOT)
     from swiftserve_vllm import ARCHITECTURES
 

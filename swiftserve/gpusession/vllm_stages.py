@@ -21,7 +21,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from swiftserve.gpusession import vllm_env
+from swiftserve.gpusession import image, vllm_env
 from swiftserve.gpusession.pack import PackError, assemble
 from swiftserve.gpusession.stages import Context, junit_counts
 from swiftserve.gpusession.vllm_results import RESULTS_ENV
@@ -64,8 +64,11 @@ def stage_vllm(ctx: Context, timeout: float) -> dict:
     after = vllm_env.check_requirements(python, meta["checks"], env=env)
     rec["checks"] = {c["name"]: {"needs": c["specifier"], "image": b["installed"], "now": c["installed"], "ok": c["ok"]}
                      for c, b in zip(after, checks)}
-    rec["unmet"] = [f"{c['name']} {c['installed']} (needs {c['specifier']}, by {', '.join(c['by'])})"
-                    for c in after if not c["ok"]]
+    # what still fails: the image's own torch stack, numpy and numba by design (image.NEVER_CARRY), the rest
+    # (a replacement not carried: too large, e.g. cuda-bindings of the CUTLASS DSL) reported
+    for key, keep in (("unmet", False), ("unmet_by_design", True)):
+        rec[key] = [f"{c['name']} {c['installed']} (needs {c['specifier']}, by {', '.join(c['by'])})"
+                    for c in after if not c["ok"] and (c["name"] in image.NEVER_CARRY) == keep]
     try:
         rec["import"] = vllm_env.import_check(python, env, Path(ctx.cfg.root))
     except RuntimeError as exc:
@@ -82,13 +85,14 @@ def stage_vllm(ctx: Context, timeout: float) -> dict:
 
 def _needs(ctx: Context, model: bool) -> dict | None:
     """A waiting/skipped record while vLLM (and, if asked, the model) is not there; None when it is."""
+    later = (None, "waiting", "deferred", "timeout", "partial")       # it may still come in a later call
     v = ctx.state.get("vllm", {})
     if v.get("status") != "done":
-        return {"status": "waiting" if v.get("status") in ("waiting", None) else "skipped",
+        return {"status": "waiting" if v.get("status") in later else "skipped",
                 "reason": f"vLLM is not ready ({v.get('status', 'not run')}: {v.get('reason') or v.get('error', '')})"}
     m = ctx.state.get("model", {})
     if model and not m.get("model_dir"):
-        return {"status": "waiting" if m.get("status") in ("waiting", None) else "skipped",
+        return {"status": "waiting" if m.get("status") in later else "skipped",
                 "reason": f"the model is not there ({m.get('status', 'not run')})"}
     return None
 
@@ -153,7 +157,8 @@ def gpu_summary(state: dict, work: Path) -> dict:
         out.update(vllm_results.summary(json.loads(results.read_text())))
     r = state.get("vllm-8b", {}).get("result", {}).get("ratios", {})
     for key, name in (("prefill_throughput", "vllm_swiftkv_prefill_throughput_ratio_8b"),
-                      ("ttft_mean", "vllm_swiftkv_ttft_ratio_8b"), ("decode_tpot", "vllm_swiftkv_decode_tpot_ratio_8b")):
+                      ("ttft_mean", "vllm_swiftkv_ttft_ratio_8b"),
+                      ("decode_tpot", "vllm_swiftkv_decode_tpot_ratio_8b")):
         if r.get(key) is not None:
             out[name] = r[key]
     if r and out.get("vllm_gpu_runs") is None and state.get("vllm-8b", {}).get("status") == "done":

@@ -57,7 +57,8 @@ def run_probe(py: str, models: list[str], tmp_path, *args: str, group: str | Non
     out = tmp_path / "probe.json"
     cmd = [py, "-m", "swiftserve_vllm.probe", "--compare", "--no-enforce-eager", "--prefill-len", str(PREFILL),
            "--max-tokens", str(MAX_TOKENS), "--dtype", "bfloat16", "--kv-gb", str(KV_GB),
-           "--gpu-memory-utilization", GPU_SHARE, "--out", str(out), *sum((["--model", m] for m in models), []), *args]
+           "--gpu-memory-utilization", GPU_SHARE, "--ref-kernels", "torch", "--out", str(out),
+           *sum((["--model", m] for m in models), []), *args]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     results = json.loads(out.read_text()) if out.is_file() else []
     if group:
