@@ -1,14 +1,15 @@
 """``python -m swiftserve_vllm.probe``: what vLLM (with the plugin) does with given checkpoints.
 
-For each ``--model`` (run one after another in this process, with the worker's own
-engine settings, ``settings.build_settings``, and the same KV budget), it records: greedy tokens for ``--prompt``
-token-id lists, the KV capacity vLLM allocated (blocks x block size = tokens), and how
-many tokens of a ``--prefill-len``-token prompt reached layers < l and >= l
-(``tokens_head`` / ``tokens_tail``, read from the model through ``LLM.apply_model``; with
-SwiftKV's fast prefill only the logits token reaches the later layers), vLLM's compilation and
-CUDA-graph mode, the model runner it picked and the CUDA graphs its workers captured
-(``compat.compilation_counters``). ``--also-eager`` loads each model a second time with
-``enforce_eager`` (no compilation, no graphs) and records its tokens (``eager_tokens``). With ``--compare`` it
+For each ``--model`` (run one after another in this process, with the worker's own engine
+settings, ``settings.build_settings``, and the same KV budget), it records: greedy tokens for
+``--prompt`` token-id lists (with each position's two likeliest tokens and log-probs, ``top2``),
+the KV capacity vLLM allocated (blocks x block size = tokens), and how many tokens of a
+``--prefill-len``-token prompt reached layers < l and >= l (``tokens_head`` / ``tokens_tail``,
+read from the model through ``LLM.apply_model``; with SwiftKV's fast prefill only the logits
+token reaches the later layers), vLLM's compilation and CUDA-graph mode, the model runner it
+picked and the CUDA graphs its workers captured (``compat.compilation_counters``).
+``--also-eager`` loads each model a second time with ``enforce_eager`` (no compilation, no
+graphs) and records its tokens (``eager_tokens``). With ``--compare`` it
 also runs the reference engine (and, for ZACK checkpoints, the pure-torch reference of
 ``reference.zack_greedy``) and reports parity. Prints and writes JSON; with ``--out`` the file is
 rewritten after every model, so a run stopped part-way keeps what it measured.
@@ -53,7 +54,7 @@ def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefi
     llm = V.LLM(**kwargs)
     try:
         cc = llm.llm_engine.vllm_config.cache_config
-        greedy = V.SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        greedy = V.SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=2)
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
         before = _counters(llm.apply_model(token_counters))
         long_prompt = [(i * 7919) % 40000 + 100 for i in range(prefill_len)]
@@ -68,7 +69,7 @@ def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefi
                 "model_runner": "v2" if V.uses_v2_model_runner(vc) else "v1",
                 "graphs": llm.apply_model(V.compilation_counters)[0],
                 "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "kv_cache_dtype": kv_cache_dtype,
-                "tokens": [list(o.outputs[0].token_ids) for o in outs],
+                "tokens": [list(o.outputs[0].token_ids) for o in outs], "top2": [_top2(o) for o in outs],
                 "num_blocks": int(cc.num_gpu_blocks), "block_size": int(cc.block_size),
                 "kv_capacity_tokens": int(cc.num_gpu_blocks) * int(cc.block_size),
                 "kv_cache_layers": lay.num_cache_owners, "swiftkv": lay.swiftkv, "zack_rank": lay.zack_rank,
@@ -78,6 +79,16 @@ def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefi
     finally:
         del llm
         gc.collect()
+
+
+def _top2(output) -> list[list[list]]:
+    """Per generated position, the two likeliest tokens and their log-probs ``[[id, lp], [id, lp]]``
+    (what tells a near-tie, where two implementations may rightly pick different tokens)."""
+    rows = []
+    for pos in output.outputs[0].logprobs or []:
+        best = sorted(((int(t), float(lp.logprob)) for t, lp in pos.items()), key=lambda x: -x[1])[:2]
+        rows.append([list(b) for b in best])
+    return rows
 
 
 def _name(mode) -> str:

@@ -169,7 +169,11 @@ def _merge_summary(args) -> int:
 def _image_venv(args) -> int:
     from swiftserve.gpusession.image_venv import build_image_venv
 
-    print(build_image_venv(args.python, args.dest, f"vllm=={args.vllm}"))
+    try:
+        print(build_image_venv(args.python, args.dest, f"vllm=={args.vllm}"))
+    except ImageVenvError as exc:
+        print(f"gpu-image-venv: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -19,6 +19,7 @@ test suite never builds it.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -97,6 +98,9 @@ def build_image_venv(python: str, dest: str | Path, probe_spec: str, rounds: int
     py = venv_python(dest)
     if (dest / MARKER).is_file() and py.is_file():
         return py
+    if shutil.which(python) is None:
+        raise ImageVenvError(f"no Python at {python!r}: the image-shaped venv needs a Python {image.PYTHON} "
+                             "(GPU_IMAGE_PYTHON=path/to/python3.12)")
     ver = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], check=True,
                          capture_output=True, text=True).stdout.strip()
     if ver != image.PYTHON:

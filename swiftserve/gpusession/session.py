@@ -7,7 +7,8 @@ folder (``swiftserve.gpusession.collect``). ``<work>/state.json`` keeps every st
 between calls: a ``done`` stage whose fingerprint still matches is skipped (``--redo NAME``
 runs it again; ``--redo distill`` also starts the distillation afresh), a stage that would
 start with less than its minimum time left is ``deferred`` to the next call, and the
-distillation takes whatever time is left. Exit status: 0, or 1 when a stage failed or
+distillation waits while another stage still waits (for parts or time: ``UNFINISHED``), then
+takes whatever time is left. Exit status: 0, or 1 when a stage failed or
 timed out, or 2 when the output folder would not come back whole.
 
 Paths in ``SessionConfig`` are relative to ``root`` (the repository) unless absolute.

@@ -16,7 +16,6 @@ library and the image's ``packaging`` only; the work runs in subprocesses of the
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -25,6 +24,7 @@ import tomllib
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from swiftserve.gpusession.park import sha256_file
 from swiftserve.gpusession.payloads import install_wheels
 
 UNPACKED = ".unpacked.json"
@@ -58,14 +58,6 @@ archs = set(ModelRegistry.get_supported_archs())
 print(json.dumps({"vllm": vllm.__version__, "vllm_file": vllm.__file__, "distribution": installed(), "plugins": plugins,
                   "registered": [a for a in ARCHITECTURES if a in archs], "cuda": torch.cuda.is_available()}))
 """
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def check_requirements(python: str, checks: list[dict], env: dict | None = None) -> list[dict]:
@@ -104,7 +96,7 @@ def unpack(archives: dict[str, Path], site: Path, workers: int = 4) -> list[str]
     site.mkdir(parents=True, exist_ok=True)
     record = site / UNPACKED
     done = json.loads(record.read_text()) if record.is_file() else {}
-    digests = {name: _sha256(path) for name, path in archives.items()}
+    digests = {name: sha256_file(path) for name, path in archives.items()}
     todo = [name for name in archives if done.get(name) != digests[name]]
     if todo:
         with ProcessPoolExecutor(max_workers=max(1, min(workers, len(todo)))) as ex:

@@ -108,6 +108,13 @@ def test_parity_rules_and_the_summary_they_give():
     assert not vllm_results.compiled_parity(_run(a, ref=a, eager=late))      # eager must agree on 6
     zack = {**_run(a, ref=[[0]] * 2), "torch_reference_tokens": a}            # ZACK: the torch reference decides
     assert vllm_results.compiled_parity(zack)
+    # with each position's two likeliest tokens: equal until a near-tie, where the other may take the second
+    top2 = [[[[t, -0.1], [t + 100, -0.2]] for t in a[0]], [[[t, -0.1], [t + 100, -0.9]] for t in a[1]]]
+    early = [[1, 102, 0, 0, 0, 0, 0], [9, 8, 7, 6, 5, 4, 3]]                # parts at a 0.1-nat tie
+    assert vllm_results.parity({"tokens": a, "top2": top2}, early, 99)
+    assert not vllm_results.parity({"tokens": a, "top2": top2}, [[1, 2, 3, 4, 5, 6, 7], [9, 108, 0, 0, 0, 0, 0]], 99)
+    assert not vllm_results.parity({"tokens": a, "top2": top2}, [[1, 55, 0, 0, 0, 0, 0], a[1]], 99)  # not its second
+    assert not vllm_results.parity({"tokens": a}, early, 4)                  # no top2: the first 4 must agree
     assert vllm_results.summary({"g": [_run(a, ref=a)]}) == {"vllm_gpu_runs": True,
                                                               "vllm_cuda_graph_greedy_parity": True}
     assert vllm_results.summary({"g": [_run(a, ref=a), _run(a, ref=[[5] * 7] * 2)]})[
