@@ -106,8 +106,10 @@ def make_pack(args) -> int:
         meta["model_file"] = f"{model_dir.name}.tar"
         files[meta["model_file"]] = payloads.tar_model(model_dir, staging / meta["model_file"])
     if args.vllm != "none":
+        from swiftserve.gpusession.vllm_pack import payload_for_args
+
         try:
-            vp = vllm_payload(args, root)
+            vp = payload_for_args(args, root)
         except (ImageVenvError, RuntimeError, OSError) as exc:
             print(f"cannot pack vLLM {args.vllm}: {exc}", file=sys.stderr)
             return 1
@@ -132,19 +134,6 @@ def make_pack(args) -> int:
               "(--train-tokens, --model none)", file=sys.stderr)
         return 3
     return 0
-
-
-def vllm_payload(args, root: Path):
-    """The vLLM payload of ``args.vllm`` (built once per version in ``--vllm-work``)."""
-    from swiftserve.gpusession.vllm_pack import build_vllm_payload
-
-    py = Path(args.image_python)
-    if not py.is_file():
-        raise ImageVenvError(f"no image-shaped Python at {py}: run `make gpu-image-venv` first "
-                             "(or --vllm none to carry no vLLM)")
-    work = Path(args.vllm_work or root / ".gpu-vllm" / args.vllm)
-    return build_vllm_payload(py, args.vllm, work, args.vllm_archives, args.xz_level,
-                              log=lambda m: print(m, file=sys.stderr))
 
 
 def _merge_summary(args) -> int:

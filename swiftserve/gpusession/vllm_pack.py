@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from swiftserve.gpusession import image
-from swiftserve.gpusession.image_venv import Need, resolve
+from swiftserve.gpusession.image_venv import ImageVenvError, Need, resolve
 from swiftserve.gpusession.limits import MIB
 
 # Distributions vLLM's metadata asks for that no module on the serving path imports (an import trace
@@ -247,3 +247,15 @@ def build_vllm_payload(image_py: str | Path, version: str, work: str | Path, arc
             "unpacked_bytes": _size(site), "carry": [k["wheel"] for k in kept] + [a["name"] for a in arch]}
     record.write_text(json.dumps(meta, indent=1))
     return VllmPayload({f: out / f for f in meta["carry"]}, meta)
+
+
+def payload_for_args(args, root: Path) -> VllmPayload:
+    """The payload of ``args.vllm`` for the CLI (``pack``, ``vllm-selftest``): built once per version in
+    ``args.vllm_work`` (default ``<root>/.gpu-vllm/<version>``) with ``args.image_python``."""
+    py = Path(args.image_python)
+    if not py.is_file():
+        raise ImageVenvError(f"no image-shaped Python at {py}: run `make gpu-image-venv` first "
+                             "(or --vllm none to carry no vLLM)")
+    work = Path(args.vllm_work or root / ".gpu-vllm" / args.vllm)
+    return build_vllm_payload(py, args.vllm, work, args.vllm_archives, args.xz_level,
+                              log=lambda m: print(m, file=sys.stderr))

@@ -33,6 +33,7 @@ from swiftserve.gpusession.limits import MIB, Limits, tree_bytes
 from swiftserve.gpusession.pack import assemble, build_pack
 from swiftserve.gpusession.park import parkable
 from swiftserve.gpusession.selftest import SelfTestError, _expect
+from swiftserve.gpusession.vllm_pack import payload_for_args
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER_CHECK = """
@@ -130,9 +131,7 @@ def _tokenizer(py: str, env: dict, base: Path) -> dict:
 
 
 def main(args) -> int:
-    from swiftserve.gpusession.cli import vllm_payload
-
-    payload = vllm_payload(args, ROOT)
+    payload = payload_for_args(args, ROOT)
     if args.dir:
         base = Path(args.dir)
         shutil.rmtree(base, ignore_errors=True)
