@@ -10,6 +10,7 @@ the facts a pack for it is resolved against. Standard library only.
   replacement only if the check fails.
 - ``KNOWN``: the versions seen there (the rest were not read); ``make gpu-image-venv`` builds a
   venv of this shape here, for resolving vLLM's needs and for the self-test.
+- ``SESSION``: image packages the session runs with (pytest), in the image-shaped venv too.
 - ``NEVER_CARRY``: image packages a carried package pins differently but that must stay the
   image's: the torch stack (replacing it is ~2 GB), and numpy with numba/llvmlite (vllm 0.26 pins
   numba 0.65, which asks numpy < 2.5; with the image's numpy 2.5.2 every import ran, and numba
@@ -51,6 +52,9 @@ typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wra
 """.split())
 
 NEVER_CARRY = frozenset({"torch", "torchvision", "torchaudio", "triton", "numpy", "numba", "llvmlite"})
+
+# image packages the session itself runs with there (the test stages' pytest), beside what vLLM's install touches
+SESSION = ("pytest",)
 
 
 def normalize(name: str) -> str:

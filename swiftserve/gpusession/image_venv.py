@@ -109,7 +109,7 @@ def build_image_venv(python: str, dest: str | Path, probe_spec: str, rounds: int
     subprocess.run([python, "-m", "venv", str(dest)], check=True)
     _pip(py, "install", "--upgrade", "pip>=24")
     cons = _constraints(dest)
-    _pip(py, "install", "-c", str(cons), *sorted(f"{n}=={v}" for n, v in image.KNOWN.items()))
+    _pip(py, "install", "-c", str(cons), *sorted(f"{n}=={v}" for n, v in image.KNOWN.items()), *image.SESSION)
     for _ in range(rounds):
         _prune(py)
         add = sorted(n.name for n in resolve(py, probe_spec) if n.in_image and n.installed is None
