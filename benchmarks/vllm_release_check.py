@@ -59,16 +59,19 @@ def run_construct(python: str) -> dict:
     with tempfile.TemporaryDirectory() as t:
         made = make_test_models(Path(t) / "models")
         out = Path(t) / "devcheck.json"
-        cmd = [python, "-m", "swiftserve_vllm.devcheck", "--out", str(out)]
+        cmd = [python, "-m", "swiftserve_vllm.devcheck", "--platform", "cpu", "--out", str(out)]
         models = (*CONSTRUCT_MODELS, made["zack-r32"], made["tp-zack"], made["tp-zack-lw"])
         for m in models:
             cmd += ["--model", str(m)]
         p = subprocess.run(cmd, env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"}, capture_output=True, text=True)
         res = json.loads(out.read_text()) if out.is_file() else []
-    return {"passed": p.returncode == 0 and len(res) == len(models), "devcheck": res, "stderr_tail": p.stderr[-1500:],
+    runner = all(r.get("v1_runner_for_plugin") in (True, None) for r in res)
+    return {"passed": p.returncode == 0 and len(res) == len(models) and runner, "devcheck": res,
+            "stderr_tail": p.stderr[-1500:],
             "checked": "import of every vLLM symbol the plugin uses (swiftserve_vllm.compat), plugin registration, "
                        "construction of the model class for SwiftKV g=1/g=2, ZACK r32 (uniform and layer-wise) and the "
-                       "TP test cut on the meta device with no stray tensor; no forward pass (no GPU here)"}
+                       "TP test cut on the meta device with no stray tensor, vLLM steered to its V1 runner for the "
+                       "plugin's classes (compat.prefer_v1_model_runner); no forward pass (no GPU here)"}
 
 
 def main(argv: list[str] | None = None) -> int:

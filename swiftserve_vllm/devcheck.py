@@ -9,8 +9,15 @@ gloo group, and lists every tensor that is not on that device:
   which ``model.to(device)`` would not move and which vLLM's loader does not place.
 A tensor created on the host while the model is built on a GPU fails here on ``meta`` too,
 so the check needs no GPU. Prints JSON ``{"model", "device", "vllm", "tensors", "stray": [...]}`` per
-model and exits 1 when anything is stray. With vLLM's CUDA wheel on a machine without a GPU,
-``VLLM_TARGET_DEVICE=cpu`` lets vLLM pick a platform (``make vllm-wheel-check`` does this).
+model and exits 1 when anything is stray. Each record also says whether vLLM would run the model
+on its V1 runner because of the plugin (``v1_runner_for_plugin``: the plugin's reason is among those
+vLLM asks before picking Model Runner V2; ``compat.prefer_v1_model_runner``).
+
+With vLLM's CUDA wheel on a machine without a GPU, ``--platform cpu`` (``make vllm-wheel-check``)
+sets vLLM's CPU platform before any vLLM module reads it (0.32+ also honour
+``VLLM_TARGET_DEVICE=cpu``; 0.26 does not and would fall back to an unspecified platform), and gives
+the ``_C`` operators that layer constructors look up (e.g. ``silu_and_mul``) a schema when the CUDA
+kernels cannot load (they need the GPU driver's ``libcuda.so.1``); nothing here runs them.
 """
 
 from __future__ import annotations
@@ -65,8 +72,51 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def build(model_dir: str, device: str, dtype: str = "float32") -> nn.Module:
-    """The plugin's model for ``model_dir`` built under ``torch.device(device)`` (no weights loaded)."""
+# Operators vLLM's layer constructors look up in ``torch.ops._C`` (their schemas, from vLLM's csrc).
+_C_SCHEMAS = {"silu_and_mul": "silu_and_mul(Tensor! result, Tensor input) -> ()"}
+
+
+def use_cpu_platform() -> list[str]:
+    """vLLM's CPU platform for a CUDA build on a machine without a GPU driver (see the module
+    docstring); returns what it had to stand in for. Must run before any other vLLM import."""
+    import vllm.platforms as platforms
+    from vllm.platforms.cpu import CpuPlatform
+
+    done = []
+    current = platforms._current_platform          # `import vllm` may have resolved it already
+    if current is None or not getattr(current, "device_type", ""):
+        platforms._current_platform = CpuPlatform()
+        done.append("CpuPlatform")
+    for ext in ("vllm._C", "vllm._C_stable_libtorch"):
+        try:
+            __import__(ext)
+        except ImportError:
+            continue
+    missing = [name for name in _C_SCHEMAS if not hasattr(torch.ops._C, name)]
+    if missing:
+        lib = torch.library.Library("_C", "FRAGMENT")
+        for name in missing:
+            lib.define(_C_SCHEMAS[name])
+        _KEEP.append(lib)
+        done += [f"_C.{n} schema" for n in missing]
+    return done
+
+
+_KEEP: list = []        # the fragment library must outlive the call (its definitions go with it)
+
+
+def runner_check(cfg) -> bool | None:
+    """True when the plugin's reason keeps vLLM off its Model Runner V2 for this config (None: this
+    vLLM has no such choice)."""
+    from swiftserve_vllm import V2_RUNNER_REASON
+
+    ask = getattr(cfg, "_get_v2_model_runner_unsupported_features", None)
+    return None if ask is None else V2_RUNNER_REASON in ask()
+
+
+def build(model_dir: str, device: str, dtype: str = "float32"):
+    """(model, vLLM config): the plugin's model for ``model_dir`` built under ``torch.device(device)``
+    (no weights loaded)."""
     from swiftserve_vllm import compat as V
     from swiftserve_vllm.layout import load_layout
     from swiftserve_vllm.model import SwiftServeLlamaForCausalLM
@@ -77,7 +127,7 @@ def build(model_dir: str, device: str, dtype: str = "float32") -> nn.Module:
                         hf_overrides={"architectures": ["SwiftServeLlamaForCausalLM"]})
     cfg = args.create_engine_config()
     with V.building_model(cfg, f"tcp://127.0.0.1:{_free_port()}"), torch.device(device):
-        return SwiftServeLlamaForCausalLM(vllm_config=cfg, prefix="")
+        return SwiftServeLlamaForCausalLM(vllm_config=cfg, prefix=""), cfg
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", action="append", required=True, help="model directory or shipped name (repeatable)")
     p.add_argument("--device", default="meta", help="device to build on (meta, cpu, cuda, ...)")
     p.add_argument("--out", default=None, help="write the JSON list here too")
+    p.add_argument("--platform", choices=["auto", "cpu"], default="auto",
+                   help="cpu: vLLM's CPU platform for a CUDA build on a machine without a GPU (see above)")
     args = p.parse_args(argv)
+    shims = use_cpu_platform() if args.platform == "cpu" else []
     from modelkit.models import resolve_model
     from swiftserve_vllm import ARCHITECTURES, register, version
 
@@ -99,9 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in args.model:
         model_dir = str(resolve_model(name))
-        checked, stray = stray_tensors(build(model_dir, args.device), args.device)
+        model, cfg = build(model_dir, args.device)
+        checked, stray = stray_tensors(model, args.device)
         results.append({"model": model_dir, "device": args.device, "vllm": f"{dist} {ver}", "tensors": checked,
-                        "stray": stray})
+                        "stray": stray, "v1_runner_for_plugin": runner_check(cfg), "shims": shims})
         print(json.dumps(results[-1]), flush=True)
     if args.out:
         with open(args.out, "w") as f:

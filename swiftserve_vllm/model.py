@@ -212,6 +212,9 @@ class SwiftServeLlamaForCausalLM(nn.Module, V.SupportsPP):
         self.model = SwiftServeLlamaModel(vllm_config=vllm_config, prefix="model")
         if self.model.layout.swiftkv:
             V.fix_kv_sharing_in_mixed_head_groups()     # built in the worker process, before its KV set-up
+        if V.uses_v2_model_runner(vllm_config):          # only where vLLM forces V2 past the plugin's reason
+            log.warning("vLLM runs this model on its Model Runner V2, where the plugin was never verified "
+                        "(its KV-sharing fix is patched on the V1 runner); unset what forces V2 to use V1")
         if self.model.rs.last:
             self.lm_head = V.ParallelLMHead(cfg.vocab_size, cfg.hidden_size, quant_config=vllm_config.quant_config,
                                             prefix="lm_head")

@@ -1,13 +1,18 @@
 """``python -m swiftserve_vllm.probe``: what vLLM (with the plugin) does with given checkpoints.
 
-For each ``--model`` (run one after another in this process, with the worker's own
-engine settings, ``settings.build_settings``, and the same KV budget), it records: greedy tokens for ``--prompt``
-token-id lists, the KV capacity vLLM allocated (blocks x block size = tokens), and how
-many tokens of a ``--prefill-len``-token prompt reached layers < l and >= l
-(``tokens_head`` / ``tokens_tail``, read from the model through ``LLM.apply_model``; with
-SwiftKV's fast prefill only the logits token reaches the later layers). With
-``--compare`` it also runs the reference engine (and, for ZACK checkpoints, the pure-torch
-reference of ``reference.zack_greedy``) and reports parity. Prints and writes JSON.
+For each ``--model`` (run one after another in this process, with the worker's own engine
+settings, ``settings.build_settings``, and the same KV budget), it records: greedy tokens for
+``--prompt`` token-id lists (with each position's two likeliest tokens and log-probs, ``top2``),
+the KV capacity vLLM allocated (blocks x block size = tokens), and how many tokens of a
+``--prefill-len``-token prompt reached layers < l and >= l (``tokens_head`` / ``tokens_tail``,
+read from the model through ``LLM.apply_model``; with SwiftKV's fast prefill only the logits
+token reaches the later layers), vLLM's compilation and CUDA-graph mode, the model runner it
+picked and the CUDA graphs its workers captured (``compat.compilation_counters``).
+``--also-eager`` loads each model a second time with ``enforce_eager`` (no compilation, no
+graphs) and records its tokens (``eager_tokens``). With ``--compare`` it
+also runs the reference engine (and, for ZACK checkpoints, the pure-torch reference of
+``reference.zack_greedy``) and reports parity. Prints and writes JSON; with ``--out`` the file is
+rewritten after every model, so a run stopped part-way keeps what it measured.
 
 Parity against a ZACK checkpoint directory, for example:
   .venv-vllm/bin/python -m swiftserve_vllm.probe --model /path/to/zack-dir --compare \
@@ -27,7 +32,7 @@ DEFAULT_PROMPTS = [[1, 504, 3575, 282, 4649, 314], [1, 9690, 198, 2683, 359, 253
 
 def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefill_len: int,
                 kv_gb: float, max_model_len: int, eager: bool | None = None, tp: int = 1, pp: int = 1,
-                kv_cache_dtype: str = "auto", dtype: str = "auto") -> dict:
+                kv_cache_dtype: str = "auto", dtype: str = "auto", gpu_share: float | None = None) -> dict:
     from refengine.config import EngineConfig
     from swiftserve_vllm import compat as V
     from swiftserve_vllm.settings import VllmOptions, build_settings
@@ -35,17 +40,21 @@ def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefi
     device = V.platform_device()
     settings = build_settings(EngineConfig(model=model_dir, max_model_len=max_model_len, kv_cache_memory_gb=kv_gb,
                                            max_num_seqs=16, kv_cache_dtype=kv_cache_dtype, dtype=dtype),
-                              VllmOptions(enforce_eager=eager, tensor_parallel_size=tp, pipeline_parallel_size=pp),
+                              VllmOptions(enforce_eager=eager, tensor_parallel_size=tp, pipeline_parallel_size=pp,
+                                          gpu_memory_utilization=gpu_share),
                               device)
     os.environ.update(settings.env)
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"     # apply_model pickles a function
     from swiftserve_vllm.model import token_counters
 
     kwargs = {k: v for k, v in settings.engine_kwargs.items() if k not in ("served_model_name", "disable_log_stats")}
+    # The same KV budget on every platform (on a GPU the worker's default is a share of its memory):
+    # capacities compare across models, and no engine takes the card for a small model.
+    kwargs.setdefault("kv_cache_memory_bytes", int(kv_gb * 2 ** 30))
     llm = V.LLM(**kwargs)
     try:
         cc = llm.llm_engine.vllm_config.cache_config
-        greedy = V.SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        greedy = V.SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=2)
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
         before = _counters(llm.apply_model(token_counters))
         long_prompt = [(i * 7919) % 40000 + 100 for i in range(prefill_len)]
@@ -53,9 +62,14 @@ def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefi
                      use_tqdm=False)
         after = _counters(llm.apply_model(token_counters))
         lay = settings.layout
+        vc = llm.llm_engine.vllm_config
         return {"model": model_dir, "device": device, "dtype": kwargs["dtype"], "enforce_eager": kwargs["enforce_eager"],
+                "compilation_mode": _name(getattr(vc.compilation_config, "mode", None)),
+                "cudagraph_mode": _name(getattr(vc.compilation_config, "cudagraph_mode", None)),
+                "model_runner": "v2" if V.uses_v2_model_runner(vc) else "v1",
+                "graphs": llm.apply_model(V.compilation_counters)[0],
                 "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "kv_cache_dtype": kv_cache_dtype,
-                "tokens": [list(o.outputs[0].token_ids) for o in outs],
+                "tokens": [list(o.outputs[0].token_ids) for o in outs], "top2": [_top2(o) for o in outs],
                 "num_blocks": int(cc.num_gpu_blocks), "block_size": int(cc.block_size),
                 "kv_capacity_tokens": int(cc.num_gpu_blocks) * int(cc.block_size),
                 "kv_cache_layers": lay.num_cache_owners, "swiftkv": lay.swiftkv, "zack_rank": lay.zack_rank,
@@ -67,22 +81,45 @@ def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefi
         gc.collect()
 
 
+def _top2(output) -> list[list[list]]:
+    """Per generated position, the two likeliest tokens and their log-probs ``[[id, lp], [id, lp]]``
+    (what tells a near-tie, where two implementations may rightly pick different tokens)."""
+    rows = []
+    for pos in output.outputs[0].logprobs or []:
+        best = sorted(((int(t), float(lp.logprob)) for t, lp in pos.items()), key=lambda x: -x[1])[:2]
+        rows.append([list(b) for b in best])
+    return rows
+
+
+def _name(mode) -> str:
+    """An enum setting of vLLM's config by name (``VLLM_COMPILE``, ``FULL_AND_PIECEWISE``)."""
+    return str(getattr(mode, "name", mode))
+
+
 def _counters(per_rank: list[tuple[int, int]]) -> tuple[int, int]:
     """(rows through the first rank's head, most rows through any rank's tail): every rank of a
     tensor-parallel group counts the same rows; with pipeline stages the tail may live on a later one."""
     return per_rank[0][0], max(t for _, t in per_rank)
 
 
+# The reference engine's CPU kernels as torch ops (``--ref-kernels torch``): no C++ extension to build
+# first (a GPU session's probes start at once, several in parallel).
+TORCH_KERNELS = {"decode_kernel": "torch", "prefill_kernel": "torch", "fused_ops": "torch"}
+
+
 def reference_tokens(model_dir: str, prompts: list[list[int]], max_tokens: int,
-                     kv_methods: dict | None = None, dtype: str = "float32") -> list[list[int]]:
+                     kv_methods: dict | None = None, dtype: str = "float32",
+                     kernels: str = "auto") -> list[list[int]]:
     """Greedy tokens of the reference engine on the CPU (SwiftKV as the checkpoint says;
-    ``kv_methods`` as its ``--kv-methods``, e.g. how it is told to run a ZACK checkpoint's rotations)."""
+    ``kv_methods`` as its ``--kv-methods``, e.g. how it is told to run a ZACK checkpoint's rotations;
+    ``kernels`` "torch": torch ops instead of its C++ kernels)."""
     from refengine.config import EngineConfig
     from refengine.engine import LLMEngine
     from refengine.sampling_params import SamplingParams
 
     eng = LLMEngine(EngineConfig(model=model_dir, dtype=dtype, device="cpu", max_model_len=1024,
-                                 kv_cache_memory_gb=0.2, kv_methods=dict(kv_methods or {})))
+                                 kv_cache_memory_gb=0.2, kv_methods=dict(kv_methods or {}),
+                                 **(TORCH_KERNELS if kernels == "torch" else {})))
     return eng.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0))
 
 
@@ -102,7 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="model dtype of vLLM and of the --compare reference engine (auto: the worker's default "
                         "for vLLM, i.e. float32 on CPU; the reference engine then runs float32)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="vLLM's share of the GPU memory (default: the worker's; small ones let several probes share "
+                        "a GPU)")
+    p.add_argument("--also-eager", action="store_true",
+                   help="also load each model with enforce_eager (no compilation, no CUDA graphs): eager_tokens")
     p.add_argument("--compare", action="store_true", help="also run the reference engine / torch reference")
+    p.add_argument("--ref-kernels", choices=["auto", "torch"], default="auto",
+                   help="the reference engine's CPU kernels (torch: no C++ extension build first)")
     p.add_argument("--ref-kv-methods", type=json.loads, default=None,
                    help="reference engine's KV methods as JSON (its --kv-methods), e.g. for its ZACK")
     p.add_argument("--out", default=None, help="write the JSON here too")
@@ -114,13 +158,17 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in args.model:
         model_dir = str(resolve_model(name))
-        r = probe_model(model_dir, prompts, args.max_tokens, args.prefill_len, args.kv_gb, args.max_model_len,
-                        args.eager, args.tensor_parallel_size, args.pipeline_parallel_size, args.kv_cache_dtype,
-                        args.dtype)
+        run = dict(prompts=prompts, max_tokens=args.max_tokens, prefill_len=args.prefill_len, kv_gb=args.kv_gb,
+                   max_model_len=args.max_model_len, tp=args.tensor_parallel_size, pp=args.pipeline_parallel_size,
+                   kv_cache_dtype=args.kv_cache_dtype, dtype=args.dtype, gpu_share=args.gpu_memory_utilization)
+        r = probe_model(model_dir, eager=args.eager, **run)
+        if args.also_eager:
+            e = probe_model(model_dir, eager=True, **run)
+            r.update(eager_tokens=e["tokens"], eager_tokens_head=e["tokens_head"], eager_tokens_tail=e["tokens_tail"])
         if args.compare:
             ref_dtype = r["dtype"] if r["dtype"] != "auto" else "float32"
             r["reference_tokens"] = reference_tokens(model_dir, prompts, args.max_tokens, args.ref_kv_methods,
-                                                     ref_dtype)
+                                                     ref_dtype, args.ref_kernels)
             r["reference_parity"] = r["reference_tokens"] == r["tokens"]
             if load_layout(model_dir).zack and not load_layout(model_dir).swiftkv:
                 from swiftserve_vllm.reference import zack_greedy
@@ -129,9 +177,9 @@ def main(argv: list[str] | None = None) -> int:
                 r["torch_reference_parity"] = r["torch_reference_tokens"] == r["tokens"]
         results.append(r)
         print(json.dumps(r), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(results, f, indent=1)
     return 0
 
 

@@ -143,6 +143,9 @@ def build_settings(ec: EngineConfig, opts: VllmOptions, device: str) -> VllmSett
                       "saving; prompt logprobs possible)"))
     if overrides:
         kwargs["hf_overrides"] = overrides
+    if not cpu and (layout.swiftkv or layout.zack):
+        notes.append("vLLM's V1 model runner: the plugin's model classes are verified there (vLLM >= 0.26 would "
+                     "pick Model Runner V2 on GPUs; compat.prefer_v1_model_runner)")
     if tp * pp > 1:
         notes.append(f"tensor_parallel_size={tp}, pipeline_parallel_size={pp}")
     env: dict[str, str] = {}

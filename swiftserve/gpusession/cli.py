@@ -7,26 +7,37 @@
   tree as it is on disk now (``limits.tree_bytes``; ``make gpu-park`` first takes the
   checkpoint tensors out of it). Prints the tree size and the plan; exits 3 when the parts
   cannot fit (nothing useful would travel) and says which files fill the tree.
+  With ``--vllm VERSION`` (default 0.26.0) it also carries that vLLM for the image
+  (``vllm_pack``, built in the image-shaped venv of ``make gpu-image-venv``).
 - ``check`` (there, plain ``python3``, no network): ``session.run_check``.
 - ``self-test`` (here, CPU): ``selftest.run_selftest``: every stage with tiny settings.
+- ``image-venv`` (here): ``image_venv.build_image_venv`` (``make gpu-image-venv``).
+- ``vllm-selftest`` (here): ``vllm_selftest.run``: the carried vLLM unpacked, checked, imported
+  and every model class built on the meta device with the image-shaped venv's Python, and the
+  parts sized against the carry limit (``make gpu-vllm-selftest``).
+- ``merge-summary DIR`` (here, after a session): the summary keys a GPU session's output folder
+  brought back (``summary.json``, written only on CUDA) merged into results/gpu/summary.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import shutil
 import sys
 from pathlib import Path
 
 from swiftcommon import envs
-from swiftserve.gpusession import park, payloads
+from swiftserve.gpusession import image, park, payloads
+from swiftserve.gpusession.image_venv import ImageVenvError
 from swiftserve.gpusession.limits import MIB, Limits, largest_tree_files
 from swiftserve.gpusession.pack import PackError, build_pack
 from swiftserve.gpusession.plan import SHIPPED, plan_parts, shipped_file, shipped_pack_name
 from swiftserve.gpusession.session import ORDER, SessionConfig, run_check
 
 MIN_PART = 4 * MIB                # smaller parts: refuse (the model alone is ~94 MB)
+DEFAULT_VLLM = "0.26.0"           # the newest vLLM pinned to the GPU image's torch (2.11)
 
 
 def make_pack(args) -> int:
@@ -38,7 +49,8 @@ def make_pack(args) -> int:
           f"{tree / MIB:.1f} MiB", file=sys.stderr)
     if plan["parkable"]:
         print(f"checkpoints NOT parked: {len(plan['parkable'])} file(s), {plan['parkable_bytes'] / MIB:.1f} MiB of "
-              f"that tree are tensors under {park.SCOPE}/ (`make gpu-park` moves them out)", file=sys.stderr)
+              f"that tree are large files under {', '.join(s + '/' for s in park.SCOPES)} (`make gpu-park` moves "
+              "them out)", file=sys.stderr)
     else:
         print(f"no checkpoint tensors in the tree; {len(plan['parked'])} file(s) parked in {park.PARK_DIR}/",
               file=sys.stderr)
@@ -93,6 +105,16 @@ def make_pack(args) -> int:
     elif args.model != "none":
         meta["model_file"] = f"{model_dir.name}.tar"
         files[meta["model_file"]] = payloads.tar_model(model_dir, staging / meta["model_file"])
+    if args.vllm != "none":
+        from swiftserve.gpusession.vllm_pack import payload_for_args
+
+        try:
+            vp = payload_for_args(args, root)
+        except (ImageVenvError, RuntimeError, OSError) as exc:
+            print(f"cannot pack vLLM {args.vllm}: {exc}", file=sys.stderr)
+            return 1
+        files.update(vp.files)
+        meta["vllm"] = vp.meta
     manifest = build_pack(out, files, part, meta)
     shutil.rmtree(staging, ignore_errors=True)
     n = manifest["parts"]
@@ -114,11 +136,48 @@ def make_pack(args) -> int:
     return 0
 
 
+def _merge_summary(args) -> int:
+    """Merge the keys of a GPU session's ``summary.json`` (CUDA runs only) into ``--into``."""
+    src = Path(args.dir) / "summary.json"
+    if not src.is_file():
+        print(f"{src}: no summary.json (the session measured none of the vLLM keys on CUDA)", file=sys.stderr)
+        return 1
+    doc = json.loads(src.read_text())
+    if not doc.get("device") or str(doc["device"]).startswith("cpu"):
+        print(f"{src}: written on {doc.get('device')!r}, not a GPU: not merged", file=sys.stderr)
+        return 1
+    into = Path(args.into)
+    merged = json.loads(into.read_text()) if into.is_file() else {}
+    merged.update(doc["keys"])
+    into.parent.mkdir(parents=True, exist_ok=True)
+    into.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
+    print(json.dumps(doc["keys"], indent=1))
+    return 0
+
+
+def _image_venv(args) -> int:
+    from swiftserve.gpusession.image_venv import build_image_venv
+
+    try:
+        print(build_image_venv(args.python, args.dest, f"vllm=={args.vllm}"))
+    except ImageVenvError as exc:
+        print(f"gpu-image-venv: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _vllm_selftest(args) -> int:
+    from swiftserve.gpusession.vllm_selftest import main
+
+    return main(args)
+
+
 def _check_config(args) -> SessionConfig:
     lim = Limits(args.carry_mib, args.out_files, args.out_file_mib, args.out_total_mib)
     return SessionConfig(root=Path(args.root), work=Path(args.work), out=Path(args.out), pack=Path(args.pack),
                          python=args.python, device=args.device, budget_s=args.budget_s, stages=args.stages,
                          redo=args.redo, tests=args.tests, bench_args=shlex.split(args.bench_args),
+                         vllm_8b_args=shlex.split(args.vllm_8b_args),
                          distill_model=args.distill_model, distill_l=args.distill_l,
                          distill_groups=args.distill_groups, distill_steps=args.distill_steps,
                          distill_micro_batch=args.distill_micro_batch, distill_seq_len=args.distill_seq_len,
@@ -147,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--no-wheels", dest="wheels", action="store_false", help="carry no wheels")
     pk.add_argument("--python-version", default="3.12", help="the GPU machine's Python, for the wheels")
     for name, default in (("seq-len", 512), ("chat-repeats", 2), ("seed", 0), ("train-tokens", 4_000_000),
-                          ("heldout-windows", 16), ("max-calls", 3)):
+                          ("heldout-windows", 16), ("max-calls", 6)):
         pk.add_argument(f"--{name}", type=int, default=default, help="default: %(default)s")
     pk.add_argument("--resume", default=None, metavar="DIR",
                     help="carry the swiftkv-l*-g*.safetensors of DIR (an earlier session's output folder): "
@@ -159,6 +218,15 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--shipped", nargs="*", default=None, metavar="REL",
                     help="files under checkpoints/ to carry (read from .gpu-park/ when parked; default with "
                          f"--model smollm2: {' '.join(SHIPPED)}; none otherwise)")
+    pk.add_argument("--vllm", default=DEFAULT_VLLM,
+                    help="the vLLM release to carry, for the image's Python and torch (default: %(default)s, the "
+                         "newest pinned to its torch 2.11); none: no vLLM")
+    pk.add_argument("--image-python", default=".gpu-vllm/image-venv/bin/python",
+                    help="Python of the image-shaped venv (make gpu-image-venv; default: %(default)s)")
+    pk.add_argument("--vllm-work", default=None, help="where vLLM's payload is built and kept "
+                                                      "(default: .gpu-vllm/VERSION)")
+    pk.add_argument("--vllm-archives", type=int, default=4, help="tar.xz archives of vLLM's site (default: 4)")
+    pk.add_argument("--xz-level", type=int, default=6, help="xz preset of those archives (default: 6)")
     pk.set_defaults(func=make_pack)
 
     ck = sub.add_parser("check", help="run the GPU session's stages within a time budget (there)")
@@ -172,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--redo", nargs="+", choices=ORDER, default=[], help="run even if done (distill: afresh)")
     ck.add_argument("--tests", nargs="+", default=d.tests, help="pytest arguments (default: %(default)s)")
     ck.add_argument("--bench-args", default="", help="arguments of benchmarks/gpu_bench.py, one string")
+    ck.add_argument("--vllm-8b-args", default="", help="arguments of benchmarks/vllm_gpu_8b.py, one string")
     ck.add_argument("--distill-model", default=d.distill_model, help="auto, pack, random or a model directory")
     ck.add_argument("--distill-l", type=int, default=d.distill_l, help="SwiftKV l (default %(default)s: 50%%)")
     ck.add_argument("--distill-groups", type=int, nargs="+", default=d.distill_groups)
@@ -195,6 +264,27 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--wheels-from-pack", default=None, metavar="PACK",
                     help="carry the wheels of this `make gpu-pack` folder (e.g. .gpu-pack) in the tiny pack")
     st.set_defaults(func=_self_test)
+
+    iv = sub.add_parser("image-venv", help="build the venv shaped like the GPU image (here; several GB)")
+    iv.add_argument("--python", required=True, help=f"a Python {image.PYTHON} interpreter")
+    iv.add_argument("--dest", default=".gpu-vllm/image-venv")
+    iv.add_argument("--vllm", default=DEFAULT_VLLM, help="the release whose needs decide which image packages matter")
+    iv.set_defaults(func=_image_venv)
+
+    vs = sub.add_parser("vllm-selftest", help="the carried vLLM unpacked, imported and every model class built "
+                                              "with the image-shaped venv (here)")
+    vs.add_argument("--vllm", default=DEFAULT_VLLM)
+    vs.add_argument("--image-python", default=".gpu-vllm/image-venv/bin/python")
+    vs.add_argument("--vllm-work", default=None)
+    vs.add_argument("--vllm-archives", type=int, default=4)
+    vs.add_argument("--xz-level", type=int, default=6)
+    vs.add_argument("--dir", default=None, help="keep the unpacked site here (default: a temp dir)")
+    vs.set_defaults(func=_vllm_selftest)
+
+    ms = sub.add_parser("merge-summary", help="merge a GPU session's summary.json into results/gpu/summary.json")
+    ms.add_argument("dir", help="the folder the session brought back (holding summary.json)")
+    ms.add_argument("--into", default="results/gpu/summary.json")
+    ms.set_defaults(func=_merge_summary)
     return p
 
 

@@ -9,7 +9,10 @@ Files (rewritten by every call, so the latest call's folder is complete on its o
 - ``swiftkv-l{l}-g{g}.safetensors`` per trained group size: the distilled SwiftKV tensors
   only (``q/k/v_proj_swiftkv``, ``norm_swiftkv``; bf16), from the finished run's export or,
   mid-run, from the last ``state.pt`` (metadata ``step``). A random-weights run brings none.
-  ``modelkit distill --init <folder>`` or ``modelkit convert-swiftkv`` take them up again.
+  ``modelkit distill --init <folder>`` or ``modelkit convert-swiftkv`` take them up again;
+- ``summary.json``: the summary keys of ``results/gpu/summary.json`` that the vLLM stages measured
+  on CUDA (``vllm_stages.gpu_summary``; absent when none did): ``python -m swiftserve.gpusession
+  merge-summary <this folder>`` merges them here.
 ``out_problems`` then checks the folder against the limits; a folder that would not come
 back whole is reported in both files and makes the call exit non-zero.
 """
@@ -22,8 +25,9 @@ import tarfile
 from pathlib import Path
 
 from swiftserve.gpusession.limits import MIB, Limits, out_problems
+from swiftserve.gpusession.vllm_stages import gpu_summary
 
-OWN = ("results.json", "summary.md", "logs.tar.gz")
+OWN = ("results.json", "summary.md", "logs.tar.gz", "summary.json")
 
 
 def distill_figures(run_dir: Path) -> dict:
@@ -73,7 +77,9 @@ def export_tensors(run_dir: Path, l: int, groups: list[int], out: Path) -> list[
 def _logs(work: Path, pack_manifest: Path | None, dest: Path) -> None:
     run_dir = work / "distill"
     extra = [work / "tests.xml", work / "bench.json", work / "state.json", pack_manifest] + \
-            [run_dir / n for n in ("train_log.jsonl", "run.json", "init.json")]
+            [run_dir / n for n in ("train_log.jsonl", "run.json", "init.json")] + \
+            [work / n for n in ("vllm-tests.xml", "vllm-results.json")] + \
+            sorted((work / "vllm-8b").glob("*.json")) + sorted((work / "vllm-8b").glob("server-*.log"))
     with tarfile.open(dest, "w:gz") as t:
         for f in sorted((work / "logs").glob("*.log")) + [f for f in extra if f and f.is_file()]:
             t.add(f, arcname=f"gpu-check/{f.name}")
@@ -88,8 +94,14 @@ def summary_md(res: dict) -> str:
     for name, r in res["stages"].items():
         note = (r.get("reason") or r.get("error") or "").strip().splitlines()[-1:]    # a traceback's last line
         note = note[0].replace("|", "/") if note else ""
-        if name == "tests" and "tests" in r:
+        if name in ("tests", "vllm-tests") and "tests" in r:
             note = f"{r['passed']} passed, {r['failures'] + r['errors']} failed, {r['skipped']} skipped"
+        if name == "vllm" and r.get("import"):
+            note = f"vllm {r['import']['vllm']}, plugin registered" + (f"; unmet: {'; '.join(r['unmet'])}"
+                                                                      if r.get("unmet") else "")
+        if name == "vllm-8b" and r.get("result", {}).get("ratios"):
+            note = "SwiftKV / stock: " + ", ".join(f"{k} {v}" for k, v in r["result"]["ratios"].items()) + \
+                (f"; {note}" if note else "")
         if name == "distill" and "steps" in r:
             start = f", from {Path(r['init']).name}" if r.get("init") else ""
             note = f"{r['kind']} model{start}, step {r['steps']} of {r['target_steps']}" + (f"; {note}" if note else "")
@@ -102,6 +114,9 @@ def summary_md(res: dict) -> str:
     if d:
         lines += ["", f"Distillation: {d['tokens']} tokens in {d['steps']} steps, median {d['tokens_per_s_median']} "
                       f"tokens/s; held-out KL {json.dumps(d['heldout_kl'])}"]
+    if res.get("summary"):
+        lines += ["", "Summary keys (merge with `python -m swiftserve.gpusession merge-summary DIR`): " +
+                  json.dumps(res["summary"])]
     lines += ["", "Files: " + ", ".join(f"{f['name']} ({f['bytes'] / MIB:.2f} MiB)" for f in res["files"])]
     if res["problems"]:
         lines += ["", "**Output folder over the limits:** " + "; ".join(res["problems"])]
@@ -121,7 +136,11 @@ def collect(cfg, state: dict, env: dict, call: int, seconds: float, limits: Limi
         export_tensors(work / "distill", cfg.distill_l, cfg.distill_groups, out)
     manifests = sorted(Path(cfg.pack).glob("part*/manifest.json"))
     _logs(work, manifests[0] if manifests else None, out / "logs.tar.gz")
+    gpu = gpu_summary(state, work)
+    if gpu:
+        (out / "summary.json").write_text(json.dumps({"device": env.get("device"), "keys": gpu}, indent=1) + "\n")
     res = {"call": call, "seconds": round(seconds, 1), "budget_s": cfg.budget_s, "env": env, "stages": state,
+           "summary": gpu,
            "distill": distill_figures(work / "distill"), "config": {k: str(v) if isinstance(v, Path) else v
                                                                      for k, v in vars(cfg).items()}}
     for _ in range(2):                 # the second pass counts results.json and summary.md themselves

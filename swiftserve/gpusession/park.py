@@ -1,10 +1,12 @@
-"""Parking: the shipped checkpoint tensors leave the working tree for a GPU session, and come back.
+"""Parking: the shipped checkpoint tensors (and large result files) leave the working tree for a
+GPU session, and come back.
 
 A lent GPU machine receives the working tree (tracked files and untracked, not ignored
 ones, as they are on disk) with every command, within one carry limit. The tensors
 under ``checkpoints/`` are most of that tree and the GPU session does not need them
-there (``make gpu-pack`` carries the ones it uses). ``park(root)`` moves every tracked
-file under ``checkpoints/`` larger than ``THRESHOLD`` bytes into ``.gpu-park/`` at the
+there (``make gpu-pack`` carries the ones it uses), nor the large measurement records under
+``results/``. ``park(root)`` moves every tracked file under ``SCOPES`` (``checkpoints/``,
+``results/``) larger than ``THRESHOLD`` bytes into ``.gpu-park/`` at the
 repository root (ignored by git and never carried, so it does not travel) under the same
 relative path, and records each in ``.gpu-park/manifest.json`` with its size and sha256;
 ``unpark(root)`` verifies every parked file against that sha256 and moves it back.
@@ -34,8 +36,9 @@ from pathlib import Path
 from swiftcommon.parked import PARK_DIR, park_dir
 
 MANIFEST = "manifest.json"
-SCOPE = "checkpoints"
-THRESHOLD = 1_000_000          # bytes: the tensors (3-17 MB); the JSON, logs and plots stay
+SCOPE = "checkpoints"          # the shipped tensors (``plan.shipped_file`` finds them here or parked)
+SCOPES = (SCOPE, "results")    # what parking takes files from
+THRESHOLD = 1_000_000          # bytes: the tensors (3-17 MB) and the largest records; small JSON, logs, plots stay
 
 
 class ParkError(RuntimeError):
@@ -60,14 +63,14 @@ def _write_manifest(root: Path, entries: dict[str, dict]) -> None:
     path = park_dir(root) / MANIFEST
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(MANIFEST + ".tmp")
-    tmp.write_text(json.dumps({"scope": SCOPE, "threshold": THRESHOLD, "files": entries}, indent=1) + "\n")
+    tmp.write_text(json.dumps({"scopes": list(SCOPES), "threshold": THRESHOLD, "files": entries}, indent=1) + "\n")
     tmp.replace(path)
 
 
-def parkable(root: str | Path, scope: str = SCOPE, threshold: int = THRESHOLD) -> list[str]:
-    """Tracked files under ``scope`` present in the tree and larger than ``threshold`` bytes (sorted)."""
+def parkable(root: str | Path, scopes: tuple[str, ...] = SCOPES, threshold: int = THRESHOLD) -> list[str]:
+    """Tracked files under ``scopes`` present in the tree and larger than ``threshold`` bytes (sorted)."""
     root = Path(root)
-    out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--", scope], check=True,
+    out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--", *scopes], check=True,
                          capture_output=True).stdout.decode()
     names = [n for n in out.split("\0") if n]
     return sorted(n for n in names if (root / n).is_file() and not (root / n).is_symlink()
@@ -210,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"({res['bytes'] / mib:.1f} MiB), {len(res['already'])} already in place")
         elif args.cmd == "status":
             held = parked_files(root)
-            print(f"{len(held)} file(s) parked in {PARK_DIR}/; {len(parkable(root))} parkable file(s) in {SCOPE}/")
+            print(f"{len(held)} file(s) parked in {PARK_DIR}/; {len(parkable(root))} parkable file(s) in "
+                  f"{', '.join(s + '/' for s in SCOPES)}")
             for n in held:
                 print(f"  {n}")
         else:

@@ -13,14 +13,22 @@
    them when the interpreter lacks a module). Three ``run_check`` calls, in the parked copy, play a session
    whose parts arrive one command at a time:
    1. only ``part1``: ``env`` done, ``model`` waiting for the other parts (the shipped tensors,
-      in part1, already placed), ``tests`` (``tests/gpu``: skipped without CUDA) and ``bench``
-      (``gpu_bench.py --tiny``) done, ``distill`` waiting;
-   2. every part: the model is joined and checked, ``tests`` run again now that it is there,
+      in part1, already placed), ``tests`` waiting for it, ``bench`` (``gpu_bench.py --tiny``)
+      done, ``distill`` waiting, the vLLM stages skipped (this pack carries no vLLM);
+   2. every part: the model is joined and checked, ``tests`` (``tests/gpu``: skipped without
+      CUDA) run now that it is there,
       ``distill`` starts from the carried shipped tensors (``--init`` their folder; its saved
       starting point equals them) and stops after its first step with a checkpoint;
    3. the same command: ``distill`` resumes and finishes; the output folder holds the SwiftKV
       tensors of both group sizes and passes the size check.
-3. ``park.unpark`` refuses while a different file sits where a parked one belongs, then puts
+3. The ``vllm`` stage on a stub vLLM (a ``vllm`` package that imports and loads plugins by entry
+   point but registers nothing, in two archives over two parts, with a check on a package the
+   interpreter lacks and a carried wheel for it): with part1 it unpacks the first archive and
+   waits; with both, it unpacks the second, installs the carried wheel only for the failing
+   check, declares the plugin's entry point through the dist-info it writes (found by ``import
+   vllm``'s process as ``swiftserve = swiftserve_vllm:register``), and fails because no model class
+   was registered. (The real vLLM path runs in ``make gpu-vllm-selftest``.)
+4. ``park.unpark`` refuses while a different file sits where a parked one belongs, then puts
    every file back with its sha256 checked: ``git status`` of the copy is clean, the guard is
    quiet, and unparking again does nothing.
 Each expectation that fails raises ``SelfTestError``; ``run_selftest`` returns what it saw.
@@ -29,6 +37,7 @@ Each expectation that fails raises ``SelfTestError``; ``run_selftest`` returns w
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -197,8 +206,10 @@ def _session(base: Path, tree: Path, python: str, wheels: list[Path], seen: dict
             (s["model"], s["distill"]))
     _expect(s["model"].get("shipped") == [f"{SHIPPED_REL}/swiftkv-l2-g{g}.safetensors" for g in (1, 2)],
             "call 1 places the shipped tensors of part1", s["model"])
-    _expect(s["tests"]["status"] == "done" and s["bench"]["status"] == "done", "call 1 runs tests and bench",
-            (s["tests"], s["bench"]))
+    _expect(s["tests"]["status"] == "waiting" and s["bench"]["status"] == "done",
+            "call 1 runs the bench; the tests wait for the model", (s["tests"], s["bench"]))
+    _expect(s["vllm"]["status"] == "skipped" and s["vllm-tests"]["status"] == "skipped",
+            "without vLLM in the pack its stages are skipped, not failed", (s["vllm"], s["vllm-tests"]))
     _expect(s["bench"]["result"]["swiftkv_prefill_ratio"] > 0, "the benchmark measured", s["bench"])
 
     for part in sorted((base / "pack-built").glob("part*"))[1:]:
@@ -206,7 +217,8 @@ def _session(base: Path, tree: Path, python: str, wheels: list[Path], seen: dict
     seen["rc2"] = run_check(replace(cfg, distill_max_s=1e-6))
     s = _stages(cfg.out)
     _expect(s["model"]["status"] == "done", "call 2 joins the model", s["model"])
-    _expect(s["tests"]["fingerprint"] == "model", "call 2 reruns the tests with the model", s["tests"])
+    _expect(s["tests"]["status"] == "done" and s["tests"]["fingerprint"] == "model",
+            "call 2 runs the tests with the model", s["tests"])
     d = s["distill"]
     _expect(d["status"] == "partial" and d["steps"] == 1, "call 2 stops after one step", d)
     shipped_dir = Path(cfg.work) / "checkpoints" / SHIPPED_REL
@@ -231,6 +243,76 @@ def _session(base: Path, tree: Path, python: str, wheels: list[Path], seen: dict
     seen["stages"] = {k: v["status"] for k, v in s.items()}
 
 
+STUB_VLLM = {
+    "vllm/__init__.py": "__version__ = '0.26.0'\n\n\nclass ModelRegistry:\n    @staticmethod\n"
+                        "    def get_supported_archs():\n        return []\n",
+    "vllm/plugins/__init__.py": "from importlib.metadata import entry_points\n\n\ndef load_general_plugins():\n"
+                                "    for ep in entry_points(group='vllm.general_plugins'):\n"
+                                "        ep.load()          # a stub: found and imported, never called\n",
+    "vllm-0.26.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: vllm\nVersion: 0.26.0\n",
+}
+STUB_DEP = "swiftserve-selftest-dep"
+
+
+def _wheel(dest: Path, name: str, version: str) -> Path:
+    """A pure-Python wheel of one empty module (what a carried override looks like)."""
+    import zipfile
+
+    mod = name.replace("-", "_")
+    whl = dest / f"{mod}-{version}-py3-none-any.whl"
+    dest.mkdir(parents=True, exist_ok=True)
+    info = f"{mod}-{version}.dist-info"
+    files = {f"{mod}/__init__.py": "", f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: selftest\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    with zipfile.ZipFile(whl, "w") as z:
+        for n, text in files.items():
+            z.writestr(n, text)
+        z.writestr(f"{info}/RECORD", "".join(f"{n},,\n" for n in files) + f"{info}/RECORD,,\n")
+    return whl
+
+
+def _vllm_stage(base: Path, tree: Path, python: str, seen: dict) -> None:
+    from swiftserve.gpusession import stages, vllm_pack, vllm_stages
+
+    site = base / "stub-site"
+    for rel, text in {**STUB_VLLM, "vllm/pad.bin": None}.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        if text is None:
+            (site / rel).write_bytes(os.urandom(200_000))       # archive 1 (this alone) outweighs archive 2
+        else:
+            (site / rel).write_text(text)
+    arch = vllm_pack.write_archives(site, base / "stub-out", 2, level=1)
+    dep = _wheel(base / "stub-out", STUB_DEP, "2.0")
+    checks = [{"name": "pytest", "specifier": ">=1", "by": ["vllm"]},
+              {"name": STUB_DEP, "specifier": ">=2", "by": ["vllm"]}]
+    meta = {"vllm": {"version": "0.26.0", "digest": "stub", "archives": arch, "checks": checks,
+                     "overrides": [{"name": STUB_DEP, "version": "2.0", "wheel": dep.name}]}}
+    # carry order: the wheel and the small archive 2 fill part1, the large archive 1 spans part1 and part2
+    files = {dep.name: dep, **{a["name"]: base / "stub-out" / a["name"] for a in reversed(arch)}}
+    build_pack(base / "stub-pack-built", files, max(f.stat().st_size for f in files.values()) + (64 << 10), meta)
+    pack = base / "stub-pack"
+    shutil.copytree(base / "stub-pack-built" / "part1", pack / "part1")
+    cfg = SessionConfig(root=tree, work=base / "stub-work", pack=pack, python=python, device="cpu").resolved()
+    ctx = stages.Context(cfg, {"env": {"status": "done"}}, env={**os.environ, "PYTHONPATH": str(tree)})
+    first = vllm_stages.stage_vllm(ctx, 60)
+    _expect(first["status"] == "waiting" and first["unpacked_now"] == [arch[1]["name"]],
+            "with part1 the stub's complete archive is unpacked and the stage waits for part2", first)
+    for part in sorted((base / "stub-pack-built").glob("part*"))[1:]:
+        shutil.copytree(part, pack / part.name)
+    rec = vllm_stages.stage_vllm(ctx, 60)
+    _expect(rec["unpacked_now"] == [arch[0]["name"]] and rec["overrides_installed"] == [dep.name],
+            "then the other archive, and the carried wheel of the failing check only", rec)
+    _expect(all(c["ok"] for c in rec["checks"].values()) and rec["checks"][STUB_DEP]["image"] is None,
+            "every check passes after the override", rec["checks"])
+    imp = rec.get("import", {})
+    _expect(imp.get("plugins", {}).get("swiftserve") == "swiftserve_vllm:register"
+            and Path(imp["vllm_file"]).is_relative_to(cfg.work / "vllm" / "site"),
+            "import vllm comes from the unpacked site and finds the plugin's entry point", imp)
+    _expect(rec["status"] == "failed" and "did not register" in rec.get("error", ""),
+            "a vLLM that registers none of the plugin's classes fails the stage", rec)
+    seen["vllm_stub"] = {k: rec.get(k) for k in ("status", "error", "overrides_installed")}
+
+
 def run_selftest(base: Path, root: Path = ROOT, python: str = sys.executable, wheels: list[Path] = ()) -> dict:
     """All of it in ``base``; ``python`` runs the stages; ``wheels`` are carried in the pack's first part."""
     seen: dict = {}
@@ -239,6 +321,7 @@ def run_selftest(base: Path, root: Path = ROOT, python: str = sys.executable, wh
     tree = copy_tree(root, base / "tree")
     parked = _park_half(root, tree, seen)
     _session(base, tree, python, list(wheels), seen)
+    _vllm_stage(base, tree, python, seen)
     _unpark_half(tree, parked)
     return seen
 

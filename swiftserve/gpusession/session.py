@@ -1,13 +1,14 @@
 """``gpu-check``: the stages of a GPU session in order, within a time budget, resumable.
 
-``run_check(cfg)`` runs ``env``, ``model``, ``tests``, ``bench`` and ``distill``
-(``swiftserve.gpusession.stages`` / ``distill_stage``) against a deadline of
-``budget_s - collect_reserve_s`` from its start, then writes the output folder
-(``swiftserve.gpusession.collect``). ``<work>/state.json`` keeps every stage's last record
+``run_check(cfg)`` prints the plan (``registry.plan_lines``: every stage with its estimate, what
+is done, what waits for which pack parts), then runs the stages of ``registry.STAGES`` in order
+against a deadline of ``budget_s - collect_reserve_s`` from its start, then writes the output
+folder (``swiftserve.gpusession.collect``). ``<work>/state.json`` keeps every stage's last record
 between calls: a ``done`` stage whose fingerprint still matches is skipped (``--redo NAME``
 runs it again; ``--redo distill`` also starts the distillation afresh), a stage that would
 start with less than its minimum time left is ``deferred`` to the next call, and the
-distillation takes whatever time is left. Exit status: 0, or 1 when a stage failed or
+distillation waits while another stage still waits (for parts or time: ``UNFINISHED``), then
+takes whatever time is left. Exit status: 0, or 1 when a stage failed or
 timed out, or 2 when the output folder would not come back whole.
 
 Paths in ``SessionConfig`` are relative to ``root`` (the repository) unless absolute.
@@ -23,14 +24,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swiftserve.gpusession import distill_stage, stages
+from swiftserve.gpusession import stages
 from swiftserve.gpusession.collect import collect
 from swiftserve.gpusession.limits import Limits
+from swiftserve.gpusession.registry import BY_NAME, ORDER, plan_lines
 
-ORDER = ["env", "model", "tests", "bench", "distill"]
-RUN = {"env": stages.stage_env, "model": stages.stage_model, "tests": stages.stage_tests, "bench": stages.stage_bench,
-       "distill": distill_stage.stage_distill}
-MIN_S = {"env": 0, "model": 30, "tests": 60, "bench": 60, "distill": 0}   # less time left: deferred
+
+UNFINISHED = ("waiting", "deferred", "timeout", "partial")    # a stage that will run again on the next call
 
 
 @dataclass
@@ -45,11 +45,9 @@ class SessionConfig:
     collect_reserve_s: float = 30.0
     stages: list[str] = field(default_factory=lambda: list(ORDER))
     redo: list[str] = field(default_factory=list)
-    tests: list[str] = field(default_factory=lambda: ["tests/gpu"])
-    tests_timeout_s: float = 300.0
+    tests: list[str] = field(default_factory=lambda: ["tests/gpu", "-m", "not vllm"])
     bench_args: list[str] = field(default_factory=list)
-    bench_timeout_s: float = 300.0
-    model_timeout_s: float = 240.0
+    vllm_8b_args: list[str] = field(default_factory=list)
     distill_model: str = "auto"
     distill_l: int = 15
     distill_groups: list[int] = field(default_factory=lambda: [1])
@@ -76,32 +74,26 @@ class SessionConfig:
         return SessionConfig(**{**vars(self), "root": root, **paths})
 
 
-def _expected_fingerprint(name: str, ctx: stages.Context) -> str | None:
-    """What a done record must carry to be skipped; None: always run (cheap or stateful stages)."""
-    if name == "tests":
-        return "model" if ctx.state.get("model", {}).get("model_dir") else "no-model"
-    if name == "bench":
-        return " ".join(ctx.cfg.bench_args)
-    if name == "distill":
-        src = distill_stage.distill_source(ctx)
-        return f"{src['kind']}:{src['model_dir']}:{ctx.cfg.distill_steps}" if "kind" in src else ""
-    return None
-
-
 def _stage(name: str, ctx: stages.Context, deadline: float) -> dict | None:
     """Run one stage (or say why not); None when an earlier call already did it."""
-    cfg, prev, env = ctx.cfg, ctx.state.get(name, {}), ctx.state.get("env", {})
+    st, cfg = BY_NAME[name], ctx.cfg
+    prev, env = ctx.state.get(name, {}), ctx.state.get("env", {})
     if name != "env" and env.get("status") != "done":
         return {"status": "skipped", "reason": "environment incomplete: " + ", ".join(env.get("missing", []))}
-    fp = _expected_fingerprint(name, ctx)
+    fp = st.fingerprint(ctx)
     if fp is not None and name not in cfg.redo and prev.get("status") == "done" and prev.get("fingerprint") == fp:
         return None
+    if name == "distill":                  # last: the time the other stages leave, once they have had theirs
+        pending = [n for n in ORDER if n not in ("env", "distill") and n in cfg.stages
+                   and ctx.state.get(n, {}).get("status") in UNFINISHED]
+        if pending:
+            return {**prev, "status": "waiting", "reason": f"after {', '.join(pending)}"}
     left = deadline - time.monotonic()
-    if left < MIN_S[name] or (name == "distill" and left <= cfg.distill_overhead_s):
+    if left < st.min_s or (name == "distill" and left <= cfg.distill_overhead_s):
         return {**prev, "status": "deferred", "reason": f"{left:.0f} s left in this call's budget"}
     print(f"[gpu-check] {name}: running ({left:.0f} s left)", flush=True)
     start = time.monotonic()
-    rec = RUN[name](ctx, min(left, getattr(cfg, f"{name}_timeout_s", left)))
+    rec = st.run(ctx, min(left, st.timeout_s or left))
     return {**rec, "seconds": round(time.monotonic() - start, 1)}
 
 
@@ -116,6 +108,8 @@ def run_check(cfg: SessionConfig) -> int:
     if "distill" in cfg.redo:
         shutil.rmtree(cfg.work / "distill", ignore_errors=True)
     ctx = stages.Context(cfg, saved["stages"], env=dict(os.environ))
+    print("\n".join(f"[gpu-check] {line}" for line in [f"call {saved['calls']}: plan"] +
+                     plan_lines(ctx, cfg.budget_s)), flush=True)
     for name in ORDER:
         if name != "env" and name not in cfg.stages:
             continue

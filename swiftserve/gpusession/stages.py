@@ -16,7 +16,8 @@ go to ``<work>/logs/<stage>.log``.
   ``SWIFTSERVE_CHECKPOINTS`` adds to the places ``modelkit.shipped`` looks (the tree's
   ``checkpoints/`` is parked while the session runs: it does not hold them), tensors carried
   to resume from (``gpu-pack --resume``) to ``<work>/resume``.
-- ``tests``: ``pytest tests/gpu`` (junit counts); run again once the model has arrived.
+- ``tests``: ``pytest tests/gpu -m "not vllm"``, the reference engine's CUDA tests (junit counts);
+  while the pack's model is still arriving it waits for it (a run without it would be redone).
 - ``bench``: ``benchmarks/gpu_bench.py``.
 - ``distill``: ``modelkit distill`` of the SwiftKV variant with ``--max-hours`` set from the
   time left; it resumes from ``state.pt`` on the next call until ``steps`` are done.
@@ -54,13 +55,14 @@ class Context:
         (self.work / "logs").mkdir(parents=True, exist_ok=True)
         return self.work / "logs" / f"{stage}.log"
 
-    def run(self, stage: str, cmd: list[str], timeout: float) -> int | None:
-        """Run ``cmd`` in the repository root, output appended to the stage's log; None on timeout."""
+    def run(self, stage: str, cmd: list[str], timeout: float, env: dict | None = None) -> int | None:
+        """Run ``cmd`` in the repository root (environment ``env``, default the session's), output
+        appended to the stage's log; None on timeout."""
         with open(self.log(stage), "a") as log:
             log.write(f"\n$ {' '.join(cmd)}\n")
             log.flush()
-            proc = subprocess.Popen(cmd, cwd=self.cfg.root, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(cmd, cwd=self.cfg.root, env=self.env if env is None else env, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 return proc.wait(timeout=max(1.0, timeout))
             except subprocess.TimeoutExpired:
@@ -190,6 +192,9 @@ def junit_counts(xml: Path) -> dict:
 
 
 def stage_tests(ctx: Context, timeout: float) -> dict:
+    model = ctx.state.get("model", {})
+    if model.get("status") == "waiting":
+        return {"status": "waiting", "reason": f"the model is still arriving ({model.get('reason', '')})"}
     xml = ctx.work / "tests.xml"
     xml.unlink(missing_ok=True)
     cmd = [ctx.cfg.python, "-m", "pytest", *ctx.cfg.tests, "-p", "no:cacheprovider", "-o", "addopts=-ra",

@@ -27,10 +27,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _repo(path: Path) -> dict[str, bytes]:
-    """A repository with two tensors over the threshold, one under it and one outside checkpoints/."""
+    """A repository with two tensors over the threshold, one under it and one outside the parked scopes."""
     files = {"checkpoints/a/big.safetensors": os.urandom(park.THRESHOLD + 1),
              "checkpoints/b/big2.safetensors": os.urandom(park.THRESHOLD + 7),
-             "checkpoints/a/small.json": b"{}", "results/big.json": os.urandom(park.THRESHOLD + 3),
+             "checkpoints/a/small.json": b"{}", "docs/big.bin": os.urandom(park.THRESHOLD + 3),
              ".gitignore": b"/.gpu-park/\n"}
     for name, data in files.items():
         (path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -223,7 +223,7 @@ def test_check_without_cuda_says_so_and_still_writes_the_folder(tmp_path):
     res = json.loads((tmp_path / "out" / "results.json").read_text())
     assert res["stages"]["env"]["status"] == "failed" and "a CUDA device" in res["stages"]["env"]["missing"]
     assert {k: v["status"] for k, v in res["stages"].items() if k != "env"} == dict.fromkeys(
-        ["model", "tests", "bench", "distill"], "skipped")
+        ["model", "tests", "bench", "vllm", "vllm-tests", "vllm-8b", "distill"], "skipped")
     assert res["problems"] == [] and "environment incomplete" in (tmp_path / "out" / "summary.md").read_text()
 
 
@@ -255,14 +255,14 @@ def test_pack_of_a_parked_tree_carries_the_parked_shipped_file(tmp_path, capsys)
     for split, repeats in (("train", 2), ("heldout", 1)):
         torch.save(torch.randint(3, TINY["vocab_size"], (8, 32)), corpus / payloads.windows_name(split, 32, repeats, 0))
     args = ["--root", str(repo), "--carry-mib", "6", "pack", "--out", str(tmp_path / "pack"), "--margin-mib", "1",
-            "--no-wheels", "--model", str(model), "--corpus", str(corpus), "--seq-len", "32",
+            "--no-wheels", "--vllm", "none", "--model", str(model), "--corpus", str(corpus), "--seq-len", "32",
             "--shipped", "a/big.safetensors", "--resume", str(tmp_path / "out")]
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "swiftkv-l2-g1.safetensors").write_bytes(b"tensors")
     assert cli_main(args) == 0
     err = capsys.readouterr().err
     m = json.loads((tmp_path / "pack" / "part1" / "manifest.json").read_text())
-    tree = len(files["results/big.json"]) + len(files["checkpoints/a/small.json"]) + len(files[".gitignore"])
+    tree = len(files["docs/big.bin"]) + len(files["checkpoints/a/small.json"]) + len(files[".gitignore"])
     assert m["meta"]["tree_bytes"] == tree and m["part_bytes"] == (6 << 20) - tree - (1 << 20)
     assert m["meta"]["parked"] is True
     name = "shipped.a~big.safetensors"
@@ -280,6 +280,8 @@ def test_self_test_runs_every_stage_and_resumes(tmp_path):
     seen = run_selftest(tmp_path)          # raises SelfTestError on any unmet expectation
     assert seen["parked_files"] >= 1 and seen["parked_tree_mib"] < seen["tree_mib"]
     assert abs(seen["part_mib"] - (64 - 4 - seen["parked_tree_mib"])) <= 0.01
-    assert seen["stages"] == dict.fromkeys(["env", "model", "tests", "bench", "distill"], "done")
+    assert seen["stages"] == {**dict.fromkeys(["env", "model", "tests", "bench", "distill"], "done"),
+                              **dict.fromkeys(["vllm", "vllm-tests", "vllm-8b"], "skipped")}     # no vLLM packed
+    assert seen["vllm_stub"]["status"] == "failed" and "did not register" in seen["vllm_stub"]["error"]
     assert seen["out"] == ["logs.tar.gz", "results.json", "summary.md", "swiftkv-l2-g1.safetensors",
                            "swiftkv-l2-g2.safetensors"]

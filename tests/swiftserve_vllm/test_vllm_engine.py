@@ -160,3 +160,37 @@ def test_every_model_class_builds_on_the_meta_device_with_nothing_left_behind(mo
     _run(cmd, tmp, "devcheck", timeout=600)
     results = json.loads((tmp / "devcheck.json").read_text())
     assert len(results) == 4 and all(r["tensors"] > 300 and r["stray"] == [] for r in results), results
+
+
+RUNNER_CHOICE = """
+import json, os, sys
+from swiftserve_vllm import compat as V, register
+register()
+from vllm.config import vllm as config_module
+config_module.HAS_TRITON = True      # as on a GPU: vLLM would consider its Model Runner V2 (CPU: no Triton)
+out = {}
+for name, model in (("swiftkv", sys.argv[1]), ("stock", sys.argv[2])):
+    cfg = V.EngineArgs(model=model, max_model_len=512).create_engine_config()
+    out[name] = {"v2": cfg.use_v2_model_runner, "reasons": cfg._get_v2_model_runner_unsupported_features()}
+os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+try:
+    V.EngineArgs(model=sys.argv[1], max_model_len=512).create_engine_config()
+    out["forced"] = "accepted"
+except ValueError as exc:
+    out["forced"] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def test_vllm_picks_its_v1_runner_for_the_plugins_models_and_refuses_v2_when_forced(models, smollm2_dir,
+                                                                                     tmp_path_factory):
+    # vLLM 0.32+ defaults to Model Runner V2 on GPUs, where the plugin's V1 runner patch would not apply:
+    # the plugin's reason makes vLLM choose V1 for its classes only, and a forced V2 is refused, not silent.
+    from swiftserve_vllm import V2_RUNNER_REASON
+
+    tmp = tmp_path_factory.mktemp("runner")
+    text = _run([str(VLLM_PY), "-c", RUNNER_CHOICE, models["g1"], str(smollm2_dir)], tmp, "runner", timeout=600)
+    out = json.loads(text.strip().splitlines()[-1])
+    assert out["swiftkv"]["v2"] is False and V2_RUNNER_REASON in out["swiftkv"]["reasons"], out
+    assert out["stock"]["v2"] is True and V2_RUNNER_REASON not in out["stock"]["reasons"], out
+    assert V2_RUNNER_REASON in out["forced"] and "Model Runner V2" in out["forced"], out

