@@ -174,7 +174,8 @@ class Failover:
             body, n = self.tracker.resume()
             resp = None
             try:
-                resp = await self.session.post(fwd._url(worker.url, self.path), data=body, headers=UPSTREAM_HEADERS)
+                resp = await fwd.until_silent(self.session.post(fwd._url(worker.url, self.path), data=body,
+                                                                headers=UPSTREAM_HEADERS), worker)
                 confirmed = n == 0 or resp.headers.get(CONTINUATION_HEADER) == str(n)
                 if resp.status != 200 or not resp.headers.get("content-type", "").startswith("text/event-stream"):
                     raise AttemptFailed(f"http_{resp.status}", f"HTTP {resp.status} to the continuation"
@@ -182,7 +183,7 @@ class Failover:
                 if not confirmed:
                     raise AttemptFailed("no_continuation", "the worker does not resume generations "
                                                            "(no x-swiftserve-continuation header)")
-                first = await resp.content.readany()
+                first = await fwd.until_silent(resp.content.readany(), worker)
                 if not first:
                     raise AttemptFailed("empty_stream", "the worker ended the stream before any event")
             except (AttemptFailed, *RETRYABLE) as exc:
