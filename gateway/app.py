@@ -37,7 +37,7 @@ from gateway.asgi import FastPath, install_error_handlers
 from gateway.auth import CHALLENGE, Auth, estimate_tokens, requested_tokens
 from gateway.config import GatewayConfig
 from gateway.discovery import WorkerPool, watch_file, watch_kubernetes
-from gateway.edge import EdgeError, parse_body, read_body
+from gateway.edge import EdgeError, parse_body, read_body, until_client_gone
 from gateway.errors import error
 from gateway.health import Health
 from gateway.metrics import GatewayMetrics
@@ -183,8 +183,8 @@ def _proxy_handler(app: FastAPI, p: _Parts):
                                                                                        config.max_migrations)
         if tracker is not None:         # the worker sends token ids, so that the stream can resume elsewhere
             raw = tracker.upstream()
-        return await p.forwarder.forward(app.state.client, path, raw, on_usage,
-                                         _route_request(config, request, path, body), tracker)
+        return await until_client_gone(request, p.forwarder.forward(
+            app.state.client, path, raw, on_usage, _route_request(config, request, path, body), tracker))
 
     return proxy
 

@@ -24,7 +24,7 @@ import time
 from typing import AsyncIterator
 
 from refengine.config import EngineConfig
-from refengine.engine import request_failure
+from refengine.faults import request_failure
 from refengine.outputs import EngineStats, RequestOutput
 from refengine.sampling_params import SamplingParams
 

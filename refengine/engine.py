@@ -36,6 +36,7 @@ from refengine.outputs import EngineStats, RequestFailed, RequestOutput
 from refengine.request import Request, RequestStatus
 from refengine.sampling_params import SamplingParams
 from refengine.scheduler import Scheduler, SchedulerOutput
+from refengine.faults import EngineFault, request_failure
 from refengine.structured.grammar import GrammarError, tidy
 
 log = logging.getLogger(__name__)
@@ -44,17 +45,6 @@ DEFAULT_MAX_MODEL_LEN = 8192
 MAX_FAILED_STEPS = 3     # steps in a row where every request failed alone: the engine checks itself (canary)
 CANARY_PREFIX = "__engine-canary-"
 
-
-class EngineFault(RuntimeError):
-    """The engine itself is broken (its own canary request failed alone); raised from ``step``."""
-
-
-def request_failure(exc: BaseException) -> RequestFailed:
-    """One request's failure inside a step, as its stream reports it: a constraint that could not be
-    followed is the client's input (``constraint``); anything else is an engine error on that request."""
-    if isinstance(exc, GrammarError):
-        return RequestFailed(f"the output constraint could not be followed: {tidy(str(exc))}", constraint=True)
-    return RequestFailed(f"the engine failed on this request: {type(exc).__name__}: {tidy(str(exc))}")
 
 
 class LLMEngine:
@@ -295,8 +285,8 @@ class LLMEngine:
                    "prefix_cached_blocks": float(bm.num_cached_blocks),
                    "swiftkv_layers": float(r.model.num_kv_layers),
                    "swiftkv_group_size": float(r.model.group_size),
-                   "engine_request_failures": float(self.num_request_failures),
-                   "engine_canaries": float(self.num_canaries),
+                   "engine_request_failures_total": float(self.num_request_failures),
+                   "engine_canaries_total": float(self.num_canaries),
                    **r.kv.stats()},
         )
 

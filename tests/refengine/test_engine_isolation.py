@@ -13,7 +13,8 @@ import pytest
 
 import refengine.model_runner as model_runner
 from refengine.config import EngineConfig
-from refengine.engine import MAX_FAILED_STEPS, EngineFault, LLMEngine
+from refengine.engine import MAX_FAILED_STEPS, LLMEngine
+from refengine.faults import EngineFault
 from refengine.structured.grammar import GrammarError
 from refengine.structured.masks import GrammarMasks
 from refengine.structured.spec import StructuredSpec
