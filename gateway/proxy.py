@@ -8,8 +8,9 @@ OpenAI-style error, and the worker's in-flight count returns to zero.
   health probe and no metrics scrape, for ``stall_timeout``: a hung worker), a 5xx, an
   empty stream or an unreadable answer is retried on another worker (``max_attempts``
   workers in all); then the client gets a 502/503/504 JSON error. A 5xx the worker marks
-  as the request's own fault (``swiftserve.faults``) is passed on as it is: not retried
-  (another worker would fail the same way) and not counted against the worker.
+  as the request's own fault (``swiftcommon.faults``) is passed on as it is: not retried
+  (another worker would fail the same way); neither it nor any 4xx counts for or against the
+  worker in the circuit breaker.
 * A non-streamed answer (any content type but ``text/event-stream``) is read whole, at
   most ``max_response_bytes``, before anything is sent: a worker that dies mid-body or
   answers 200 with something that is not JSON becomes a retry or a 502, never a
@@ -55,9 +56,8 @@ from gateway.errors import error
 from gateway.failover import Failover
 from gateway.migration import CONTINUATION_HEADER, StreamTracker
 from gateway.upstream import (RETRYABLE, UPSTREAM_HEADERS, AttemptFailed, Lease, close_upstream as _close,
-                              transport_failure as _transport_failure)
+                              transport_failure as _transport_failure, worker_neutral)
 from gateway.streaming import SSEStream, StreamStats, error_event, event_end, is_json, stream_ended, valid_prefix
-from swiftcommon.faults import FAULT_HEADER, REQUEST_FAULT
 
 log = logging.getLogger(__name__)
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding", "date",
@@ -179,21 +179,21 @@ class Forwarder:
             _close(resp)
         content = b"".join(parts)
         status = resp.status
-        request_fault = status >= 500 and resp.headers.get(FAULT_HEADER) == REQUEST_FAULT
-        if status >= 500 and not last_try and not request_fault:
+        neutral = worker_neutral(resp)          # a 4xx or a request's own 5xx: never counted against the worker
+        if status >= 500 and not last_try and not neutral:
             lease.finish(False)
             raise AttemptFailed(f"http_{status}", f"HTTP {status} from the worker", status)
         if not is_json(content):
             # Garbage: retried while attempts are left; then an OpenAI-style error, never the garbage.
             broken = status == 200 or status >= 500
-            lease.finish(not broken)
+            lease.finish(False if broken else None)
             message = f"the worker answered HTTP {status} with a body that is not JSON"
             if broken and not last_try:
                 raise AttemptFailed("bad_answer", message)
             self.m.requests.labels(endpoint, str(502 if broken else status)).inc()
             return error(502 if broken else status, f"Invalid answer from the worker: {message}.",
                          "upstream_error", code="bad_answer")
-        lease.finish(None if request_fault else status < 500)      # a request's fault is not the worker's
+        lease.finish(None if neutral else status < 500)      # a request's fault is not the worker's
         self.m.requests.labels(endpoint, str(status)).inc()
         self.m.e2e.observe(time.monotonic() - t0)
         return Response(content, status_code=status, headers=_headers(resp))

@@ -186,22 +186,24 @@ def test_a_client_that_leaves_releases_its_worker(procs):
 
 
 def test_request_faults_never_open_the_circuit(procs, reliability_log):
-    """5xx answers the worker marks as the request's own fault are passed on (not retried) and never count
-    against the worker; the same number of unmarked 5xx opens its circuit."""
+    """4xx answers and 5xx the worker marks as the request's own fault are passed on (not retried) and count
+    neither for nor against the worker: two worker faults before them and one after open the circuit."""
     a = start(procs, fault_worker("a"))
     gw = start(procs, gateway([a], "--breaker-failures", "3", "--breaker-cooldown", "60"))
     url = gw.url + "/v1/completions"
-    set_fault(a, mode="request_fault500")
-    results = run_requests(lambda c: asyncio.gather(*(request(c, url, BODY) for _ in range(8))))
-    assert all(r[0] == 500 and b"engine_request_failed" in r[1] for r in results), results
-    assert stats(a)["served"] == 8                                  # each once: not retried
-    set_fault(a, mode="ok")
-    results += run_requests(lambda c: asyncio.gather(request(c, url, BODY)))
-    assert results[-1][2] == "complete", results[-1]                # the circuit stayed closed
-    set_fault(a, mode="error500")
-    results += run_requests(lambda c: asyncio.gather(*(request(c, url, BODY) for _ in range(3))))
-    set_fault(a, mode="ok")
-    results += run_requests(lambda c: asyncio.gather(request(c, url, BODY)))
+
+    def send(mode, n):
+        set_fault(a, mode=mode)
+        return run_requests(lambda c: asyncio.gather(*(request(c, url, BODY) for _ in range(n))))
+
+    results = send("error500", 2)                                   # two of the three failures
+    faults = send("request_fault500", 8)
+    assert all(r[0] == 500 and b"engine_request_failed" in r[1] for r in faults), faults
+    refused = send("error400", 8)
+    assert all(r[0] == 400 for r in refused), refused               # the circuit stayed closed
+    assert stats(a)["served"] == 18                                 # each once: not retried
+    results += faults + refused + send("error500", 1)               # the third: neither kind reset the count
+    results += send("ok", 1)
     assert results[-1][0] == 503 and b"no_worker" in results[-1][1], results[-1]    # the worker's own faults do
     check(reliability_log, "request_faults_vs_worker_faults", results, gw, a)
 
