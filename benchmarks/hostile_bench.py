@@ -36,7 +36,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))
 from common import command_line, write_json  # noqa: E402
+from proc_support import free_port  # noqa: E402
 
 NOT_THE_CLIENTS = ("engine_error", "engine_unavailable", "engine_request_failed", "internal_error", "bad_event",
                    "truncated_stream", "timeout", "response_too_large", "upstream_error", "stalled")
@@ -303,23 +303,6 @@ async def slow_headers(stack: Stack, n: int) -> dict:
     return {"connections": n, "closed_after_s": [round(x, 1) for x in closed]}
 
 
-def free_ports(n: int) -> int:
-    for base in range(24000, 60000, 97):
-        try:
-            socks = []
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise SystemExit("no free ports")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="results/reliability/hostile.json")
@@ -331,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deaths", type=int, default=3)
     ap.add_argument("--slow-connections", type=int, default=20)
     args = ap.parse_args(argv)
-    base = free_ports(2)
+    base = free_port(2)
     log = Path(tempfile.gettempdir()) / f"hostile-stack-{base}.log"
     print(f"drawing {args.cases} cases", flush=True)
     cases = draw_cases(args.cases)

@@ -109,7 +109,8 @@ class _Child:
 
 
 class ConstraintChecker:
-    """Compiles a request's constraints in child processes (see the module docstring)."""
+    """Compiles a request's constraints in child processes (see the module docstring). Built off the event
+    loop (it writes the tokenizer's JSON for the children); the children start on first use."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...]) -> None:
         self._file = None
@@ -131,13 +132,6 @@ class ConstraintChecker:
         self._cache: collections.OrderedDict[StructuredSpec, str | None] = collections.OrderedDict()
         self._cache_bytes = 0
         self.compiled = 0
-
-    async def warm(self) -> None:
-        """Start one child ahead of the first constrained request."""
-        try:
-            await self._children[0].ready()
-        except Exception as exc:  # noqa: BLE001 - the first check starts it again (and fails loudly then)
-            log.warning("constraint compiler did not start: %s", exc)
 
     async def check(self, items: list[tuple[str, StructuredSpec]], timeout: float) -> None:
         """Raise ``ConstraintError`` for the first of ``items`` ((field, spec), in order) that cannot be

@@ -121,7 +121,12 @@ class ServingState:
         if not items:
             return
         if self.constraints is None:
-            self.constraints = ConstraintChecker(self.tokenizer, self.vocab_size, tuple(self.engine.eos_token_ids))
+            checker = await self.run_sync(ConstraintChecker, self.tokenizer, self.vocab_size,
+                                          tuple(self.engine.eos_token_ids))
+            if self.constraints is None:            # two first requests at once: keep one checker
+                self.constraints = checker
+            else:
+                checker.close()
         try:
             await self.constraints.check(items, self.config.limits.constraint_timeout)
         except ConstraintError as exc:
