@@ -16,8 +16,11 @@ and ``soak.json`` (``swiftserve-loadtest soak``), and writes ``summary.json``:
 
 and the figures of the runs whose files are there: ``failover.json``
 (``benchmarks/failover_bench.py``: ``kill_midstream_completed_pct``,
-``hang_midstream_completed_pct``, ``migrated_greedy_identical``) and ``rolling_restart.json``
-(``benchmarks/rolling_restart_bench.py``: ``rolling_restart_errors``).
+``hang_midstream_completed_pct``, ``migrated_greedy_identical``), ``rolling_restart.json``
+(``benchmarks/rolling_restart_bench.py``: ``rolling_restart_errors``) and ``hostile.json``
+(``benchmarks/hostile_bench.py``: ``hostile_cases``, ``hostile_5xx``, ``hostile_engine_deaths``,
+``max_concurrent_latency_ms_under_hostile``, ``dead_engine_recovered_s``,
+``slow_header_connections_closed_s``).
 Keys already in ``summary.json`` that no input produces are kept.
 """
 
@@ -47,7 +50,7 @@ def summarize(directory: Path) -> dict:
 def run_figures(directory: Path) -> dict:
     """The ``figures`` of each benchmark run file present."""
     out = {}
-    for name in ("failover.json", "rolling_restart.json"):
+    for name in ("failover.json", "rolling_restart.json", "hostile.json"):
         path = directory / name
         if path.exists():
             out.update(json.loads(path.read_text())["figures"])

@@ -34,10 +34,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.admission import Admission, Rejected
 from gateway.asgi import FastPath, install_error_handlers
-from gateway.auth import Auth, estimate_tokens, requested_tokens
+from gateway.auth import CHALLENGE, Auth, estimate_tokens, requested_tokens
 from gateway.config import GatewayConfig
 from gateway.discovery import WorkerPool, watch_file, watch_kubernetes
-from gateway.edge import EdgeError, parse_body, read_body
+from gateway.edge import EdgeError, parse_body, read_body, until_client_gone
 from gateway.errors import error
 from gateway.health import Health
 from gateway.metrics import GatewayMetrics
@@ -56,7 +56,8 @@ def _rejected(m: GatewayMetrics, exc: Rejected) -> JSONResponse:
     m.rejected.labels(exc.reason).inc()
     kind = {401: "authentication_error", 429: "rate_limit_error", 503: "service_unavailable"}.get(
         exc.status, "invalid_request_error")
-    headers = {"Retry-After": str(max(1, round(exc.retry_after)))} if exc.status in (429, 503) else None
+    headers = {"Retry-After": str(max(1, round(exc.retry_after)))} if exc.status in (429, 503) else \
+        CHALLENGE if exc.status == 401 else None
     return error(exc.status, str(exc), kind, code=exc.reason, headers=headers)
 
 
@@ -182,8 +183,8 @@ def _proxy_handler(app: FastAPI, p: _Parts):
                                                                                        config.max_migrations)
         if tracker is not None:         # the worker sends token ids, so that the stream can resume elsewhere
             raw = tracker.upstream()
-        return await p.forwarder.forward(app.state.client, path, raw, on_usage,
-                                         _route_request(config, request, path, body), tracker)
+        return await until_client_gone(request, p.forwarder.forward(
+            app.state.client, path, raw, on_usage, _route_request(config, request, path, body), tracker))
 
     return proxy
 

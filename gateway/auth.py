@@ -1,6 +1,8 @@
 """Optional API keys (bearer) and per-key request and token rate limits (token buckets).
 
-Keys are never logged: ``key_id`` is a short hash prefix. A presented key is compared
+Keys are never logged: ``key_id`` is a short hash prefix. The scheme is case-insensitive
+(``Bearer``, ``bearer``; RFC 9110), and a 401 names it in ``WWW-Authenticate``
+(``CHALLENGE``). A presented key is compared
 with every configured key in constant time (``hmac.compare_digest`` of SHA-256
 digests, so neither the position of the first differing byte nor the key's length
 shows in the timing). Token limits charge an estimate
@@ -19,6 +21,9 @@ from pathlib import Path
 
 from gateway.admission import Rejected
 from swiftcommon.token_limits import DEFAULT_COMPLETION_TOKENS, endpoint_of, requested_limit
+
+
+CHALLENGE = {"WWW-Authenticate": 'Bearer realm="swiftserve"'}
 
 
 def key_id(key: str) -> str:
@@ -76,7 +81,8 @@ class Auth:
         """The caller's identity (key id, or 'anonymous' without auth); 401 on a bad key."""
         if not self.keys:
             return "anonymous"
-        token = (authorization or "").removeprefix("Bearer ").strip()
+        scheme, _, rest = (authorization or "").strip().partition(" ")
+        token = rest.strip() if scheme.lower() == "bearer" else (authorization or "").strip()
         digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
         match = False
         for d in self._digests:                 # every key is compared: no early exit

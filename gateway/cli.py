@@ -98,9 +98,10 @@ def parse_args(argv=None) -> GatewayConfig:
     a.add_argument("--tokens-per-minute", type=float, default=0, help="per key, prompt + max_tokens (0: unlimited)")
     a.add_argument("--protect-metrics", action="store_true", help="require the API key on /metrics")
     a.add_argument("--protect-health", action="store_true", help="require the API key on /health")
+    _edge_flags(p, d)
     x = p.parse_args(argv)
     for name in ("max_attempts", "max_body_bytes", "max_response_bytes", "prefix_block_bytes", "prefix_max_blocks",
-                 "prefix_record_blocks"):
+                 "prefix_record_blocks", "max_header_bytes", "max_headers"):
         if getattr(x, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if x.max_migrations < 0:
@@ -108,7 +109,7 @@ def parse_args(argv=None) -> GatewayConfig:
     if x.drain_timeout < 0:
         p.error("--drain-timeout must be >= 0")
     for name in ("connect_timeout", "first_byte_timeout", "stall_timeout", "body_timeout", "queue_timeout",
-                 "prefix_ttl"):
+                 "prefix_ttl", "header_timeout"):
         if not getattr(x, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be > 0")
     for name in ("balance_eps", "balance_floor", "prefix_load_weight"):
@@ -133,13 +134,32 @@ def parse_args(argv=None) -> GatewayConfig:
         health=HealthPolicy(interval=x.health_interval, fail_threshold=x.health_fail_threshold,
                             success_threshold=x.health_success_threshold, breaker_failures=x.breaker_failures,
                             breaker_cooldown=x.breaker_cooldown),
-        drain_timeout=x.drain_timeout, log_level=x.log_level)
+        drain_timeout=x.drain_timeout, log_level=x.log_level, max_header_bytes=x.max_header_bytes,
+        max_headers=x.max_headers, header_timeout=x.header_timeout)
+
+
+def _edge_flags(p: argparse.ArgumentParser, d: GatewayConfig) -> None:
+    """The HTTP edge's limits (gateway.connection); defaults from SWIFTSERVE_<FLAG> (docs/reliability.md)."""
+    e = p.add_argument_group("HTTP edge (defaults from SWIFTSERVE_<FLAG>)")
+    for flag, kind, text in (
+            ("--max-header-bytes", int, "request line and headers together at most (431 beyond)"),
+            ("--max-headers", int, "header lines per request at most (431 beyond)"),
+            ("--header-timeout", float, "seconds for a request's headers to arrive after its first byte, or after "
+                                        "the connection opens (408 and close; a silent connection is closed)")):
+        name = flag[2:].replace("-", "_")
+        var = "SWIFTSERVE_" + name.upper()
+        try:
+            default = envs.limit(var, kind(getattr(d, name)))
+        except ValueError as exc:
+            p.error(str(exc))
+        e.add_argument(flag, type=kind, default=default, help=f"{text} (default: %(default)s; env {var})")
 
 
 def main(argv=None) -> int:
     import uvicorn
 
     from gateway.app import build_app
+    from gateway.connection import edge_protocol
     from gateway.shutdown import DrainingServer
     from swiftcommon.logs import quiet_probe_logs
 
@@ -150,7 +170,8 @@ def main(argv=None) -> int:
     log.info("policy %s; %d static workers; auth %s (keys %s)", cfg.policy, len(cfg.workers),
              "on" if cfg.api_keys else "off", ", ".join(key_id(k) for k in cfg.api_keys) or "-")
     app = build_app(cfg)
-    server = DrainingServer(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level),
+    http = edge_protocol(cfg.max_header_bytes, cfg.max_headers, cfg.header_timeout)
+    server = DrainingServer(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, http=http),
                             app.state.drain, cfg.drain_timeout)
     server.run()
     return 0

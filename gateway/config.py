@@ -49,4 +49,8 @@ class GatewayConfig:
     protect_health: bool = False           # require the API key on /health
     health: HealthPolicy = field(default_factory=HealthPolicy)
     drain_timeout: float = 30.0            # SIGTERM: seconds in-flight requests get to finish
+    # HTTP edge (gateway.connection): request line + headers, header lines, seconds for them to arrive
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 100
+    header_timeout: float = 10.0
     log_level: str = "info"

@@ -5,7 +5,10 @@ they arrive, so an oversized body is never held whole) and a deadline for the wh
 body (a client trickling bytes gets a 408 instead of holding a connection forever).
 ``parse_body`` turns the bytes into a JSON object with the fields routing needs.
 Each failure is an ``EdgeError`` that the app answers with an OpenAI-style 4xx; no
-input reaches a 500. The worker validates every field; the gateway checks only what
+input reaches a 500. ``until_client_gone`` runs the forwarding of a request whose body has
+been read and cancels it when the client disconnects (a non-streamed answer can take
+minutes; cancelling closes the upstream request, which makes the worker abort its
+generation instead of finishing it for nobody). The worker validates every field; the gateway checks only what
 it must read itself: ``model`` (optional on /tokenize and /detokenize, as in vLLM) and the
 input its path needs (``messages``, ``prompt``, ``input`` for /v1/responses, ``prompt`` or
 ``messages`` for /tokenize, ``tokens`` for /detokenize).
@@ -58,6 +61,29 @@ async def read_body(request: Request, max_bytes: int, timeout: float) -> bytes:
         return await asyncio.wait_for(collect(), timeout)
     except asyncio.TimeoutError:
         raise EdgeError(408, "body_timeout", f"The request body did not arrive within {timeout:g} s.") from None
+
+
+async def until_client_gone(request: Request, aw):
+    """Await ``aw`` (the forwarding, after the body was read), cancelled if the client disconnects
+    meanwhile: then a bare 499 (nobody reads it)."""
+    from fastapi.responses import Response
+
+    task = asyncio.ensure_future(aw)
+    gone = asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return Response(status_code=499)
+    return task.result()
+
+
+async def _disconnected(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def parse_body(path: str, raw: bytes) -> dict:

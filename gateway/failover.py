@@ -42,7 +42,8 @@ import orjson
 from gateway.admission import Rejected
 from gateway.migration import CONTINUATION_HEADER, Migrate, StreamTracker, rewrite, summed_usage
 from gateway.streaming import error_event, event_end
-from gateway.upstream import RETRYABLE, UPSTREAM_HEADERS, AttemptFailed, Lease, close_upstream, transport_failure
+from gateway.upstream import (RETRYABLE, UPSTREAM_HEADERS, AttemptFailed, Lease, close_upstream, transport_failure,
+                              worker_neutral)
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +175,8 @@ class Failover:
             body, n = self.tracker.resume()
             resp = None
             try:
-                resp = await self.session.post(fwd._url(worker.url, self.path), data=body, headers=UPSTREAM_HEADERS)
+                resp = await fwd.until_silent(self.session.post(fwd._url(worker.url, self.path), data=body,
+                                                                headers=UPSTREAM_HEADERS), worker)
                 confirmed = n == 0 or resp.headers.get(CONTINUATION_HEADER) == str(n)
                 if resp.status != 200 or not resp.headers.get("content-type", "").startswith("text/event-stream"):
                     raise AttemptFailed(f"http_{resp.status}", f"HTTP {resp.status} to the continuation"
@@ -182,16 +184,21 @@ class Failover:
                 if not confirmed:
                     raise AttemptFailed("no_continuation", "the worker does not resume generations "
                                                            "(no x-swiftserve-continuation header)")
-                first = await resp.content.readany()
+                first = await fwd.until_silent(resp.content.readany(), worker)
                 if not first:
                     raise AttemptFailed("empty_stream", "the worker ended the stream before any event")
             except (AttemptFailed, *RETRYABLE) as exc:
                 last = exc if isinstance(exc, AttemptFailed) else transport_failure(exc)
-                # a 4xx (e.g. the continuation refused) says nothing about the worker's health
-                lease.finish(None if last.reason.startswith("http_4") or last.reason == "no_continuation" else False)
+                # a 4xx (e.g. the continuation refused) or a 5xx the worker marks as the request's own fault
+                # says nothing about the worker's health; the latter would fail the same way elsewhere
+                neutral = resp is not None and worker_neutral(resp)
+                request_fault = neutral and resp.status >= 500
+                lease.finish(None if neutral or last.reason == "no_continuation" else False)
                 if resp is not None:
                     resp.close()
                 log.warning("migration to %s failed (%s): %s", worker.url, last.reason, last)
+                if request_fault:
+                    raise last from None
                 continue
             except BaseException:       # cancelled (the client left, shutdown)
                 lease.finish(None)

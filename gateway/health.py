@@ -10,7 +10,14 @@ so a fresh stack routes as soon as its workers are up.
 Passive: every proxied request reports its outcome. ``breaker_failures`` consecutive
 failures (connection errors, timeouts before the first byte, 5xx) open the circuit
 for ``breaker_cooldown`` seconds; then one trial request is let through (half-open);
-its success closes the circuit, its failure re-opens it.
+its success closes the circuit, its failure re-opens it. Only the worker's own faults
+count: a 4xx never does, nor a 5xx the worker marks as the request's
+(``swiftcommon.faults``; gateway.proxy reports those as neutral), so hostile requests
+cannot open the circuit of a healthy worker.
+
+``last_ok[url]`` is the monotonic time of the worker's last passed probe: with the
+scraper's ``scraped_at`` it tells the proxy whether a worker that has not answered a
+request yet is alive at all (gateway.proxy gives up on a silent one after ``--stall-timeout``).
 """
 
 from __future__ import annotations
@@ -43,11 +50,13 @@ class Health:
         self._fails: dict[str, int] = {}
         self._oks: dict[str, int] = {}
         self._seen_up: set[str] = set()     # workers that have passed at least one probe
+        self.last_ok: dict[str, float] = {}  # url -> monotonic time of its last passed probe
 
     # ---- active -----------------------------------------------------------------------------
     def probe_result(self, w: WorkerState, ok: bool) -> None:
         first_time = w.url not in self._seen_up
         if ok:
+            self.last_ok[w.url] = time.monotonic()
             self._seen_up.add(w.url)
             self._fails[w.url] = 0
             self._oks[w.url] = self._oks.get(w.url, 0) + 1

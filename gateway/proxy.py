@@ -4,9 +4,13 @@ Contract: every accepted request ends with a complete answer or an explicit
 OpenAI-style error, and the worker's in-flight count returns to zero.
 
 * Before any byte reached the client, a connection error, a timeout (no byte for
-  ``first_byte_timeout``), a 5xx, an empty stream or an unreadable answer is retried on
-  another worker (``max_attempts`` workers in all); then the client gets a 502/503/504
-  JSON error.
+  ``first_byte_timeout``; or no byte while the worker shows no sign of life, no passed
+  health probe and no metrics scrape, for ``stall_timeout``: a hung worker), a 5xx, an
+  empty stream or an unreadable answer is retried on another worker (``max_attempts``
+  workers in all); then the client gets a 502/503/504 JSON error. A 5xx the worker marks
+  as the request's own fault (``swiftcommon.faults``) is passed on as it is: not retried
+  (another worker would fail the same way); neither it nor any 4xx counts for or against the
+  worker in the circuit breaker.
 * A non-streamed answer (any content type but ``text/event-stream``) is read whole, at
   most ``max_response_bytes``, before anything is sent: a worker that dies mid-body or
   answers 200 with something that is not JSON becomes a retry or a 502, never a
@@ -52,7 +56,7 @@ from gateway.errors import error
 from gateway.failover import Failover
 from gateway.migration import CONTINUATION_HEADER, StreamTracker
 from gateway.upstream import (RETRYABLE, UPSTREAM_HEADERS, AttemptFailed, Lease, close_upstream as _close,
-                              transport_failure as _transport_failure)
+                              transport_failure as _transport_failure, worker_neutral)
 from gateway.streaming import SSEStream, StreamStats, error_event, event_end, is_json, stream_ended, valid_prefix
 
 log = logging.getLogger(__name__)
@@ -100,10 +104,11 @@ class Forwarder:
             lease = Lease(worker, self.health, self.admission, self.pool)
             last_try = attempt + 1 >= self.cfg.max_attempts
             try:
-                resp = await session.post(self._url(worker.url, path), data=raw, headers=UPSTREAM_HEADERS)
-            except RETRYABLE as exc:
+                resp = await self.until_silent(session.post(self._url(worker.url, path), data=raw,
+                                                            headers=UPSTREAM_HEADERS), worker)
+            except (AttemptFailed, *RETRYABLE) as exc:
                 lease.finish(False)
-                last = self._failed(worker, _transport_failure(exc))
+                last = self._failed(worker, exc if isinstance(exc, AttemptFailed) else _transport_failure(exc))
                 continue
             except BaseException:
                 lease.finish(None)
@@ -127,6 +132,28 @@ class Forwarder:
         self.m.requests.labels(endpoint, str(last.status)).inc()
         return error(last.status, f"No worker could answer the request: {last}", "upstream_error", code=last.reason,
                      headers={"Retry-After": "1"})
+
+    async def until_silent(self, aw, worker):
+        """Await ``aw`` (a request to ``worker``, or a read of its answer) unless the worker shows no sign of
+        life (no byte here, no passed health probe, no metrics scrape) for ``stall_timeout`` seconds: then
+        AttemptFailed ``stalled`` (504). A worker that answers its probes may take as long as it needs
+        (``first_byte_timeout`` bounds that)."""
+        task = asyncio.ensure_future(aw)
+        stall, since = self.cfg.stall_timeout, time.monotonic()
+        try:
+            while True:
+                done, _ = await asyncio.wait((task,), timeout=stall / 4)
+                if done:
+                    return task.result()
+                now = time.monotonic()
+                alive = max(since, self.health.last_ok.get(worker.url, 0.0), worker.scraped_at or 0.0)
+                if now - alive > stall:
+                    raise AttemptFailed("stalled", f"no answer and no sign of life from the worker for {stall:g} s",
+                                        504)
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     def _failed(self, worker, exc: AttemptFailed) -> AttemptFailed:
         self.m.retries.labels(exc.reason).inc()
@@ -152,20 +179,21 @@ class Forwarder:
             _close(resp)
         content = b"".join(parts)
         status = resp.status
-        if status >= 500 and not last_try:
+        neutral = worker_neutral(resp)          # a 4xx or a request's own 5xx: never counted against the worker
+        if status >= 500 and not last_try and not neutral:
             lease.finish(False)
             raise AttemptFailed(f"http_{status}", f"HTTP {status} from the worker", status)
         if not is_json(content):
             # Garbage: retried while attempts are left; then an OpenAI-style error, never the garbage.
             broken = status == 200 or status >= 500
-            lease.finish(not broken)
+            lease.finish(False if broken else None)
             message = f"the worker answered HTTP {status} with a body that is not JSON"
             if broken and not last_try:
                 raise AttemptFailed("bad_answer", message)
             self.m.requests.labels(endpoint, str(502 if broken else status)).inc()
             return error(502 if broken else status, f"Invalid answer from the worker: {message}.",
                          "upstream_error", code="bad_answer")
-        lease.finish(status < 500)
+        lease.finish(None if neutral else status < 500)      # a request's fault is not the worker's
         self.m.requests.labels(endpoint, str(status)).inc()
         self.m.e2e.observe(time.monotonic() - t0)
         return Response(content, status_code=status, headers=_headers(resp))
@@ -175,11 +203,15 @@ class Forwarder:
         """The SSE response: events passed through as they are, or (``failover``: the session, path, choose,
         tried and tracker of a migratable request) relayed by a ``Failover`` that can change workers."""
         try:
-            first = await resp.content.readany()
+            first = await self.until_silent(resp.content.readany(), lease.worker)
         except RETRYABLE as exc:
             resp.close()
             lease.finish(False)
             raise _transport_failure(exc) from None
+        except AttemptFailed:
+            resp.close()
+            lease.finish(False)
+            raise
         if not first:
             resp.close()
             lease.finish(False)

@@ -3,7 +3,8 @@
 (one worker could not answer) and how a transport error becomes one.
 
 Accounting: ``Lease.finish(ok)`` reports the outcome to the circuit breaker (None: not the
-worker's doing, e.g. the client left) and frees the admission slot. Closing an upstream
+worker's doing, e.g. the client left; ``worker_neutral``: a 4xx, or a 5xx the worker marks as the
+request's own fault) and frees the admission slot. Closing an upstream
 response that is cut short is what tells the worker to abort.
 """
 
@@ -13,6 +14,8 @@ import asyncio
 import time
 
 import aiohttp
+
+from swiftcommon.faults import FAULT_HEADER, REQUEST_FAULT
 
 RETRYABLE = (aiohttp.ClientError, asyncio.TimeoutError)
 # identity: the bytes read are the bytes of the answer (checked, counted, passed on)
@@ -56,6 +59,12 @@ class Lease:
             self.worker.trial_in_flight = False
         self.admission.release()
         self.pool.reap()
+
+
+def worker_neutral(resp: aiohttp.ClientResponse) -> bool:
+    """An error answer that says nothing about the worker's health: a 4xx (the request's or the client's
+    doing), or a 5xx the worker marks as the request's own fault (``swiftcommon.faults``)."""
+    return 400 <= resp.status < 500 or resp.status >= 500 and resp.headers.get(FAULT_HEADER) == REQUEST_FAULT
 
 
 def close_upstream(resp: aiohttp.ClientResponse) -> None:

@@ -14,8 +14,13 @@ Isolation: ``add_request`` validates every id and option (``ValueError``). If a 
 batch fails anyway, each of its requests is run alone; one that fails alone is
 aborted and its error kept for ``take_failures()`` (the async engine hands it to that
 request's stream), the others go on (a seeded request that shared the failed step may
-draw other random numbers than it would have without the failure). Only when every request of several consecutive
-steps fails alone is the failure treated as the engine's own and re-raised.
+draw other random numbers than it would have without the failure). A failure of one
+request is that request's, always: it never stops the engine. When every request of
+several consecutive steps failed alone, the engine checks itself with a *canary* (a one-token
+request of its own, not reported): only if the canary fails alone too is the fault the
+engine's (``EngineFault``, raised from ``step``: the serving process then restarts); if it
+passes, the failures were the requests' and the engine goes on. An exception outside the
+model run (scheduling, the update) is the engine's at once.
 """
 
 from __future__ import annotations
@@ -31,11 +36,15 @@ from refengine.outputs import EngineStats, RequestFailed, RequestOutput
 from refengine.request import Request, RequestStatus
 from refengine.sampling_params import SamplingParams
 from refengine.scheduler import Scheduler, SchedulerOutput
+from refengine.faults import EngineFault, request_failure
+from refengine.structured.grammar import GrammarError, tidy
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MODEL_LEN = 8192
-MAX_FAILED_STEPS = 3     # steps in a row where every request failed alone: the engine itself is broken
+MAX_FAILED_STEPS = 3     # steps in a row where every request failed alone: the engine checks itself (canary)
+CANARY_PREFIX = "__engine-canary-"
+
 
 
 class LLMEngine:
@@ -70,6 +79,9 @@ class LLMEngine:
         self.generation_tokens_total = 0
         self._failures: dict[str, RequestFailed] = {}
         self._failed_steps = 0
+        self._canary: str | None = None          # the id of the running canary (fault accounting)
+        self.num_canaries = 0
+        self.num_request_failures = 0            # requests aborted because they failed alone
 
     # ---- requests -------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -121,6 +133,11 @@ class LLMEngine:
             self.scheduler.truncate(edit.request_id, edit.num_cached)
         outputs = []
         for req in touched:
+            if req.request_id == self._canary:       # the engine's own check: passed, not reported
+                if req.status.finished:
+                    self.runner.release(req.request_id)
+                    self._canary, self._failed_steps = None, 0
+                continue
             if req.num_output_tokens == 1:
                 self.prompt_tokens_total += req.num_prompt_tokens
             self.generation_tokens_total += 1
@@ -144,19 +161,34 @@ class LLMEngine:
             try:
                 s, lp = self.runner.execute(SchedulerOutput([chunk]))
             except Exception as one:  # noqa: BLE001
-                failed += 1
                 rid = chunk.request.request_id
-                log.error("request %s failed in the engine: %r", rid, one, exc_info=one)
+                if rid == self._canary:
+                    raise EngineFault(f"the engine cannot run its own one-token check request "
+                                      f"({type(one).__name__}: {one}); the step had failed with {exc!r}") from one
+                failed += 1
+                log.error("request %s failed in the engine: %s", rid, tidy(repr(one)),
+                          exc_info=None if isinstance(one, GrammarError) else one)
                 self.scheduler.abort(rid)
                 self.runner.release(rid)
-                self._failures[rid] = RequestFailed(f"the engine failed on this request: {type(one).__name__}: {one}")
+                self.num_request_failures += 1
+                self._failures[rid] = request_failure(one)
                 continue
             sampled.update(s)
             logprobs.update(lp)
         self._failed_steps = self._failed_steps + 1 if failed == len(sched.chunks) else 0
-        if self._failed_steps >= MAX_FAILED_STEPS:
-            raise exc
+        if self._failed_steps >= MAX_FAILED_STEPS and self._canary is None:
+            self._start_canary()
         return sampled, logprobs
+
+    def _start_canary(self) -> None:
+        """Every request of several steps in a row failed alone: is it them or the engine? A one-token
+        greedy request of the engine's own answers it (``_isolate`` raises if it fails alone)."""
+        self.num_canaries += 1
+        self._canary = f"{CANARY_PREFIX}{self.num_canaries}"
+        log.warning("%d steps in a row failed for every request: checking the engine with a canary request",
+                    self._failed_steps)
+        token = min(self.eos_token_ids) if self.eos_token_ids else 0
+        self.add_request(self._canary, [token], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
 
     def take_failures(self) -> dict[str, RequestFailed]:
         """Requests aborted by a failure since the last call: request id -> error."""
@@ -253,8 +285,10 @@ class LLMEngine:
                    "prefix_cached_blocks": float(bm.num_cached_blocks),
                    "swiftkv_layers": float(r.model.num_kv_layers),
                    "swiftkv_group_size": float(r.model.group_size),
+                   "engine_request_failures_total": float(self.num_request_failures),
+                   "engine_canaries_total": float(self.num_canaries),
                    **r.kv.stats()},
         )
 
 
-__all__ = ["LLMEngine", "RequestStatus"]
+__all__ = ["EngineFault", "LLMEngine", "RequestStatus"]

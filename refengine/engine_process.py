@@ -23,7 +23,11 @@ Invariants: arrival times are ``time.monotonic()`` (system-wide on Linux, so bot
 processes share the clock). The child ignores SIGINT (the worker drains on it and
 then stops the child) and exits when the parent's end of the command pipe closes, so
 a killed worker leaves no engine behind (after its current step). If the child dies,
-every open stream gets ``EngineDeadError`` and ``healthy()`` turns False.
+every open stream gets ``EngineDeadError`` and ``healthy()`` turns False for good (the
+worker then exits so that its supervisor restarts it: ``worker.shutdown``). The child
+reports at least every ``IDLE_WAIT_S`` when idle and after every step: silence for
+``step_timeout`` seconds is a hang (a step that never ends, a stopped process), and the
+reader kills the child (SIGKILL), which then counts as dead.
 """
 
 from __future__ import annotations
@@ -35,14 +39,13 @@ import pickle
 import signal
 import threading
 
-from refengine.async_engine import AsyncEngine, EngineDeadError, engine_iteration
+from refengine.async_engine import AsyncEngine, EngineDeadError, EngineLoop
 from refengine.config import EngineConfig
 from refengine.host_malloc import spawn_environment
 from refengine.outputs import RequestFailed
 
 log = logging.getLogger(__name__)
 
-IDLE_TICK_S = 0.5          # how long the idle child waits for a command before reporting stats again
 STOP_TIMEOUT_S = 30.0
 
 
@@ -71,9 +74,9 @@ def _child_main(config: EngineConfig, cmd_conn, out_conn, log_level: int) -> Non
     out_conn.send(("ready", info, eng.stats()))
     stop = False
 
-    def next_cmd(block: bool):
+    def next_cmd(timeout: float | None):
         nonlocal stop
-        if stop or not cmd_conn.poll(IDLE_TICK_S if block else 0):
+        if stop or not cmd_conn.poll(timeout or 0):
             return None
         cmd = cmd_conn.recv()             # EOFError when the parent is gone: ends the loop
         if cmd[0] == "stop":
@@ -81,9 +84,10 @@ def _child_main(config: EngineConfig, cmd_conn, out_conn, log_level: int) -> Non
             return None
         return cmd
 
+    loop = EngineLoop(eng)
     try:
         while not stop:
-            outputs = engine_iteration(eng, next_cmd)
+            outputs = loop.turn(next_cmd)
             outputs = [(o[0], _portable(o[1])) if isinstance(o, tuple) else o for o in outputs]
             out_conn.send(("out", outputs, eng.stats()))
     except (EOFError, BrokenPipeError):
@@ -99,8 +103,8 @@ def _child_main(config: EngineConfig, cmd_conn, out_conn, log_level: int) -> Non
 class ProcessEngine(AsyncEngine):
     """EngineClient whose ``LLMEngine`` runs in a spawned child process."""
 
-    def __init__(self, config: EngineConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: EngineConfig, step_timeout: float | None = None) -> None:
+        super().__init__(config, step_timeout)
         self._proc = None
         self._cmd_conn = None
         self._out_conn = None
@@ -157,7 +161,7 @@ class ProcessEngine(AsyncEngine):
         self._cmd_conn.close()
         self._out_conn.close()
 
-    def healthy(self) -> bool:
+    def healthy(self) -> bool:          # the reader thread is the watchdog here (a hang kills the child)
         return (self._error is None and self._proc is not None and self._proc.is_alive()
                 and self._reader is not None and self._reader.is_alive())
 
@@ -175,6 +179,10 @@ class ProcessEngine(AsyncEngine):
         reason = "engine process exited"
         try:
             while True:
+                if self.step_timeout and not self._out_conn.poll(self.step_timeout) and not self._stop.is_set():
+                    reason = f"engine process hung (no report for {self.step_timeout:g} s); killed"
+                    self._proc.kill()
+                    break
                 msg = self._out_conn.recv()
                 if msg[0] == "out":
                     self._stats = msg[2]
@@ -197,11 +205,12 @@ class ProcessEngine(AsyncEngine):
         self._loop.call_soon_threadsafe(self._fail_all, self._error)
 
 
-def engine_client(config: EngineConfig, core: str = "process") -> AsyncEngine:
-    """The reference engine as an EngineClient: ``core`` "process" (own process) or "thread"."""
+def engine_client(config: EngineConfig, core: str = "process", step_timeout: float | None = None) -> AsyncEngine:
+    """The reference engine as an EngineClient: ``core`` "process" (own process) or "thread";
+    ``step_timeout``: seconds without progress after which the engine counts as hung (None: never)."""
     if core == "process":
-        return ProcessEngine(config)
+        return ProcessEngine(config, step_timeout)
     if core == "thread":
-        return AsyncEngine(config)
+        return AsyncEngine(config, step_timeout)
     raise ValueError(f"engine core must be 'process' or 'thread', got {core!r}")
 

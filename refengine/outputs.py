@@ -73,4 +73,13 @@ class EngineStats:
 
 
 class RequestFailed(RuntimeError):
-    """One request failed inside an engine (a bug, not the client's input); the others go on."""
+    """One request failed inside an engine; the others go on. ``constraint``: its output constraint
+    could not be followed (the client's input: the worker answers 400); else an engine error on
+    this request alone (500, marked as the request's fault, never the engine's)."""
+
+    def __init__(self, message: str, constraint: bool = False) -> None:
+        super().__init__(message)
+        self.constraint = constraint
+
+    def __reduce__(self):                    # crosses the engine process's pipe with its flag
+        return (RequestFailed, (str(self), self.constraint))

@@ -82,3 +82,32 @@ def cpu_dtype() -> str | None:
 def engine_core() -> str | None:
     """Default of the worker's --engine-core (SWIFTSERVE_ENGINE_CORE: process | thread); None = process."""
     return _get("SWIFTSERVE_ENGINE_CORE")
+
+
+# Request and connection limits (docs/reliability.md, "Limits"): each variable is the default of the
+# flag of the same name (SWIFTSERVE_MAX_TOOLS -> --max-tools); the flag wins.
+LIMIT_VARIABLES = (
+    "SWIFTSERVE_MAX_PROMPT_BYTES",       # worker: prompt text bytes before tokenisation (0: from the context)
+    "SWIFTSERVE_MAX_STOP_STRINGS",       # worker: stop strings per request
+    "SWIFTSERVE_MAX_TOOLS",              # worker: tools per request
+    "SWIFTSERVE_MAX_CONSTRAINT_BYTES",   # worker: one constraint (schema, regex, grammar, choices, tools' schemas)
+    "SWIFTSERVE_CONSTRAINT_TIMEOUT",     # worker: seconds to compile a constraint at the edge
+    "SWIFTSERVE_ENGINE_STEP_TIMEOUT",    # worker: seconds without engine progress = a hung engine
+    "SWIFTSERVE_MAX_HEADER_BYTES",       # gateway: request line + headers
+    "SWIFTSERVE_MAX_HEADERS",            # gateway: header lines per request
+    "SWIFTSERVE_HEADER_TIMEOUT",         # gateway: seconds to receive a request's headers
+)
+
+
+def limit(name: str, default: float):
+    """The value of limit variable ``name`` (one of ``LIMIT_VARIABLES``) as the type of ``default``, or
+    ``default`` when unset. A value that is not a number raises ValueError naming the variable."""
+    if name not in LIMIT_VARIABLES:
+        raise KeyError(f"{name} is not a limit variable")
+    raw = _get(name)
+    if raw is None:
+        return default
+    try:
+        return type(default)(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a {type(default).__name__}") from None

@@ -19,6 +19,7 @@ from refengine.kv.registry import KVMethods
 from swiftcommon import envs
 from swiftcommon.cpu_dtype import auto_cpu_dtype
 from worker.config import ENGINE_CORES, ENGINE_KINDS, OVERLOAD_STATUSES, WorkerConfig
+from worker.limits import add_limit_flags, limits_from_args
 
 KV_CACHE_DTYPES = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3"}
 
@@ -88,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--log-level", "--uvicorn-log-level", dest="log_level", default=envs.log_level(),
                    choices=["critical", "error", "warning", "info", "debug", "trace"],
                    help="log level of the worker and uvicorn (default from SWIFTSERVE_LOG_LEVEL)")
+    add_limit_flags(p)
     e = p.add_argument_group("engine")
     e.add_argument("--engine-core", choices=ENGINE_CORES, default=None,
                    help="where the reference engine runs (default from SWIFTSERVE_ENGINE_CORE, else 'process'): "
@@ -95,6 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "engine core, so HTTP, detokenisation and SSE do not take the GIL from it) or 'thread' "
                         "(a background thread of the worker process; refused with --engine vllm, which runs "
                         "its own engine-core process)")
+    try:
+        step_timeout = envs.limit("SWIFTSERVE_ENGINE_STEP_TIMEOUT", 300.0)
+    except ValueError as exc:
+        p.error(str(exc))
+    e.add_argument("--engine-step-timeout", type=float, default=step_timeout,
+                   help="seconds without progress from the engine (a step that never ends, a stopped engine "
+                        "process) before it counts as dead; a dead engine makes the worker exit with status 3 so "
+                        "that its supervisor (swiftserve up, Kubernetes, docker) restarts it; 0: never "
+                        "(env SWIFTSERVE_ENGINE_STEP_TIMEOUT)")
     e.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda' or 'cuda:N'")
     e.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weight/activation dtype. 'auto': bfloat16 on CUDA; on CPU bfloat16 where the CPU has "
@@ -229,6 +240,7 @@ def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> 
         max_logprobs=args.max_logprobs, log_level=args.log_level, max_body_bytes=args.max_body_bytes,
         max_choices_per_request=args.max_choices_per_request,
         trust_request_chat_template=args.trust_request_chat_template, drain_timeout=args.drain_timeout,
+        limits=limits_from_args(args), engine_step_timeout=args.engine_step_timeout or None,
         vllm_enforce_eager=args.enforce_eager, vllm_gpu_memory_utilization=args.gpu_memory_utilization,
         vllm_fast_prefill=args.fast_prefill, tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size, dtype_note=dtype_note)
@@ -253,6 +265,9 @@ def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
         parser.error("--max-body-bytes and --max-choices-per-request must be positive")
     if args.drain_timeout < 0:
         parser.error("--drain-timeout must be >= 0")
+    if args.engine_step_timeout < 0:
+        parser.error("--engine-step-timeout must be >= 0")
+    limits_from_args(args, parser)
     try:                                       # a bad SWIFTSERVE_CPU_DTYPE is refused here, not as a model error
         auto_cpu_dtype(set(), override=envs.cpu_dtype())
     except ValueError as exc:

@@ -106,12 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     from swiftcommon.logs import quiet_probe_logs
 
     quiet_probe_logs()
-    from worker.shutdown import DrainingServer
+    from worker.shutdown import ENGINE_DEAD_EXIT, DrainingServer
 
     server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
                                            timeout_graceful_shutdown=10), app.state.serving, config.drain_timeout)
     server.run()
-    return 0
+    return ENGINE_DEAD_EXIT if server.engine_dead else 0
 
 
 if __name__ == "__main__":

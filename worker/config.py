@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from refengine.config import EngineConfig
+from worker.limits import RequestLimits
 
 ENGINE_KINDS = ("reference", "vllm")
 ENGINE_CORES = ("process", "thread")
@@ -43,6 +44,10 @@ class WorkerConfig:
     # loops are not bounded): refused unless the operator trusts the clients.
     trust_request_chat_template: bool = False
     drain_timeout: float = 30.0                 # SIGTERM: seconds in-flight requests get to finish
+    limits: RequestLimits = field(default_factory=RequestLimits)   # cheap request limits (worker.limits)
+    # Seconds without progress from the engine (a step that never ends) before it counts as hung, hence
+    # dead: the worker then exits for its supervisor to restart it (worker.shutdown). None: never.
+    engine_step_timeout: float | None = 300.0
     extra: dict = field(default_factory=dict)   # free-form, reported by /version
     # --engine vllm only (None: the backend's default for the platform, see swiftserve_vllm/settings.py)
     vllm_enforce_eager: bool | None = None

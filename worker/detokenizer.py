@@ -107,14 +107,17 @@ class StopStringMatcher:
         return out
 
     def _partial_tail_len(self) -> int:
-        """Length of the longest suffix of the pending text that is a proper prefix of a stop string."""
-        text = self._pending
-        best = 0
+        """Length of the longest suffix of the pending text that is a proper prefix of a stop string.
+        Only the places where a stop string's first character occurs are tried (``str.find``), longest
+        first: the cost follows the pending text, not the stop strings' lengths."""
+        text, n, best = self._pending, len(self._pending), 0
         for s in self.stops:
-            for k in range(min(len(s) - 1, len(text)), best, -1):
-                if text.endswith(s[:k]):
-                    best = k
+            i = text.find(s[0], n - min(len(s) - 1, n))
+            while i != -1 and n - i > best:
+                if s.startswith(text[i:]):
+                    best = n - i
                     break
+                i = text.find(s[0], i + 1)
         return best
 
 

@@ -20,23 +20,37 @@ generating (the engine samples one token that the edge drops, as vLLM), and
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from refengine.sampling_params import SamplingParams
 from swiftcommon.token_limits import DEFAULT_COMPLETION_TOKENS, requested_limit
 from worker.errors import bad_request
 from worker.request_fields import pop_unimplemented
 from worker.continuation import check_continuation
-from worker.structured import structured_spec
+from worker.limits import RequestLimits
+from worker.structured import request_constraint, structured_spec
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _check_text(value: Any, where: str = "body") -> None:
     """JSON may escape lone UTF-16 surrogates ("\\ud800"); they are not text and would fail in
-    the tokenizer and the chat template, so they are refused here, naming where."""
+    the tokenizer and the chat template, so they are refused here, naming where. One C-speed
+    encode of the whole body first: only a body that has one is walked (to name the place)."""
+    try:
+        json.dumps(value, ensure_ascii=False, allow_nan=True, default=str).encode("utf-8")
+        return
+    except UnicodeEncodeError:
+        pass
+    except (TypeError, ValueError, RecursionError):
+        pass                # not JSON-like (or nested too deeply to encode): walk it below
+    _walk_text(value, where)
+
+
+def _walk_text(value: Any, where: str) -> None:
     if isinstance(value, str):
         try:
             value.encode("utf-8")
@@ -44,11 +58,11 @@ def _check_text(value: Any, where: str = "body") -> None:
             raise ValueError(f"{where} contains a lone surrogate escape, which is not valid Unicode text") from None
     elif isinstance(value, dict):
         for k, v in value.items():
-            _check_text(k, where)
-            _check_text(v, f"{where}.{k}")
+            _walk_text(k, where)
+            _walk_text(v, f"{where}.{k}")
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            _check_text(v, f"{where}.{i}")
+            _walk_text(v, f"{where}.{i}")
 
 
 class _Request(BaseModel):
@@ -106,6 +120,7 @@ class _SamplingRequest(_Request):
     # choice / chunk; ``continuation_token_ids`` (SwiftServe) resumes a generation after these ids.
     return_token_ids: bool | None = False
     continuation_token_ids: list[int] | None = None
+    _constraint: Any = PrivateAttr(None)            # worker.structured.request_constraint's memo
 
     @model_validator(mode="before")
     @classmethod
@@ -196,8 +211,10 @@ class ChatCompletionRequest(_SamplingRequest):
 AnyRequest = CompletionRequest | ChatCompletionRequest
 
 
-def validate_request(req: AnyRequest, max_logprobs: int = 20) -> None:
-    """Refuse (400) values we accept syntactically but do not support. Needs no tokenizer."""
+def validate_request(req: AnyRequest, max_logprobs: int = 20, limits: RequestLimits | None = None) -> None:
+    """Refuse (400) values we accept syntactically but do not support, and what is over the cheap
+    limits (``worker.limits``: stop strings, the constraint's size). Needs no tokenizer."""
+    limits = limits or RequestLimits()
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options can only be set when stream is true.", "stream_options")
     for key in req.logit_bias or {}:
@@ -214,7 +231,7 @@ def validate_request(req: AnyRequest, max_logprobs: int = 20) -> None:
         name = req.vllm_unimplemented[0]
         raise bad_request(f"{name} (a vLLM request field) is not supported by this server; remove it or leave it "
                           "at its default.", name)
-    if structured_spec(req) is not None:
+    if request_constraint(req, limits) is not None:
         # The grammar decides where the output ends (its mask then allows only EOS).
         if req.ignore_eos:
             raise bad_request("ignore_eos cannot be combined with structured outputs: the constraint ends the "
@@ -223,6 +240,9 @@ def validate_request(req: AnyRequest, max_logprobs: int = 20) -> None:
             raise bad_request("min_tokens cannot be combined with structured outputs: the constraint decides "
                               "where the output ends.", "min_tokens")
     stops = req.stop_list()
+    if len(stops) > limits.max_stop_strings:
+        raise bad_request(f"{len(stops)} stop strings; this server takes at most {limits.max_stop_strings} "
+                          "(--max-stop-strings).", "stop")
     if any(s == "" for s in stops):
         raise bad_request("stop strings must not be empty.", "stop")
     if req.stop_token_ids and any(t < 0 for t in req.stop_token_ids):

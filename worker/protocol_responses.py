@@ -136,11 +136,13 @@ def _tool_output(item: dict, where: str) -> dict:
     return {"role": "tool", "tool_call_id": item["call_id"], "content": _content(out, f"{where}.output")}
 
 
-def messages(req: ResponsesRequest) -> list[dict]:
-    """``instructions`` + ``input`` -> chat messages."""
+def messages(req: ResponsesRequest) -> tuple[list[dict], list[list[str]]]:
+    """``instructions`` + ``input`` -> (chat messages, where each came from: its Responses fields, one per
+    tool call for an assistant message made of consecutive ``function_call`` items)."""
     out = [{"role": "system", "content": req.instructions}] if req.instructions is not None else []
+    origins = [["instructions"]] if out else []
     if isinstance(req.input, str):
-        return out + [{"role": "user", "content": req.input}]
+        return out + [{"role": "user", "content": req.input}], origins + [["input"]]
     if not req.input:
         raise bad_request("input must not be empty.", "input")
     for i, item in enumerate(req.input):
@@ -149,9 +151,12 @@ def messages(req: ResponsesRequest) -> list[dict]:
             call = _function_call(item, where)
             if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls") and not out[-1]["content"]:
                 out[-1]["tool_calls"].append(call)
+                origins[-1].append(where)
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                origins.append([where])
             continue
+        origins.append([where])
         if kind == "function_call_output":
             out.append(_tool_output(item, where))
             continue
@@ -162,7 +167,25 @@ def messages(req: ResponsesRequest) -> list[dict]:
         if role is None:
             raise bad_request(f"Input message role must be one of {sorted(ROLES)}.", f"{where}.role")
         out.append({"role": role, "content": _content(item.get("content"), f"{where}.content")})
-    return out
+    return out, origins
+
+
+def input_param(param: str, origins: list[list[str]]) -> str:
+    """A chat request's ``messages.<i>...`` field as the Responses field it came from (``input.<j>...``)."""
+    head, _, rest = param.partition(".")
+    if head != "messages":
+        return param
+    index, _, rest = rest.partition(".")
+    if not index.isdigit() or int(index) >= len(origins):
+        return "input"
+    group = origins[int(index)]
+    if rest.startswith("tool_calls.") and len(group) > 1:          # one function_call item per call
+        k, _, rest = rest[len("tool_calls."):].partition(".")
+        if k.isdigit() and int(k) < len(group):
+            return group[int(k)] + ("." + rest.replace("function.", "", 1) if rest else "")
+    if group[0] in ("instructions", "input"):
+        return group[0]
+    return group[0] + ("." + rest if rest else "")
 
 
 def _response_format(fmt: dict) -> dict | None:
@@ -183,7 +206,8 @@ def _tool_choice(choice):
     return choice
 
 
-def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
+def to_chat(req: ResponsesRequest) -> tuple[ChatCompletionRequest, list[list[str]]]:
+    """The chat request, and where each of its messages came from (``input_param``)."""
     extra = {}
     if req.tools:
         extra = {"tools": [_chat_tool(t) for t in req.tools], "tool_choice": _tool_choice(req.tool_choice),
@@ -192,11 +216,12 @@ def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
         raise bad_request("tool_choice requires tools.", "tool_choice")
     if req.continuation_token_ids is not None and not req.stream:
         raise bad_request("continuation_token_ids on /v1/responses needs stream: true.", "continuation_token_ids")
-    return ChatCompletionRequest(messages=messages(req), model=req.model, max_completion_tokens=req.max_output_tokens,
+    msgs, origins = messages(req)
+    return ChatCompletionRequest(messages=msgs, model=req.model, max_completion_tokens=req.max_output_tokens,
                                  temperature=req.temperature, top_p=req.top_p, seed=req.seed, user=req.user,
                                  response_format=_response_format(req.text_format()), stream=bool(req.stream),
                                  return_token_ids=req.return_token_ids,
-                                 continuation_token_ids=req.continuation_token_ids, **extra)
+                                 continuation_token_ids=req.continuation_token_ids, **extra), origins
 
 
 def echo_format(req: ResponsesRequest) -> dict:

@@ -3,7 +3,11 @@
 ``ServingState`` (on ``app.state.serving``) holds the engine, the tokenizer, the
 metrics and a one-thread executor for tokenisation and chat templates (HF fast
 tokenizers are not safe to call from several threads at once, and the work must
-stay off the event loop).
+stay off the event loop). Prompts of more than ``BIG_PROMPT_BYTES`` go to a second
+one-thread executor with a copy of the tokenizer (``run_tokenizer``), so a long prompt
+never holds up the short ones queued behind it. Before that, ``check_prompt_bytes``
+refuses a prompt that cannot fit the context by its byte length alone (``worker.limits``),
+and ``check_constraints`` compiles the request's constraints in ``worker.constraints``.
 
 One *choice* is one engine request. ``run_choice`` turns its ``RequestOutput``
 stream into ``ChoiceEvent``s: a continuation's replayed text first (``replayed``: not
@@ -26,6 +30,7 @@ The HTTP side of a request (admission, streaming or not, disconnects) is
 from __future__ import annotations
 
 import asyncio
+import copy
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -34,12 +39,16 @@ from typing import Any, AsyncIterator, Callable
 from refengine.outputs import TokenLogprob
 from refengine.sampling_params import SamplingParams
 from worker.config import WorkerConfig
+from worker.constraints import ConstraintChecker, ConstraintError
 from worker.continuation import DRAIN_ABORT
 from worker.detokenizer import OutputText
 from worker.engine_client import EngineClient
 from worker.errors import APIError, bad_request, model_not_found
 from worker.logprobs import TokenTexts
 from worker.metrics import RequestTracker, WorkerMetrics
+
+BIG_PROMPT_BYTES = 64 * 1024        # prompts longer than this tokenise on their own thread
+
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
@@ -58,6 +67,10 @@ class ServingState:
         self.drain_aborting = False           # the drain time ran out: aborts now are the worker's (shutdown)
         self.metrics = WorkerMetrics(config.model_name, engine, in_flight=lambda: self.in_flight)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
+        self._big: tuple[ThreadPoolExecutor, object] | None = None      # long prompts: own thread, own tokenizer
+        # Bytes of the longest token (an upper bound: its text as UTF-8), for the context check by bytes.
+        self.max_token_bytes = max((len(t.encode("utf-8", "replace")) for t in tokenizer.get_vocab()), default=1)
+        self.constraints: ConstraintChecker | None = None                # started on first use
 
     @property
     def vocab_size(self) -> int:
@@ -88,6 +101,37 @@ class ServingState:
         if reason:
             raise bad_request(reason, "prompt_logprobs" if req.prompt_logprobs is not None else "echo")
 
+    def check_prompt_bytes(self, nbytes: int, param: str, truncating: bool = False) -> None:
+        """Refuse (400) a prompt of ``nbytes`` UTF-8 bytes before tokenising it: over ``--max-prompt-bytes``,
+        or (that flag 0, no truncation) over what can fit the context, as no token is longer than
+        ``max_token_bytes``."""
+        limit = self.config.limits.max_prompt_bytes
+        if limit and nbytes > limit:
+            raise bad_request(f"The prompt is {nbytes} bytes; this server takes at most {limit} (--max-prompt-bytes).",
+                              param)
+        fits = self.engine.max_model_len * self.max_token_bytes
+        if not limit and not truncating and nbytes > fits:
+            raise bad_request(f"This model's maximum context length is {self.engine.max_model_len} tokens. However, "
+                              f"your prompt is {nbytes} bytes, more than that many tokens can hold. Please reduce "
+                              "the length of the prompt.", param)
+
+    async def check_constraints(self, items: list) -> None:
+        """Compile the request's constraints (``[(field, StructuredSpec)]``) before admission; 400 naming the
+        first that cannot be used (``worker.constraints``)."""
+        if not items:
+            return
+        if self.constraints is None:
+            checker = await self.run_sync(ConstraintChecker, self.tokenizer, self.vocab_size,
+                                          tuple(self.engine.eos_token_ids))
+            if self.constraints is None:            # two first requests at once: keep one checker
+                self.constraints = checker
+            else:
+                checker.close()
+        try:
+            await self.constraints.check(items, self.config.limits.constraint_timeout)
+        except ConstraintError as exc:
+            raise bad_request(f"{exc.param}: the constraint cannot be used: {exc.reason}", exc.param) from None
+
     def admit(self) -> None:
         """Take one in-flight slot or refuse at once (429 or 503, configured)."""
         if self.draining:
@@ -108,8 +152,23 @@ class ServingState:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
 
+    async def run_tokenizer(self, nbytes: int, fn: Callable, *args) -> Any:
+        """``fn(tokenizer, *args)`` in the tokenizer thread, or, for a prompt of more than ``BIG_PROMPT_BYTES``,
+        in the long prompts' thread with its own copy of the tokenizer."""
+        if nbytes <= BIG_PROMPT_BYTES:
+            return await self.run_sync(fn, self.tokenizer, *args)
+        if self._big is None:
+            self._big = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer-long"),
+                         await self.run_sync(copy.deepcopy, self.tokenizer))
+        pool, tok = self._big
+        return await asyncio.get_running_loop().run_in_executor(pool, lambda: fn(tok, *args))
+
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+        if self._big is not None:
+            self._big[0].shutdown(wait=False, cancel_futures=True)
+        if self.constraints is not None:
+            self.constraints.close()
 
 
 @dataclass

@@ -26,7 +26,10 @@ a drain abort sends none of the held text (the resuming worker holds it again).
 
 ``create_chat_completion`` does the checks and builds the choices; ``worker.serving_driver.serve``
 runs them; ``ChatFormatter`` writes the chunks or the response. The template and tool helpers
-(``check_chat``, ``check_tools``, ``chat_prompt``) serve ``/v1/responses`` and ``/tokenize`` too.
+(``check_chat``, ``check_tools``, ``check_costs``, ``chat_prompt``) serve ``/v1/responses`` and
+``/tokenize`` too. ``check_costs`` is the last step before admission: the messages' byte length
+(``ServingState.check_prompt_bytes``) and the compile of every constraint (structured output,
+tools' schemas) off the event loop.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from worker.errors import APIError, bad_request
 from worker.logprobs import chat_logprobs, prompt_logprobs_out
 from worker.protocol import ChatCompletionRequest, to_sampling_params, validate_request
 from worker.response_models import ChatChoice, ChatChoiceLogprobs, ChatCompletionResponse, ChatMessageOut
-from worker.structured import structured_spec
+from worker.structured import request_constraint, structured_spec
 from worker.serving import ChoiceEvent, ChoiceSpec, ServingState, new_id
 from worker.serving_driver import ChoicesFormatter, seeded, serve
 
@@ -94,7 +97,7 @@ def render_chat(tokenizer, msgs, req, tools: list | None = None) -> list[int]:
 
 def check_chat(state: ServingState, req: ChatCompletionRequest) -> list[dict]:
     """The checks that need no tokenizer (before admission); returns the conversation."""
-    validate_request(req, state.config.max_logprobs)
+    validate_request(req, state.config.max_logprobs, state.config.limits)
     state.check_chat_template(req)
     state.check_engine()
     state.check_prompt_logprobs(req)
@@ -111,7 +114,7 @@ def check_tools(state: ServingState, req: ChatCompletionRequest, msgs: list[dict
     among them) -> (plan, messages, tools for the template)."""
     tool_calls.check_history(req)
     template = template_text(state, req)
-    plan = tool_calls.plan(req, template)
+    plan = tool_calls.plan(req, template, state.config.limits)
     if plan is not None and plan.spec is not None and structured_spec(req) is not None:
         raise bad_request("tool_choice 'required' or a named function cannot be combined with a structured-output "
                           "constraint.", "tool_choice")
@@ -121,11 +124,23 @@ def check_tools(state: ServingState, req: ChatCompletionRequest, msgs: list[dict
     return plan, msgs, tools
 
 
+def messages_bytes(msgs: list[dict]) -> int:
+    """UTF-8 bytes of the messages' text (what the template renders at least)."""
+    return sum(len(m["content"].encode("utf-8")) for m in msgs if isinstance(m.get("content"), str))
+
+
+async def check_costs(state: ServingState, req: ChatCompletionRequest, msgs: list[dict], plan) -> None:
+    """Before admission: the prompt's bytes, then every constraint compiled (worker.constraints)."""
+    state.check_prompt_bytes(messages_bytes(msgs), "messages", req.truncate_prompt_tokens is not None)
+    found = request_constraint(req)
+    await state.check_constraints(([found] if found else []) + (plan.checks if plan is not None else []))
+
+
 async def chat_prompt(state: ServingState, req: ChatCompletionRequest, msgs: list[dict], tools=None, plan=None):
     """After admission: the template in the executor, truncation, and the one conversion to
     engine parameters. -> (prompt token ids, SamplingParams). A continuation (worker.continuation)
     counts in the engine's context but not in the returned prompt."""
-    ids = await state.run_sync(render_chat, state.tokenizer, msgs, req, tools)
+    ids = await state.run_tokenizer(messages_bytes(msgs), render_chat, msgs, req, tools)
     if req.truncate_prompt_tokens is not None and len(ids) > req.truncate_prompt_tokens:
         ids = ids[-req.truncate_prompt_tokens:]
     if not ids:
@@ -145,6 +160,7 @@ async def create_chat_completion(state: ServingState, req: ChatCompletionRequest
     state.check_model(req.model)
     msgs = check_chat(state, req)
     plan, msgs, tools = check_tools(state, req, msgs)
+    await check_costs(state, req, msgs, plan)
 
     async def prepare():
         ids, base = await chat_prompt(state, req, msgs, tools, plan)

@@ -31,7 +31,7 @@ from worker.protocol import CompletionRequest, to_sampling_params, validate_requ
 from worker.response_models import CompletionChoice, CompletionLogprobs, CompletionResponse
 from worker.serving import ChoiceEvent, ChoiceSpec, ServingState, new_id
 from worker.serving_driver import ChoicesFormatter, seeded, serve
-from worker.structured import structured_spec
+from worker.structured import request_constraint
 
 
 def _tokenize(tokenizer, prompt, add_special_tokens: bool, truncate: int | None, echo: bool, vocab_size: int):
@@ -65,7 +65,7 @@ def _tokenize(tokenizer, prompt, add_special_tokens: bool, truncate: int | None,
 
 async def create_completion(state: ServingState, req: CompletionRequest, raw: Request) -> Response:
     state.check_model(req.model)
-    validate_request(req, state.config.max_logprobs)
+    validate_request(req, state.config.max_logprobs, state.config.limits)
     prompt = req.prompt
     n_prompts = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
     limit = state.config.max_choices_per_request
@@ -74,11 +74,17 @@ async def create_completion(state: ServingState, req: CompletionRequest, raw: Re
                           f"limit of {limit} per request.", "n")
     state.check_engine()
     state.check_prompt_logprobs(req)
-    check_constrained(state.engine, req, structured_spec(req) is not None)
+    found = request_constraint(req)
+    check_constrained(state.engine, req, found is not None)
+    texts = [prompt] if isinstance(prompt, str) else [p for p in prompt if isinstance(p, str)]
+    sizes = [len(t.encode("utf-8")) for t in texts]
+    if sizes:
+        state.check_prompt_bytes(max(sizes), "prompt", req.truncate_prompt_tokens is not None)
+    await state.check_constraints([found] if found else [])
 
     async def prepare():
-        prompts = await state.run_sync(_tokenize, state.tokenizer, req.prompt, req.add_special_tokens,
-                                       req.truncate_prompt_tokens, bool(req.echo), state.vocab_size)
+        prompts = await state.run_tokenizer(sum(sizes), _tokenize, req.prompt, req.add_special_tokens,
+                                            req.truncate_prompt_tokens, bool(req.echo), state.vocab_size)
         specs: list[ChoiceSpec] = []
         cont = list(req.continuation_token_ids or [])
         if any(t >= state.vocab_size for t in cont):

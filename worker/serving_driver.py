@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from refengine.outputs import RequestFailed
 from refengine.sampling_params import SamplingParams
+from swiftcommon.faults import FAULT_HEADER, REQUEST_FAULT
 from worker.errors import APIError
 from worker.protocol import child_seed
 from worker.response_models import UsageInfo, now
@@ -53,13 +54,19 @@ def sse_json(obj: dict) -> str:
 
 
 def engine_error(exc: BaseException) -> APIError:
-    """Map an exception from the engine stream to an API error."""
+    """Map an exception from the engine stream to an API error. A request that failed alone in the
+    engine is the request's fault, never the worker's: a constraint it could not follow is a 400; any
+    other failure a 500 marked as the request's (``swiftcommon.faults``: a gateway neither retries it
+    nor counts it against the worker)."""
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, ValueError):
         return APIError(400, str(exc))
     if isinstance(exc, RequestFailed):
-        return APIError(500, f"Internal error while generating: {exc}", code="engine_request_failed")
+        if exc.constraint:
+            return APIError(400, str(exc), code="constraint_failed")
+        return APIError(500, f"Internal error while generating: {exc}", code="engine_request_failed",
+                        headers={FAULT_HEADER: REQUEST_FAULT})
     log.error("engine error: %r", exc, exc_info=exc)
     return APIError(503, f"The engine failed: {exc}", code="engine_error")
 
@@ -109,11 +116,21 @@ async def serve(state: ServingState, raw: Request, stream: bool,
             state.release()
 
 
+HEAVY_PROMPT_LOGPROBS = 256     # an event with more prompt logprob entries is formatted off the event loop
+
+
+def _heavy(ev: ChoiceEvent) -> bool:
+    return ev.prompt_logprobs is not None and len(ev.prompt_logprobs) > HEAVY_PROMPT_LOGPROBS
+
+
 async def _full(state: ServingState, specs: list[ChoiceSpec], arrival: float, fmt: Formatter) -> Any:
     events = ChoiceStreams(state, specs, arrival).events()
     try:
         async for ev in events:
-            fmt.add(ev)
+            if _heavy(ev):          # a long prompt's logprobs: formatting takes long (the loop waits, unblocked)
+                await asyncio.to_thread(fmt.add, ev)
+            else:
+                fmt.add(ev)
     except Exception as exc:  # noqa: BLE001 - mapped to an OpenAI error
         raise engine_error(exc) from exc
     finally:
@@ -128,7 +145,9 @@ async def _stream(state: ServingState, specs: list[ChoiceSpec], arrival: float, 
         for piece in fmt.opening():
             yield piece
         async for ev in events:
-            for piece in fmt.stream_event(ev):
+            pieces = await asyncio.to_thread(lambda: list(fmt.stream_event(ev))) if _heavy(ev) else \
+                fmt.stream_event(ev)
+            for piece in pieces:
                 yield piece
         for piece in fmt.closing():
             yield piece

@@ -42,9 +42,9 @@ from worker.continuation import DRAIN_ABORT, response_headers
 from worker.errors import APIError
 from worker.response_models import now
 from worker import tools as tool_calls
-from worker.protocol_responses import ResponsesRequest, echo_format, to_chat, validate
+from worker.protocol_responses import ResponsesRequest, echo_format, input_param, to_chat, validate
 from worker.serving import ChoiceSpec, ServingState, new_id
-from worker.serving_chat import chat_prompt, check_chat, check_tools
+from worker.serving_chat import chat_prompt, check_chat, check_costs, check_tools
 from worker.serving_driver import serve
 
 # The chat path names its own parameters in errors; a Responses client sent these instead.
@@ -115,14 +115,18 @@ def _status(finish: str | None) -> str:
 
 
 @contextmanager
-def _responses_params():
-    """Errors raised by the chat path name the Responses API's parameters."""
+def _responses_params(origins: list[list[str]] | None = None):
+    """Errors raised by the chat path name the Responses API's parameters (``messages.<i>...``: the input
+    item it came from, in the parameter and in the message)."""
     try:
         yield
     except APIError as exc:
         p = exc.param
         if p in _PARAMS:
             exc.param = _PARAMS[p]
+        elif isinstance(p, str) and p.startswith("messages.") and origins is not None:
+            exc.param = input_param(p, origins)
+            exc.message = exc.message.replace(p, exc.param)
         elif isinstance(p, str):
             for old, new in _PREFIXES:
                 if p.startswith(old):
@@ -130,6 +134,8 @@ def _responses_params():
                     break
             if p.startswith("tools.") and ".function." in p:
                 exc.param = p.replace(".function.", ".", 1)
+            if exc.param != p:
+                exc.message = exc.message.replace(p, exc.param)
         raise
 
 
@@ -137,12 +143,14 @@ async def create_response(state: ServingState, req: ResponsesRequest, raw: Reque
     state.check_model(req.model)
     validate(req)
     with _responses_params():
-        chat = to_chat(req)
+        chat, origins = to_chat(req)
+    with _responses_params(origins):
         msgs = check_chat(state, chat)
         plan, msgs, tools = check_tools(state, chat, msgs)
+        await check_costs(state, chat, msgs, plan)
 
     async def prepare():
-        with _responses_params():
+        with _responses_params(origins):
             ids, params = await chat_prompt(state, chat, msgs, tools, plan)
         view = ResponseView(req, state.config.model_name, len(ids), plan)
         cont = list(chat.continuation_token_ids or [])

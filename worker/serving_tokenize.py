@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, StrictInt, model_validator
 
 from worker.errors import bad_request
 from worker.protocol import ChatMessage, _Request
 from worker.serving import ServingState
 from worker import tools as tool_calls
-from worker.serving_chat import conversation, render_chat, template_text
+from worker.serving_chat import conversation, messages_bytes, render_chat, template_text
 
 
 class TokenizeRequest(_Request):
@@ -45,12 +45,11 @@ class TokenizeRequest(_Request):
 
 class DetokenizeRequest(_Request):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[StrictInt]             # ids, not "1" or true
 
 
-def _tokenize(state: ServingState, req: TokenizeRequest, msgs, tools) -> list[int]:
-    """Runs in the executor."""
-    tok = state.tokenizer
+def _tokenize(tok, req: TokenizeRequest, msgs, tools) -> list[int]:
+    """Runs in a tokenizer thread (``ServingState.run_tokenizer``)."""
     if req.prompt is not None:
         return list(tok.encode(req.prompt, add_special_tokens=req.add_special_tokens is not False))
     req.add_special_tokens = bool(req.add_special_tokens)
@@ -68,10 +67,12 @@ async def tokenize(state: ServingState, req: TokenizeRequest) -> dict:
         # The prompt chat completions would render: tools and tool-call history as there (tool_choice "auto").
         tool_calls.check_history(req)
         template = template_text(state, req)
-        msgs, tools = tool_calls.prepare_messages(conversation(req), tool_calls.plan(req, template), template)
+        plan = tool_calls.plan(req, template, state.config.limits)
+        msgs, tools = tool_calls.prepare_messages(conversation(req), plan, template)
     elif req.tools:
         raise bad_request("tools need messages.", "tools")
-    ids = await state.run_sync(_tokenize, state, req, msgs, tools)
+    nbytes = len(req.prompt.encode("utf-8")) if req.prompt is not None else messages_bytes(msgs)
+    ids = await state.run_tokenizer(nbytes, _tokenize, req, msgs, tools)
     strs = await state.run_sync(state.tokenizer.convert_ids_to_tokens, ids) if req.return_token_strs else None
     return {"count": len(ids), "max_model_len": state.engine.max_model_len, "tokens": ids, "token_strs": strs}
 

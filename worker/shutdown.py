@@ -14,6 +14,13 @@ On the first SIGTERM or SIGINT the worker *drains* instead of closing at once:
    app's lifespan stops the engine) and the process exits 0.
 
 A second signal falls back to uvicorn's own handling (close now; a third forces).
+
+A dead engine (its process or thread died, it failed its own canary check, or it hung for
+``--engine-step-timeout``) always ends in a restart: the worker stops admitting (503
+``shutting_down``: a gateway retries elsewhere), ``/health`` turns 503, the streams it had
+already ended with an error event, and the process exits with ``ENGINE_DEAD_EXIT`` so that
+its supervisor (``swiftserve up``, Kubernetes, docker's restart policy) starts it again. A
+worker never stays up answering 503 forever.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import uvicorn
 
 log = logging.getLogger(__name__)
 ABORT_GRACE = 5.0       # seconds after the aborts for the aborted streams to end
+ENGINE_DEAD_EXIT = 3    # the exit status of a worker whose engine died
 
 
 class DrainingServer(uvicorn.Server):
@@ -33,6 +41,7 @@ class DrainingServer(uvicorn.Server):
         self.serving, self.drain_timeout = serving, drain_timeout
         self.drain_deadline: float | None = None
         self.aborted = False
+        self.engine_dead = False
 
     def handle_exit(self, sig, frame) -> None:
         if self.serving.draining or self.should_exit:
@@ -43,6 +52,11 @@ class DrainingServer(uvicorn.Server):
 
     async def on_tick(self, counter: int) -> bool:
         s = self.serving
+        if not self.should_exit and not self.engine_dead and not s.engine.healthy():
+            log.error("the engine is dead: the worker exits (status %d) so that its supervisor restarts it",
+                      ENGINE_DEAD_EXIT)
+            self.engine_dead = s.draining = True        # new requests 503, /health 503 meanwhile
+            self.should_exit = True
         if s.draining and not self.should_exit:
             now = time.monotonic()
             if self.drain_deadline is None:

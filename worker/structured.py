@@ -14,20 +14,23 @@ Accepted, on /v1/completions and /v1/chat/completions (as vLLM 0.32):
 - vLLM's older ``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar``
   (+ ``guided_whitespace_pattern``).
 
-At most one of the three families may be given. ``check`` compiles the constraint
-without a tokenizer (cached: equal requests compile once), so a malformed regex or
-grammar and an unsupported schema feature are refused before admission.
+At most one of the three families may be given. ``request_constraint`` builds the one
+``StructuredSpec`` (memoised on the request) and refuses one larger than
+``--max-constraint-bytes``; it compiles nothing. The compile (against the model's tokenizer,
+with its first token mask, in a child process with a time limit) is ``worker.constraints``,
+awaited by the endpoints before admission: a malformed regex or grammar, an unsupported
+schema feature, a constraint that allows no output or that takes too long are 400s naming
+the field.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any
 
-from refengine.structured.grammar import GrammarError, check
 from refengine.structured.spec import StructuredSpec
 from worker.errors import bad_request
+from worker.limits import RequestLimits
 
 _SO_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 _SO_OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern")
@@ -127,30 +130,43 @@ def _from_guided(req) -> StructuredSpec | None:
     return StructuredSpec("regex" if name == "guided_regex" else "grammar", value)
 
 
-def structured_spec(req) -> StructuredSpec | None:
-    """The request's output constraint (None: free text). 400 on a malformed or unsupported one."""
-    found = []
-    if req.response_format is not None:
-        spec = _from_response_format(req.response_format)
-        if spec is not None:
-            found.append(("response_format", spec))
-    if req.structured_outputs is not None:
-        found.append(("structured_outputs", _from_structured_outputs(req.structured_outputs)))
-    guided = _from_guided(req)
-    if guided is not None:
-        found.append(("guided_*", guided))
-    if len(found) > 1:
-        raise bad_request(f"Give one structured-output constraint, not {[n for n, _ in found]}.", found[1][0])
-    if not found:
-        return None
-    param, spec = found[0]
-    try:
-        _checked(spec)
-    except GrammarError as exc:
-        raise bad_request(f"{param}: the constraint cannot be used: {exc}", param) from None
+def check_size(spec: StructuredSpec, param: str, limits: RequestLimits) -> StructuredSpec:
+    """``spec`` when it is within ``--max-constraint-bytes``; else a 400 naming ``param``."""
+    size = len(spec.text.encode("utf-8", "surrogatepass")) + len(spec.whitespace_pattern or "")
+    if size > limits.max_constraint_bytes:
+        raise bad_request(f"{param}: the constraint is {size} bytes; this server takes at most "
+                          f"{limits.max_constraint_bytes} (--max-constraint-bytes).", param)
     return spec
 
 
-@functools.lru_cache(maxsize=256)
-def _checked(spec: StructuredSpec) -> None:
-    check(spec)             # GrammarError is not cached (lru_cache caches returns only)
+def request_constraint(req, limits: RequestLimits | None = None) -> tuple[str, StructuredSpec] | None:
+    """(field, spec) of the request's output constraint (None: free text), built once per request.
+    400 on a malformed, unsupported or oversized one; nothing is compiled here."""
+    memo = req._constraint          # (result,) once built (a PrivateAttr of the request model)
+    if memo is not None:
+        return memo[0]
+    limits = limits or RequestLimits()
+    found = []
+    try:
+        if req.response_format is not None:
+            spec = _from_response_format(req.response_format)
+            if spec is not None:
+                found.append(("response_format", spec))
+        if req.structured_outputs is not None:
+            found.append(("structured_outputs", _from_structured_outputs(req.structured_outputs)))
+        guided = _from_guided(req)
+        if guided is not None:
+            found.append(("guided_*", guided))
+    except RecursionError:
+        raise bad_request("The output constraint is nested too deeply.", "response_format") from None
+    if len(found) > 1:
+        raise bad_request(f"Give one structured-output constraint, not {[n for n, _ in found]}.", found[1][0])
+    result = (found[0][0], check_size(found[0][1], found[0][0], limits)) if found else None
+    req._constraint = (result,)
+    return result
+
+
+def structured_spec(req) -> StructuredSpec | None:
+    """The request's output constraint (None: free text); see ``request_constraint``."""
+    found = request_constraint(req)
+    return found[1] if found else None

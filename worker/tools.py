@@ -1,8 +1,12 @@
 """Tool calling on /v1/chat/completions: ``tools``, ``tool_choice``, ``parallel_tool_calls``, tool history.
 
-``plan(req, template)`` checks the request's tools (400s name the field) and returns a
-``ToolPlan`` (None without tools, or with ``tool_choice: "none"``: then the tools are not
-shown to the model and nothing is parsed):
+``plan(req, template, limits)`` checks the request's tools (400s name the field: at most
+``--max-tools``, each a function with a name and a ``parameters`` object, every schema and
+all of them together within ``--max-constraint-bytes``) and returns a ``ToolPlan`` (None
+without tools, or with ``tool_choice: "none"``: then the tools are not shown to the model and
+nothing is parsed). ``ToolPlan.checks`` lists the schemas to compile before admission
+(``worker.constraints``: each tool's, then the constraint of "required" or a named tool);
+nothing is compiled here:
 
 - ``required``: the output is constrained (a grammar, as structured outputs) to a JSON
   array of ``{"name": <one of the tools>, "arguments": <that tool's parameters schema>}``,
@@ -26,9 +30,10 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from refengine.structured.grammar import GrammarError, check
 from refengine.structured.spec import StructuredSpec
 from worker.errors import bad_request
+from worker.limits import RequestLimits
+from worker.structured import check_size
 from worker.tool_parsers import Call, ToolFormat, for_template
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -43,14 +48,15 @@ class ToolPlan:
     parallel: bool
     fmt: ToolFormat
     spec: StructuredSpec | None        # the constraint for required / named
+    checks: list[tuple[str, StructuredSpec]]    # (field, schema) to compile before admission
 
 
-def _params_of(fn: dict) -> dict:
-    return fn.get("parameters") or _EMPTY_PARAMS
-
-
-def _check_tools(tools: list) -> list[dict]:
-    out = []
+def _check_tools(tools: list, limits: RequestLimits) -> tuple[list[dict], list[tuple[str, StructuredSpec]]]:
+    """The tools with their parameters filled in, and each one's (field, schema spec)."""
+    if len(tools) > limits.max_tools:
+        raise bad_request(f"{len(tools)} tools; this server takes at most {limits.max_tools} (--max-tools).",
+                          "tools")
+    out, checks, total = [], [], 0
     for i, t in enumerate(tools):
         where = f"tools.{i}"
         if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(t.get("function"), dict):
@@ -58,20 +64,26 @@ def _check_tools(tools: list) -> list[dict]:
         fn = dict(t["function"])
         if not isinstance(fn.get("name"), str) or not _NAME.match(fn["name"]):
             raise bad_request("A function name must be 1-64 letters, digits, '_', '.' or '-'.", f"{where}.function.name")
-        params = _params_of(fn)
-        if not isinstance(params, dict):
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, dict):         # [] or "" is no schema, not an empty one
             raise bad_request("function.parameters must be a JSON schema object.", f"{where}.function.parameters")
+        params = params or _EMPTY_PARAMS
         try:
-            check(StructuredSpec("json", json.dumps(params)))
-        except GrammarError as exc:
-            raise bad_request(f"function {fn['name']!r}: its parameters schema cannot be used: {exc}",
-                              f"{where}.function.parameters") from None
+            spec = StructuredSpec("json", json.dumps(params, ensure_ascii=False, separators=(",", ":")))
+        except (TypeError, ValueError, RecursionError):
+            raise bad_request("function.parameters must be a JSON schema object.", f"{where}.function.parameters") \
+                from None
+        checks.append((f"{where}.function.parameters", check_size(spec, f"{where}.function.parameters", limits)))
+        total += len(spec.text)
+        if total > limits.max_constraint_bytes:
+            raise bad_request(f"The tools' parameters schemas are {total}+ bytes together; this server takes at most "
+                              f"{limits.max_constraint_bytes} (--max-constraint-bytes).", where)
         fn["parameters"] = params
         out.append({"type": "function", "function": fn})
     names = [t["function"]["name"] for t in out]
     if len(set(names)) != len(names):
         raise bad_request("Function names must be unique.", "tools")
-    return out
+    return out, checks
 
 
 def _rebase(node, name: str):
@@ -111,35 +123,32 @@ def _required_schema(tools: list[dict], parallel: bool) -> dict:
     return schema
 
 
-def plan(req, template: str | None) -> ToolPlan | None:
+def plan(req, template: str | None, limits: RequestLimits | None = None) -> ToolPlan | None:
     choice = getattr(req, "tool_choice", None)          # /tokenize's request has tools only: "auto"
     if not req.tools:
         if choice not in (None, "none", "auto"):
             raise bad_request("tool_choice needs tools.", "tool_choice")
         return None
-    tools = _check_tools(req.tools)
+    limits = limits or RequestLimits()
+    tools, checks = _check_tools(req.tools, limits)
     if choice == "none":
         return None
     parallel = getattr(req, "parallel_tool_calls", None) is not False
     fmt = for_template(template)
     if choice in (None, "auto"):
-        return ToolPlan(tools, "auto", None, parallel, fmt, None)
+        return ToolPlan(tools, "auto", None, parallel, fmt, None, checks)
     if choice == "required":
         spec = StructuredSpec("json", json.dumps(_required_schema(tools, parallel)))
-        try:
-            check(spec)
-        except GrammarError as exc:
-            raise bad_request(f"tool_choice 'required': the tools' schemas cannot be combined: {exc}",
-                              "tool_choice") from None
-        return ToolPlan(tools, "required", None, parallel, fmt, spec)
+        check_size(spec, "tool_choice", limits)
+        return ToolPlan(tools, "required", None, parallel, fmt, spec, checks + [("tool_choice", spec)])
     if isinstance(choice, dict) and choice.get("type", "function") == "function" \
             and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
         match = [t for t in tools if t["function"]["name"] == name]
         if not match:
             raise bad_request(f"tool_choice names {name!r}, which is not in tools.", "tool_choice")
-        params = match[0]["function"]["parameters"]
-        return ToolPlan(tools, "named", name, False, fmt, StructuredSpec("json", json.dumps(params)))
+        spec = checks[tools.index(match[0])][1]           # the tool's own schema, compiled with the others
+        return ToolPlan(tools, "named", name, False, fmt, spec, checks)
     raise bad_request("tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
                       "{'name': ...}}.", "tool_choice")
 

@@ -9,8 +9,14 @@ and it reads JSON schemas, regexes, Lark and GBNF, so one library serves every c
 
 JSON is generated compact (no whitespace between tokens) unless the request gives a
 ``whitespace_pattern``: a small model offered free whitespace can spend its whole
-budget on newlines. ``check`` needs no tokenizer: it runs at the HTTP edge, before the
-request is admitted; the engine compiles against the model's tokenizer.
+budget on newlines. ``check`` needs no tokenizer (it names unsupported schema keywords);
+``compile_check`` goes on as the engine will: it builds the matcher against the model's
+tokenizer and computes the first token mask, which is where most hostile constraints fail
+(a rule that only refers to itself, a schema ``{"$ref": "#"}``, a regex too large for the
+lexer). The worker runs it at the HTTP edge, in a child process with a time limit
+(``worker.constraints``), so the engine never sees a constraint that did not compile.
+Both sides use the same parser limits (``parser_limits``: llguidance's defaults, without
+verbose errors). Messages are ``tidy``: no parser state, no Rust backtrace.
 """
 
 from __future__ import annotations
@@ -56,6 +62,14 @@ def to_grammar(spec: StructuredSpec) -> str:
     raise GrammarError(f"unknown constraint kind {spec.kind!r}")
 
 
+def parser_limits():
+    """llguidance's resource limits for every matcher (edge and engine): its defaults bound each mask's
+    work (lexer fuel, Earley items); verbose errors off (they dump the parser state)."""
+    import llguidance
+
+    return llguidance.LLParserLimits(verbose_errors=False)
+
+
 def check(spec: StructuredSpec) -> str:
     """Compile ``spec`` without a tokenizer; returns the grammar or raises GrammarError with
     llguidance's message (for a JSON schema it names the unsupported keywords)."""
@@ -64,11 +78,38 @@ def check(spec: StructuredSpec) -> str:
 
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, None)
     if is_error:
-        raise GrammarError(_tidy(messages[0] if messages else "invalid grammar"))
+        raise GrammarError(tidy(messages[0] if messages else "invalid grammar"))
     return grammar
 
 
-def _tidy(message: str) -> str:
-    """llguidance's messages can carry a long trace; the first lines say what is wrong."""
-    lines = [ln for ln in message.strip().splitlines() if ln.strip()]
-    return " ".join(lines[:4])[:600]
+_STOPPED = {"NoExtension": "the constraint allows no output at all (for example a rule that only refers to "
+                           "itself, or a schema that only references itself)",
+            "NoExtensionBias": "the constraint allows no output at all (for example a rule that only refers to "
+                               "itself, or a schema that only references itself)",
+            "LexerTooComplex": "the constraint is too complex for the grammar library's lexer limits",
+            "ParserTooComplex": "the constraint is too complex for the grammar library's parser limits"}
+
+
+def compile_check(spec: StructuredSpec, tokenizer) -> None:
+    """Compile ``spec`` against ``tokenizer`` (an ``llguidance.LLTokenizer``) and compute its first
+    mask, as the engine will; GrammarError with a tidy message when it cannot be used."""
+    import llguidance
+
+    grammar = check(spec)
+    m = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=parser_limits())
+    if not m.is_error():
+        m.compute_bitmask()
+    if m.is_error() or m.is_stopped() and not m.is_accepting():
+        raise GrammarError(_STOPPED.get(str(m.stop_reason())) or tidy(m.get_error()) or "the constraint cannot be used")
+
+
+def tidy(message: str) -> str:
+    """llguidance's message without its internals: the text before a parser-state dump or a
+    backtrace, at most three lines; a panic of the library is named as such."""
+    for marker in ("<state>", "<backtrace>", "stack backtrace:", "<non-verbose/>"):
+        message = message.split(marker, 1)[0]
+    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
+    text = " ".join(lines[:3])[:400]
+    if text.startswith("panic"):
+        return "the constraint is too large or too complex for the grammar library"
+    return _STOPPED.get(text, text)

@@ -30,6 +30,11 @@ constraint does not accept fail that request alone (``GrammarError``, the engine
 
 The compiled template of a spec (an ``LLMatcher`` before any token) is copied per
 request (``deep_copy``), so a schema is compiled once while it stays in the cache.
+``prepare(spec)`` compiles a template ahead, on a compile thread of its own, and computes
+its first mask once (the lexer it builds is shared by every copy): the engine loop holds
+a constrained request back until its template is ready (``refengine.async_engine``), so
+a grammar that takes a second to build delays only its own request, never a step. The
+template cache is shared by the two threads under a lock; ``_setup`` runs once, under it.
 
 JSON constraints also follow their output's numbers (``refengine.structured.numbers``): a
 fraction stops offering digits after 17 significant digits, what a double carries.
@@ -38,13 +43,14 @@ fraction stops offering digits after 17 significant digits, what a double carrie
 from __future__ import annotations
 
 import collections
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
-from refengine.structured.grammar import GrammarError, to_grammar
+from refengine.structured.grammar import GrammarError, parser_limits, to_grammar
 from refengine.structured.numbers import JsonNumberState, cap_row, digit_start_words
 from refengine.structured.spec import StructuredSpec
 
@@ -86,6 +92,9 @@ class GrammarMasks:
         self._templates: collections.OrderedDict[StructuredSpec, object] = collections.OrderedDict()
         self._states: dict[str, _State] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
+        self._compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
+        self._lock = threading.Lock()            # the template cache and _setup, shared by both threads
+        self._preparing: dict[StructuredSpec, Future] = {}
         self.compiled = 0                        # grammars compiled (cache misses)
         self.cache_hits = 0
         self.mask_ms: collections.deque[float] = collections.deque(maxlen=4096)   # per row and step
@@ -93,6 +102,11 @@ class GrammarMasks:
 
     # ---- on the executor's thread -----------------------------------------------------------
     def _setup(self) -> None:
+        with self._lock:
+            if self._tokenizer is None:
+                self._load()
+
+    def _load(self) -> None:
         import llguidance
 
         self._ll = llguidance
@@ -100,20 +114,41 @@ class GrammarMasks:
                                                  eos_token=self.eos_token_ids)
         self._digit_words = digit_start_words(self._tokenizer, self.vocab_size)
 
+    def _cached(self, spec: StructuredSpec):
+        with self._lock:
+            m = self._templates.get(spec)
+            if m is not None:
+                self._templates.move_to_end(spec)
+            return m
+
     def _template(self, spec: StructuredSpec):
-        m = self._templates.get(spec)
+        m = self._cached(spec)
         if m is not None:
-            self._templates.move_to_end(spec)
             self.cache_hits += 1
             return m
-        m = self._ll.LLMatcher(self._tokenizer, to_grammar(spec), log_level=0)
+        return self._build(spec)
+
+    def _build(self, spec: StructuredSpec, warm: bool = False):
+        """Compile ``spec``'s template (and, ``warm``, compute a first mask on a copy) and cache it."""
+        m = self._ll.LLMatcher(self._tokenizer, to_grammar(spec), log_level=0, limits=parser_limits())
         if m.is_error():
             raise GrammarError(m.get_error())
-        self.compiled += 1
-        self._templates[spec] = m
-        if len(self._templates) > self.cache_size:
-            self._templates.popitem(last=False)
+        if warm:
+            probe = m.deep_copy()
+            probe.compute_bitmask()
+            if probe.is_error():
+                raise GrammarError(probe.get_error())
+        with self._lock:
+            self.compiled += 1
+            self._templates[spec] = m
+            if len(self._templates) > self.cache_size:
+                self._templates.popitem(last=False)
         return m
+
+    def _prepare(self, spec: StructuredSpec) -> None:
+        self._setup()
+        if self._cached(spec) is None:
+            self._build(spec, warm=True)
 
     def _compute(self, todo: list[tuple[int, str, StructuredSpec, list[int]]]) -> TokenMasks:
         if self._tokenizer is None:
@@ -151,6 +186,18 @@ class GrammarMasks:
         return TokenMasks([row for row, *_ in todo], bits)
 
     # ---- on the engine thread ---------------------------------------------------------------
+    def prepare(self, spec: StructuredSpec) -> Future | None:
+        """None when ``spec``'s template is ready; else the future of its compilation (GrammarError when
+        it cannot be compiled) on the compile thread. Concurrent calls for one spec share the future."""
+        if self._tokenizer is not None and self._cached(spec) is not None:
+            return None
+        fut = self._preparing.get(spec)
+        if fut is None or (fut.done() and fut.exception() is None and self._cached(spec) is None):
+            fut = self._preparing[spec] = self._compiler.submit(self._prepare, spec)
+            fut.add_done_callback(lambda f, s=spec: self._preparing.pop(s, None) if self._preparing.get(s) is f
+                                  else None)
+        return fut
+
     def start(self, todo: list[tuple[int, str, StructuredSpec, list[int]]]) -> Future | None:
         """``todo``: (sampling row, request id, spec, ``constrained_ids``: the request's output token ids
         so far, after a continuation's) per constrained row. Returns a future of ``TokenMasks`` (None when
@@ -181,3 +228,4 @@ class GrammarMasks:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._compiler.shutdown(wait=False, cancel_futures=True)

@@ -4,6 +4,8 @@
 
 ``POST /_fault`` sets the behaviour of the next generation requests (JSON fields, all
 optional): ``mode`` = ``ok`` | ``hang`` (accept, never answer) | ``error500`` |
+``request_fault500`` (a 500 marked as the request's own fault, ``swiftcommon.faults``) |
+``error400`` (a 400, as for a request the worker refuses) |
 ``garbage`` (200 with a body that is not JSON; for streams, an event that is not JSON) |
 ``no_done`` (a stream that ends without its finish and ``[DONE]``) |
 ``die_mid_body`` (a non-streamed answer cut after its first bytes: the process exits);
@@ -62,6 +64,12 @@ def build(name: str) -> FastAPI:
         await asyncio.sleep(fault["first_delay"])
         if mode == "error500":
             return JSONResponse({"error": {"message": "boom", "type": "internal_error"}}, status_code=500)
+        if mode == "error400":
+            return JSONResponse({"error": {"message": "bad request", "type": "invalid_request_error"}}, status_code=400)
+        if mode == "request_fault500":
+            return JSONResponse({"error": {"message": "this request failed alone", "type": "internal_error",
+                                           "code": "engine_request_failed"}}, status_code=500,
+                                headers={"x-swiftserve-fault": "request"})
         if mode == "die_mid_body" and not stream:
             async def cut():
                 yield b'{"id": "x", "choices": [{"te'

@@ -140,6 +140,74 @@ def test_hung_worker_timeouts_fire(procs, reliability_log):
     check(reliability_log, "hung_worker", results, gw, b)
 
 
+def test_non_streamed_request_on_a_hung_worker_is_retried_after_the_stall_timeout(procs, reliability_log):
+    """A worker stopped while it holds a non-streamed request (no byte sent yet) shows no sign of life
+    (probes and scrapes fail): after --stall-timeout the request runs on another worker, long before
+    --first-byte-timeout; a slow but live worker is waited for."""
+    a, b = start(procs, fault_worker("a")), start(procs, fault_worker("b"))
+    set_fault(a, first_delay=3600)
+    set_fault(b, queue=BUSY)
+    gw = start(procs, gateway([a, b], "--stall-timeout", "2", "--first-byte-timeout", "600"))
+
+    async def scenario(client):
+        task = asyncio.create_task(request(client, gw.url + "/v1/completions", BODY))
+        await asyncio.to_thread(wait_for, lambda: stats(a)["active"] == 1, 20, "the request at a")
+        await asyncio.sleep(3)                  # a answers its probes: still waited for
+        assert not task.done()
+        a.signal(signal.SIGSTOP)
+        t0 = asyncio.get_running_loop().time()
+        result = await task
+        return [result], asyncio.get_running_loop().time() - t0
+
+    try:
+        results, took = run_requests(scenario)
+    finally:
+        a.signal(signal.SIGCONT)
+    assert results[0][2] == "complete" and served_by(results[0][1]) == {"b"}, results
+    assert took < 20, took
+    check(reliability_log, "hung_worker_non_streamed", results, gw, b)
+
+
+def test_a_client_that_leaves_releases_its_worker(procs):
+    """A client that disconnects while its non-streamed request waits for the worker: the gateway cancels
+    the upstream request at once (the worker aborts it) instead of waiting for an answer nobody reads."""
+    a = start(procs, fault_worker("a"))
+    set_fault(a, first_delay=3600)
+    gw = start(procs, gateway([a]))
+
+    async def scenario(client):
+        task = asyncio.create_task(client.post(gw.url + "/v1/completions", json=BODY))
+        await asyncio.to_thread(wait_for, lambda: stats(a)["active"] == 1, 20, "the request at a")
+        task.cancel()                               # the client goes away
+        await asyncio.gather(task, return_exceptions=True)
+
+    run_requests(scenario)
+    assert not any(gateway_in_flight(gw).values())
+
+
+def test_request_faults_never_open_the_circuit(procs, reliability_log):
+    """4xx answers and 5xx the worker marks as the request's own fault are passed on (not retried) and count
+    neither for nor against the worker: two worker faults before them and one after open the circuit."""
+    a = start(procs, fault_worker("a"))
+    gw = start(procs, gateway([a], "--breaker-failures", "3", "--breaker-cooldown", "60"))
+    url = gw.url + "/v1/completions"
+
+    def send(mode, n):
+        set_fault(a, mode=mode)
+        return run_requests(lambda c: asyncio.gather(*(request(c, url, BODY) for _ in range(n))))
+
+    results = send("error500", 2)                                   # two of the three failures
+    faults = send("request_fault500", 8)
+    assert all(r[0] == 500 and b"engine_request_failed" in r[1] for r in faults), faults
+    refused = send("error400", 8)
+    assert all(r[0] == 400 for r in refused), refused               # the circuit stayed closed
+    assert stats(a)["served"] == 18                                 # each once: not retried
+    results += faults + refused + send("error500", 1)               # the third: neither kind reset the count
+    results += send("ok", 1)
+    assert results[-1][0] == 503 and b"no_worker" in results[-1][1], results[-1]    # the worker's own faults do
+    check(reliability_log, "request_faults_vs_worker_faults", results, gw, a)
+
+
 def test_slow_worker_is_routed_around(procs, reliability_log):
     slow, fast = start(procs, fault_worker("slow")), start(procs, fault_worker("fast"))
     set_fault(slow, token_delay=0.5, tokens=4)

@@ -1,10 +1,14 @@
-"""Hostile and malformed input against the gateway (uvicorn on loopback) in front of a worker
-(fake engine, real HTTP): schemathesis on the gateway's OpenAPI schema (with negative data),
-Hypothesis bodies with every field of every JSON type and raw bytes, the fixed hostile cases,
-header injection, slow clients and oversized bodies.
+"""Hostile and malformed input against the gateway (uvicorn on loopback, with the gateway's own
+HTTP protocol) in front of a worker (fake engine, real HTTP): schemathesis on the gateway's
+OpenAPI schema (with negative data), Hypothesis bodies with every field of every JSON type and
+raw bytes, the structured families (constraints, tools, Responses items, scoring fields), the
+fixed hostile cases and issue 47's regressions, header injection, header size and count limits,
+slow headers and silent connections, malformed HTTP, the bearer scheme, slow clients and
+oversized bodies.
 
-Property: never a 5xx, every 4xx is OpenAI-style JSON (the gateway's own 404 and 405 too), the
-gateway still routes afterwards and its in-flight counts are back to zero.
+Property: never a 5xx, every 4xx is OpenAI-style JSON (the gateway's own 404, 405, 408, 431 and
+malformed-HTTP 400 too), the gateway still routes afterwards and its in-flight counts are back
+to zero.
 """
 
 import socket
@@ -15,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 import schemathesis
-from fuzz_support import CMPL, Tally, check_answer, fixed_cases, hostile_bodies
+from fuzz_support import CMPL, FAMILIES, Tally, check_answer, family_bodies, fixed_cases, hostile_bodies, regressions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
@@ -48,9 +52,13 @@ def stack():
     from worker.app import build_app as build_worker
     from worker.config import WorkerConfig
 
-    cfg = WorkerConfig(engine_config=EngineConfig(model="/models/fake-model"), served_model_name=("fake-model",))
+    from worker.limits import RequestLimits
+
+    cfg = WorkerConfig(engine_config=EngineConfig(model="/models/fake-model"), served_model_name=("fake-model",),
+                       limits=RequestLimits(constraint_timeout=0.5))
     with fakes.ServerThread(build_worker(cfg, fakes.FakeEngineClient(), fakes.make_tokenizer())) as worker:
-        gw = Gateway([worker.url], max_body_bytes=MAX_BODY, body_timeout=2.0, api_keys=["sk-fuzz"])
+        gw = Gateway([worker.url], max_body_bytes=MAX_BODY, body_timeout=2.0, api_keys=["sk-fuzz"],
+                     header_timeout=1.0, max_headers=50, max_header_bytes=16384)
         yield gw
         gw.stop()
 
@@ -89,6 +97,84 @@ def test_every_field_with_every_type(case, auth, stack, tally):
     check_answer(r.status_code, r.content, r.headers)
     if not auth or auth != AUTH:
         assert r.status_code in (400, 401, 408, 413), r.status_code   # bad keys never reach a worker
+
+
+@settings(max_examples=max(20, settings().max_examples // 2), **LAX)
+@given(case=st.sampled_from(FAMILIES).flatmap(family_bodies))
+def test_structured_tools_responses_and_scoring_families(case, stack, tally):
+    path, raw = case
+    r = httpx.post(stack.url + path, content=raw, headers={"content-type": "application/json", **AUTH}, timeout=30)
+    tally.saw(r.status_code)
+    check_answer(r.status_code, r.content, r.headers)
+
+
+def test_issue_47_regressions(stack, tally):
+    import json
+
+    with httpx.Client(timeout=60) as c:
+        for path, body in regressions():
+            r = c.post(stack.url + path, content=json.dumps(body), headers={"content-type": "application/json", **AUTH})
+            tally.saw(r.status_code)
+            check_answer(r.status_code, r.content, r.headers)
+    still_routes(stack)
+
+
+def _raw_exchange(url: str, data: bytes, timeout: float = 10) -> tuple[bytes, float]:
+    """Send ``data`` on a fresh connection; (everything answered until the gateway closes, seconds taken)."""
+    host, port = url.removeprefix("http://").split(":")
+    t0, out = time.monotonic(), b""
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        try:
+            s.sendall(data)
+            while chunk := s.recv(65536):
+                out += chunk
+        except (ConnectionResetError, BrokenPipeError):
+            pass
+    return out, time.monotonic() - t0
+
+
+def _json_error(answer: bytes, status: int, code: str) -> None:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d" % status) and b"application/json" in head, answer[:300]
+    assert json_loads(body)["error"]["code"] == code, body
+
+
+def json_loads(b: bytes):
+    import json
+
+    return json.loads(b)
+
+
+def test_the_http_edge_holds_like_a_proxys(stack, tally):
+    """Header bytes and lines are limited (431), headers must arrive within --header-timeout (408, or a
+    plain close for a connection that sent nothing), malformed HTTP gets JSON; others are served meanwhile."""
+    line = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+    answer, _ = _raw_exchange(stack.url, line + b"X-Big: " + b"a" * 100_000 + b"\r\n\r\n")
+    _json_error(answer, 431, "headers_too_large")
+    answer, _ = _raw_exchange(stack.url, line + b"".join(b"X-%d: 1\r\n" % i for i in range(60)) + b"\r\n")
+    _json_error(answer, 431, "too_many_headers")
+    answer, _ = _raw_exchange(stack.url, b"NOT HTTP AT ALL\r\n\r\n")
+    _json_error(answer, 400, "bad_http")
+    answer, took = _raw_exchange(stack.url, line + b"X-Slow: 1\r\n")           # never finishes its headers
+    _json_error(answer, 408, "header_timeout")
+    assert took < 5, took
+    answer, took = _raw_exchange(stack.url, b"")                                # connects, sends nothing
+    assert answer == b"" and took < 5, (answer, took)
+    for _ in range(5):
+        tally.saw(400)
+    still_routes(stack)
+
+
+def test_the_bearer_scheme_is_case_insensitive_and_401_names_it(stack, tally):
+    body = {"model": "fake-model", "prompt": "x", "max_tokens": 2}
+    for auth in ("Bearer sk-fuzz", "bearer sk-fuzz", "BEARER   sk-fuzz"):
+        r = httpx.post(stack.url + CMPL, json=body, headers={"authorization": auth})
+        tally.saw(r.status_code)
+        assert r.status_code == 200, (auth, r.text)
+    for headers in ({}, {"authorization": "bearer nope"}):
+        r = httpx.post(stack.url + CMPL, json=body, headers=headers)
+        tally.saw(r.status_code)
+        assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer"), r.headers
 
 
 def test_fixed_cases_and_own_errors(stack, tally):

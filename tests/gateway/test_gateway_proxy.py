@@ -18,6 +18,7 @@ from proc_support import free_port  # noqa: E402
 
 from gateway.app import build_app  # noqa: E402
 from gateway.config import GatewayConfig  # noqa: E402
+from gateway.connection import edge_protocol  # noqa: E402
 from gateway.health import HealthPolicy  # noqa: E402
 
 
@@ -25,8 +26,11 @@ class Gateway:
     def __init__(self, urls, **kw):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.app = build_app(GatewayConfig(workers=urls, port=self.port, **kw))
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+        cfg = GatewayConfig(workers=urls, port=self.port, **kw)
+        self.app = build_app(cfg)
+        http = edge_protocol(cfg.max_header_bytes, cfg.max_headers, cfg.header_timeout)      # as gateway.cli runs it
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    http=http))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         while not self.server.started:

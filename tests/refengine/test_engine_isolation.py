@@ -1,5 +1,8 @@
 """Engine isolation on the real SmolLM2: a failure while handling one request fails that
-request with a clear error and the engine keeps serving the others; ids and options are
+request with a clear error and the engine keeps serving the others; requests failing alone
+step after step never stop the engine (its canary passes), while an engine that cannot run
+its own canary is broken (``EngineFault``); a constraint the engine cannot follow fails as
+the request's (``constraint``), with no library internals in the message; ids and options are
 validated when a request is added; score() refuses what does not fit the context; a
 SwiftKV config with num_key_value_layers 0 is an error."""
 
@@ -10,7 +13,11 @@ import pytest
 
 import refengine.model_runner as model_runner
 from refengine.config import EngineConfig
-from refengine.engine import LLMEngine
+from refengine.engine import MAX_FAILED_STEPS, LLMEngine
+from refengine.faults import EngineFault
+from refengine.structured.grammar import GrammarError
+from refengine.structured.masks import GrammarMasks
+from refengine.structured.spec import StructuredSpec
 from refengine.model_config import ModelConfigError, parse_model_config
 from refengine.outputs import RequestFailed
 from refengine.sampling_params import SamplingParams
@@ -65,6 +72,56 @@ def test_a_failing_request_fails_alone(engine, poisoned_sampler):
     # and the engine keeps serving
     again, _, failures = run(engine, {"a3": (prompts["a"], greedy)})
     assert again["a3"] == clean["a"] and not failures
+
+
+def test_requests_failing_alone_step_after_step_never_stop_the_engine(engine, poisoned_sampler):
+    """The regression of issue 47: three hostile requests in a row on an idle engine used to make it
+    declare itself broken. Now a canary of its own passes, and the engine goes on."""
+    bad = SamplingParams(max_tokens=4, temperature=0.7, seed=POISON_SEED)
+    canaries = engine.num_canaries
+    for i in range(3 * MAX_FAILED_STEPS):
+        _, reasons, failures = run(engine, {f"bad{i}": ([1, 9690, 314, 253], bad)})
+        assert set(failures) == {f"bad{i}"} and not failures[f"bad{i}"].constraint and not reasons
+    assert engine.num_canaries >= canaries + 2            # checked itself, and passed each time
+    greedy = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    tokens, reasons, failures = run(engine, {"ok": ([1, 504, 3458, 282], greedy)})
+    assert len(tokens["ok"]) == 3 and reasons == {"ok": "length"} and not failures
+    assert engine.block_manager.num_used == 0 and not engine.scheduler.requests
+
+
+def test_an_engine_that_fails_its_own_canary_is_broken(engine, monkeypatch):
+    def broken(*args, **kw):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(model_runner, "sample", broken)
+    greedy = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    try:
+        with pytest.raises(EngineFault, match="own one-token check request"):
+            for i in range(MAX_FAILED_STEPS + 2):
+                run(engine, {f"r{i}": ([1, 504, 3458], greedy)})
+    finally:                                  # leave the module's engine clean for the other tests
+        for rid in list(engine.scheduler.requests):
+            engine.abort_request(rid)
+        engine._canary, engine._failed_steps = None, 0
+        engine.take_failures()
+
+
+def test_a_constraint_the_engine_cannot_follow_is_the_requests_fault(engine, monkeypatch):
+    real = GrammarMasks._compute
+
+    def compute(self, todo):
+        if any(spec.text == "(poison)" for _, _, spec, _ in todo):
+            raise GrammarError("lexer error: too many expressions constructed\n<state>\nTokens: [1, 2]\n<backtrace>"
+                               "\n0: <unknown>")
+        return real(self, todo)
+
+    monkeypatch.setattr(GrammarMasks, "_compute", compute)
+    poison = SamplingParams(max_tokens=4, temperature=0, structured=StructuredSpec("regex", "(poison)"))
+    greedy = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    tokens, reasons, failures = run(engine, {"p": ([1, 9690, 314], poison), "ok": ([1, 504, 3458, 282], greedy)})
+    assert set(failures) == {"p"} and failures["p"].constraint
+    assert "too many expressions" in str(failures["p"]) and "<state>" not in str(failures["p"])
+    assert "backtrace" not in str(failures["p"]) and reasons == {"ok": "length"} and len(tokens["ok"]) == 3
 
 
 def test_async_engine_hands_the_error_to_that_stream_only(smollm2_dir, poisoned_sampler):

@@ -3,9 +3,10 @@
 * schemathesis: every operation of the worker's OpenAPI schema, with schema-conforming and
   schema-violating (negative) data;
 * Hypothesis: every request field replaced by values of every JSON type, raw bytes that are
-  not JSON, and the fixed hostile cases of ``fuzz_support``;
-* the real SmolLM2 engine under extreme sampling options and ids (the engine, not only the
-  HTTP layer, must refuse or survive them).
+  not JSON, the structured families (constraints, tools, Responses items, scoring fields),
+  the fixed hostile cases and issue 47's regressions of ``fuzz_support``;
+* the real SmolLM2 engine under extreme sampling options and ids, and under drawn output
+  constraints and tools (the engine, not only the HTTP layer, must refuse or survive them).
 
 Property: never a 5xx, every 4xx an OpenAI-style JSON error, and the worker still serves a
 normal request afterwards. The number of cases (and of 5xx) goes to ``reliability_log``.
@@ -17,7 +18,7 @@ import json
 import httpx
 import pytest
 import schemathesis
-from fuzz_support import CHAT, CMPL, Tally, check_answer, fixed_cases, hostile_bodies
+from fuzz_support import CHAT, CMPL, FAMILIES, Tally, check_answer, family_bodies, fixed_cases, hostile_bodies, regressions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
@@ -33,8 +34,10 @@ LAX = dict(deadline=None, suppress_health_check=list(HealthCheck))
 
 
 def worker_app(engine=None, **kw):
+    from worker.limits import RequestLimits
+
     cfg = WorkerConfig(engine_config=EngineConfig(model="/models/fake-model"), served_model_name=("fake-model",),
-                       max_body_bytes=MAX_BODY, **kw)
+                       max_body_bytes=MAX_BODY, limits=RequestLimits(constraint_timeout=0.5), **kw)
     return build_app(cfg, engine or FakeEngineClient(token_delay=0.0), make_tokenizer())
 
 
@@ -76,6 +79,24 @@ def test_every_field_with_every_type(case, server, tally):
     r = httpx.post(server.url + path, content=raw, headers={"content-type": "application/json"}, timeout=30)
     tally.saw(r.status_code)
     check_answer(r.status_code, r.content, r.headers)
+
+
+@settings(max_examples=max(20, settings().max_examples // 2), **LAX)
+@given(case=st.sampled_from(FAMILIES).flatmap(family_bodies))
+def test_structured_tools_responses_and_scoring_families(case, server, tally):
+    path, raw = case
+    r = httpx.post(server.url + path, content=raw, headers={"content-type": "application/json"}, timeout=30)
+    tally.saw(r.status_code)
+    check_answer(r.status_code, r.content, r.headers)
+
+
+def test_issue_47_regressions(server, tally):
+    with httpx.Client(timeout=60) as c:
+        for path, body in regressions():
+            r = c.post(server.url + path, content=json.dumps(body), headers={"content-type": "application/json"})
+            tally.saw(r.status_code)
+            check_answer(r.status_code, r.content, r.headers)
+    still_serves(server.url)
 
 
 def test_fixed_hostile_cases(server, tally):
@@ -135,7 +156,8 @@ def real_server(smollm2_dir):
     from refengine.async_engine import AsyncEngine
     from worker.config import WorkerConfig as WC
 
-    cfg = WC(engine_config=EngineConfig(model=str(smollm2_dir), max_model_len=24, num_kv_blocks=16, block_size=8),
+    # A context long enough for chat prompts with a tools system prompt (the drawn tools reach the engine).
+    cfg = WC(engine_config=EngineConfig(model=str(smollm2_dir), max_model_len=512, num_kv_blocks=128, block_size=8),
              served_model_name=("fake-model",))
     from transformers import AutoTokenizer
 
@@ -167,3 +189,19 @@ def test_real_engine_survives_extreme_options(options, prompt, chat, real_server
         assert events[-1] == "data: [DONE]"
         assert not any('"error"' in e for e in events), r.text[-500:]      # no engine failure in-band
     assert httpx.get(real_server.url + "/health").status_code == 200      # the engine keeps serving
+
+
+@pytest.mark.model
+@settings(max_examples=max(8, settings().max_examples // 5), **LAX)
+@given(case=st.sampled_from(["structured", "tools"]).flatmap(family_bodies))
+def test_real_engine_survives_drawn_constraints_and_tools(case, real_server, tally):
+    """Drawn constraints and tools on the real engine: the ones that compile are generated under their
+    grammar (6 tokens), the others are 400s; never a 5xx or an engine failure in-band."""
+    path, raw = case
+    body = json.loads(raw)
+    body["max_tokens"] = 6
+    r = httpx.post(real_server.url + path, content=json.dumps(body), headers={"content-type": "application/json"},
+                   timeout=120)
+    tally.saw(r.status_code)
+    check_answer(r.status_code, r.content, r.headers)
+    assert httpx.get(real_server.url + "/health").status_code == 200

@@ -12,4 +12,4 @@ from refengine.engine_process import engine_client
 
 
 def reference_engine_client(worker_config):
-    return engine_client(worker_config.engine_config, worker_config.engine_core)
+    return engine_client(worker_config.engine_config, worker_config.engine_core, worker_config.engine_step_timeout)
