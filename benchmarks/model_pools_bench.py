@@ -67,10 +67,12 @@ TEMPLATES = ["Write two sentences about {}.", "What are three facts about {}?"]
 class Stack:
     """One worker per model and a gateway, stopped on exit."""
 
-    def __init__(self, models: list[str], gateway_args: list[str], dtype: str, logs: Path) -> None:
+    def __init__(self, models: list[str], gateway_args: list[str], dtype: str, logs: Path,
+                 gateway_tree: str | None = None) -> None:
         self.procs: list[subprocess.Popen] = []
         self.workers: dict[str, str] = {}
         self.models, self.gateway_args, self.dtype, self.logs = models, gateway_args, dtype, logs
+        self.gateway_tree = gateway_tree       # another gateway/ (and swiftcommon/) to run, side by side
 
     def __enter__(self) -> "Stack":
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -88,10 +90,11 @@ class Stack:
                 wait_healthy(url, proc, 900)
             port = free_port()
             log = open(self.logs / "gateway.log", "w")
+            genv = {**env, "PYTHONPATH": f"{self.gateway_tree}:{ROOT}"} if self.gateway_tree else env
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "gateway", "--workers", ",".join(self.workers.values()), "--port", str(port),
                  "--policy", "jsq", "--log-level", "warning", *self.gateway_args], stdout=log,
-                stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True))
+                stderr=subprocess.STDOUT, env=genv, cwd=self.gateway_tree or ROOT, start_new_session=True))
             self.url = f"http://127.0.0.1:{port}"
             wait_healthy(self.url, self.procs[-1], 60)
             deadline = time.time() + 30        # every model discovered
@@ -125,8 +128,8 @@ def _post_all(url: str, bodies: list[dict], concurrency: int) -> list[httpx.Resp
 
 
 # ---- the four figures ---------------------------------------------------------------------------
-def run_pools(a, logs: Path) -> dict:
-    with Stack([ORIG, V13], [], a.dtype, logs) as st:
+def _mixed_pool(a, logs: Path, tree: str | None) -> dict:
+    with Stack([ORIG, V13], [], a.dtype, logs, tree) as st:
         before = {m: metric(httpx.get(u + "/metrics").text, "vllm:request_success_total") for m, u in st.workers.items()}
         names = [(ORIG, V13)[i % 2] for i in range(a.requests)]
         bodies = [{"model": m, "prompt": f"Request {i}: the capital of France is", "max_tokens": 4, "temperature": 0,
@@ -138,9 +141,20 @@ def run_pools(a, logs: Path) -> dict:
         after = {m: metric(httpx.get(u + "/metrics").text, "vllm:request_success_total") for m, u in st.workers.items()}
     served = {m: after[m] - before[m] for m in after}
     sent = dict(Counter(names))
-    return {"requests": a.requests, "seconds": round(seconds, 1), "wrong": wrong, "sent_per_model": sent,
-            "served_per_worker": served, "workers_served_exactly_their_model": served == sent,
-            "key": ("mixed_pool_wrong_model_pct", round(100.0 * wrong / a.requests, 3))}
+    return {"requests": a.requests, "seconds": round(seconds, 1), "wrong": wrong,
+            "wrong_pct": round(100.0 * wrong / a.requests, 3), "statuses": dict(Counter(r.status_code for r in rs)),
+            "sent_per_model": sent, "served_per_worker": served, "workers_served_exactly_their_model": served == sent}
+
+
+def run_pools(a, logs: Path) -> dict:
+    out = _mixed_pool(a, logs, None)
+    if a.compare_ref:                           # the gateway before model-aware pools, on the same workload
+        with tempfile.TemporaryDirectory(prefix="gateway-before-") as tree:
+            subprocess.run(f"git archive {a.compare_ref} gateway swiftcommon | tar -x -C {tree}", shell=True,
+                           check=True, cwd=ROOT)
+            out["before"] = {"ref": a.compare_ref, **_mixed_pool(a, logs, tree)}
+    out["key"] = ("mixed_pool_wrong_model_pct", out["wrong_pct"])
+    return out
 
 
 def run_split(a, logs: Path) -> dict:
@@ -242,8 +256,9 @@ def run_overhead(a, logs: Path) -> dict:
             while metric(httpx.get(st.url + "/metrics").text, "swiftserve_gateway_shadow_in_flight") > 0:
                 time.sleep(0.5)                                   # the last round's comparisons are over
             before = httpx.get(st.url + "/metrics").text
-            reqs = random_prompts(a.requests, a.input_len, a.output_len, seed=100 + i)
-            res = asyncio.run(run(RunConfig(st.url, model="smol", rate=a.rate, num_requests=a.requests, seed=i,
+            # each (off, on) pair of rounds: the same prompts at the same arrival times
+            reqs = random_prompts(a.requests, a.input_len, a.output_len, seed=100 + i // 2)
+            res = asyncio.run(run(RunConfig(st.url, model="smol", rate=a.rate, num_requests=a.requests, seed=i // 2,
                                             label=f"shadow {'on' if on else 'off'}", warmup=1), reqs,
                                   progress=False))
             after = httpx.get(st.url + "/metrics").text
@@ -277,17 +292,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("figure", choices=RUNS)
     p.add_argument("--out", required=True)
     p.add_argument("--summary", default=str(ROOT / "results/gateway/summary.json"))
-    p.add_argument("--dtype", default="float32", help="workers' --dtype (default: %(default)s)")
+    p.add_argument("--dtype", default="float32",
+                   help="workers' --dtype (default: %(default)s; 'auto' serves bfloat16 on CPUs with native bf16)")
     p.add_argument("--requests", type=int, default=None,
-                   help="pools: 400, split: 2000, overhead: per round, 60 (defaults)")
+                   help="pools: 400, split: 2000, overhead: per round, 80 (defaults)")
     p.add_argument("--weights", type=float, nargs=2, default=[90.0, 10.0], metavar=("ORIGINAL", "VARIANT"))
     p.add_argument("--prompts", type=int, default=40, help="shadow: questions per variant (default: %(default)s)")
-    p.add_argument("--rate", type=float, default=1.0, help="overhead: requests/s (default: %(default)s)")
+    p.add_argument("--rate", type=float, default=0.5, help="overhead: requests/s (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=2, help="overhead: rounds with shadowing on, and as many off")
+    p.add_argument("--compare-ref", default=None, metavar="GIT_REF",
+                   help="pools: also run the gateway of this commit (e.g. the one before model-aware pools)")
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=32)
     a = p.parse_args(argv)
-    a.requests = a.requests or {"pools": 400, "split": 2000, "shadow": 0, "overhead": 60}[a.figure]
+    a.requests = a.requests or {"pools": 400, "split": 2000, "shadow": 0, "overhead": 80}[a.figure]
     if a.figure == "split" and a.requests < 2000:
         p.error("split: --requests must be >= 2000 for the summary figure")
     random.seed(0)
