@@ -3,7 +3,7 @@
     python benchmarks/gateway_summary.py results/gateway
 
 Reads ``bench.json`` (benchmarks/gateway_bench.py) and ``prefix.json``
-(benchmarks/prefix_bench.py) and writes ``summary.json``:
+(benchmarks/prefix_bench.py) and merges into ``summary.json`` (other keys kept):
 
 * ``overhead_p50_ms``, ``overhead_p99_ms``: latency the gateway adds (through the gateway
   minus direct) under the benchmark's closed-loop load of 16 streaming clients;
@@ -32,8 +32,10 @@ def summarize(directory: Path) -> dict:
 
 def main(argv: list[str]) -> int:
     directory = Path(argv[0] if argv else "results/gateway")
-    summary = summarize(directory)
-    (directory / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    path = directory / "summary.json"
+    # merged: the model-pool keys come from benchmarks/model_pools_bench.py
+    summary = {**(json.loads(path.read_text()) if path.is_file() else {}), **summarize(directory)}
+    path.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     return 0
 

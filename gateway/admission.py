@@ -4,6 +4,11 @@ A worker is saturated when ``max_inflight_per_worker`` (> 0) requests are in fli
 it. When every routable worker is saturated, a request waits (FIFO) for a slot for at
 most ``queue_timeout`` seconds; at most ``max_queue`` requests wait. Beyond that: 429
 with Retry-After. With no routable worker at all: 503.
+
+Several model pools share one queue (gateway.pools): a waiter remembers the workers it may
+use (``workers``, less ``exclude``), a newcomer queues only behind waiters that want one of
+the workers it could take, and a freed slot wakes the oldest waiter that can use a worker
+with room now, so a busy pool never holds up another one.
 """
 
 from __future__ import annotations
@@ -19,12 +24,22 @@ class Rejected(Exception):
         self.status, self.reason, self.retry_after = status, reason, retry_after
 
 
+class _Waiter:
+    __slots__ = ("fut", "workers", "exclude")
+
+    def __init__(self, fut, workers, exclude) -> None:
+        self.fut, self.workers, self.exclude = fut, workers, exclude
+
+    def wants(self, urls: set[str]) -> bool:
+        return any(w.url in urls and w.url not in self.exclude for w in self.workers())
+
+
 class Admission:
     def __init__(self, max_inflight_per_worker: int = 0, max_queue: int = 256, queue_timeout: float = 30.0):
         self.cap = max_inflight_per_worker
         self.max_queue = max_queue
         self.queue_timeout = queue_timeout
-        self._waiters: deque[asyncio.Future] = deque()
+        self._waiters: deque[_Waiter] = deque()
 
     @property
     def queued(self) -> int:
@@ -42,25 +57,26 @@ class Admission:
             if not live:
                 raise Rejected(503, "no_worker", "No healthy worker is available.")
             room = [w for w in live if self.has_room(w)]
-            if room and not self._waiters:
+            ahead = bool(room) and any(x.wants({w.url for w in room}) for x in self._waiters)
+            if room and not ahead:
                 w = choose(room)
                 if w is not None:
                     return w
-            if room and self._waiters:
+            if ahead:
                 self._wake()                      # let the head of the queue go first
             if len(self._waiters) >= self.max_queue:
                 raise Rejected(429, "queue_full", "All workers are busy and the queue is full; retry later.")
-            fut = asyncio.get_running_loop().create_future()
-            self._waiters.append(fut)
+            waiter = _Waiter(asyncio.get_running_loop().create_future(), workers, exclude)
+            self._waiters.append(waiter)
             try:
-                await asyncio.wait_for(fut, max(0.0, deadline - time.monotonic()))
+                await asyncio.wait_for(waiter.fut, max(0.0, deadline - time.monotonic()))
             except asyncio.TimeoutError:
                 raise Rejected(429, "queue_timeout",
                                f"All workers stayed busy for {self.queue_timeout:.0f}s; retry later.") from None
             finally:
-                if fut in self._waiters:
-                    self._waiters.remove(fut)
-            # woken: loop and try again (still FIFO: we were at the head)
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+            # woken: loop and try again (still FIFO: we were the oldest waiter a worker had room for)
             room = [w for w in workers() if w.routable(time.monotonic()) and self.has_room(w) and w.url not in exclude]
             if room:
                 w = choose(room)
@@ -68,12 +84,17 @@ class Admission:
                     return w
 
     def release(self) -> None:
-        """A slot was freed: wake the oldest waiter."""
+        """A slot was freed: wake the oldest waiter that can use it."""
         self._wake()
 
     def _wake(self) -> None:
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
+        now = time.monotonic()
+        for x in list(self._waiters):
+            if x.fut.done():
+                self._waiters.remove(x)
+                continue
+            room = {w.url for w in x.workers() if w.routable(now) and self.has_room(w)}
+            if x.wants(room):
+                self._waiters.remove(x)
+                x.fut.set_result(None)
                 return

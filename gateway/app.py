@@ -1,13 +1,16 @@
 """The gateway app: ``build_app(GatewayConfig) -> FastAPI``.
 
 Request path: API key (401, before the body is read) -> body size and deadline (413,
-408) -> JSON and required fields (400; gateway.edge) -> per-key rate limits (429) ->
-admission (a worker with room, else the bounded queue, else 429; no routable worker:
-503) -> forwarding (gateway.proxy: retries before the first byte, whole JSON answers,
-SSE passed through; a stream whose worker fails mid-stream migrates to another worker
+408) -> JSON and required fields (400; gateway.edge) -> the model (gateway.model_routing:
+an alias picks a variant, an unknown model is a 404; the request may use only its model's
+pool, gateway.pools) -> per-key rate limits (429) -> admission (a worker of the pool with
+room, else the bounded queue, else 429; no routable worker: 503) -> forwarding
+(gateway.proxy: retries before the first byte, whole JSON answers, SSE passed through; a
+stream whose worker fails mid-stream migrates to another worker of the pool
 (gateway.failover) or, when it cannot, ends with an in-band error event). On SIGTERM
 the gateway drains (gateway.shutdown: new requests 503, ``/health`` 503, in-flight ones
-finish).
+finish). Answers that a shadow comparison samples, and constrained ones, are read as they
+pass (gateway.shadow); the comparison runs after the client has its answer.
 
 Every answer the gateway makes itself is OpenAI-style JSON, unknown routes (404) and
 wrong methods (405) included; an unexpected exception is a JSON 500 with one log line
@@ -27,12 +30,12 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.admission import Admission, Rejected
+from gateway.aliases import AliasTable
 from gateway.asgi import FastPath, install_error_handlers
 from gateway.auth import CHALLENGE, Auth, estimate_tokens, requested_tokens
 from gateway.config import GatewayConfig
@@ -43,11 +46,14 @@ from gateway.health import Health
 from gateway.metrics import GatewayMetrics
 from gateway.migration import StreamTracker
 from gateway.migration_responses import RESPONSES, ResponsesTracker
+from gateway.model_routing import ModelError, ModelRouter
+from gateway.pools import ModelDirectory
 from gateway.prefix import PrefixIndex, block_hashes, prompt_bytes
 from gateway.routing.base import RouteRequest
 from gateway.proxy import Forwarder
 from gateway.routing import make_policy
 from gateway.scraper import Scraper
+from gateway.shadow import ShadowMonitor
 from gateway.shutdown import Drain
 from gateway.upstream import upstream_session
 
@@ -74,6 +80,9 @@ class _Parts:
     metrics: GatewayMetrics
     drain: Drain
     forwarder: Forwarder
+    directory: ModelDirectory
+    router: ModelRouter
+    shadow: ShadowMonitor
 
 
 def build_app(config: GatewayConfig) -> FastAPI:
@@ -85,6 +94,7 @@ def build_app(config: GatewayConfig) -> FastAPI:
     app.state.config, app.state.pool, app.state.metrics = config, p.pool, p.metrics
     app.state.admission, app.state.health, app.state.auth = p.admission, p.health, p.auth
     app.state.prefix_index, app.state.drain = p.prefix_index, p.drain
+    app.state.models, app.state.shadow = p.router, p.shadow
     _install_proxy(app, _proxy_handler(app, p), p.drain)
     _add_own_routes(app, p)
     return app
@@ -106,7 +116,12 @@ def _make_parts(config: GatewayConfig) -> _Parts:
         return policy(cands, time.monotonic(), config.stale_after, rng, req)
 
     forwarder = Forwarder(config, pool, health, admission, metrics, choose, lambda exc: _rejected(metrics, exc))
-    return _Parts(config, pool, health, admission, auth, prefix_index, metrics, Drain(), forwarder)
+    directory = ModelDirectory(pool, config.health.interval)
+    router = ModelRouter(directory, AliasTable(config.aliases, config.models_config, config.shadow_fraction), metrics,
+                         config.session_header)
+    shadow = ShadowMonitor(config, directory, health, admission, metrics)
+    return _Parts(config, pool, health, admission, auth, prefix_index, metrics, Drain(), forwarder, directory, router,
+                  shadow)
 
 
 def _policy(config: GatewayConfig, prefix_index: PrefixIndex, pool: WorkerPool):
@@ -128,7 +143,10 @@ def _lifespan(p: _Parts):
     async def lifespan(app: FastAPI):
         client = app.state.client = upstream_session(config.connect_timeout, config.first_byte_timeout)
         tasks = [asyncio.create_task(Scraper(p.pool, client, config.scrape_interval, config.scrape_timeout).run()),
-                 asyncio.create_task(p.health.run(client, lambda: p.pool))]
+                 asyncio.create_task(p.health.run(client, lambda: p.pool)),
+                 asyncio.create_task(p.directory.run(client))]
+        if config.models_config:
+            tasks.append(asyncio.create_task(p.router.aliases.watch()))
         if config.workers_file:
             tasks.append(asyncio.create_task(watch_file(config.workers_file, p.pool)))
         if config.k8s_service:
@@ -139,6 +157,7 @@ def _lifespan(p: _Parts):
         finally:
             for t in tasks:
                 t.cancel()
+            p.shadow.close()
             await client.close()
 
     return lifespan
@@ -170,6 +189,10 @@ def _proxy_handler(app: FastAPI, p: _Parts):
         except EdgeError as exc:
             metrics.rejected.labels(exc.reason).inc()
             return error(exc.status, str(exc), code=exc.reason, param=exc.param)
+        try:
+            routed = await p.router.route(app.state.client, path, body, raw, request.headers)
+        except ModelError as exc:
+            return _model_refused(metrics, exc)
         est = estimate_tokens(body)
         try:
             auth.charge(who, est)
@@ -179,12 +202,28 @@ def _proxy_handler(app: FastAPI, p: _Parts):
         def on_usage(completion_tokens: int) -> None:
             auth.correct(who, est, est - requested_tokens(body) + completion_tokens)
 
-        tracker = (ResponsesTracker if path == RESPONSES else StreamTracker).for_request(path, body,
-                                                                                       config.max_migrations)
-        if tracker is not None:         # the worker sends token ids, so that the stream can resume elsewhere
-            raw = tracker.upstream()
-        return await until_client_gone(request, p.forwarder.forward(
-            app.state.client, path, raw, on_usage, _route_request(config, request, path, body), tracker))
+        async def send(routed) -> Response:
+            sent, upstream = routed.body, routed.raw
+            tracker = (ResponsesTracker if path == RESPONSES else StreamTracker).for_request(path, sent,
+                                                                                           config.max_migrations)
+            if tracker is not None:         # the worker sends token ids, so that the stream can resume elsewhere
+                upstream = tracker.upstream()
+            watch = p.shadow.plan(routed, path)
+            response = await p.forwarder.forward(app.state.client, path, upstream, on_usage,
+                                                 _route_request(config, request, path, sent), tracker, routed.pool)
+            return p.shadow.watch(response, watch, app.state.client) if watch is not None else response
+
+        async def answer() -> Response:
+            response = await send(routed)
+            if routed.model is not None and _model_moved(response):  # a worker changed model since the last look
+                await p.directory.refresh(app.state.client)
+                try:
+                    response = await send(await p.router.route(app.state.client, path, body, raw, request.headers))
+                except ModelError as exc:
+                    return _model_refused(metrics, exc)
+            return response
+
+        return await until_client_gone(request, answer())
 
     return proxy
 
@@ -214,35 +253,27 @@ def _guard(p: _Parts, flag: bool, request: Request) -> JSONResponse | None:
     return None
 
 
-async def _worker_models(client, pool: WorkerPool) -> list[dict]:
-    """The routable workers' ``/v1/models`` entries, each model id once (first worker wins);
-    a worker that fails to answer is skipped."""
-    seen, data = set(), []
-    for w in pool:
-        if not w.routable(time.monotonic()):
-            continue
-        try:
-            async with client.get(w.url + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as r:
-                doc = await r.json(content_type=None)
-            for item in doc.get("data", []):
-                if item.get("id") not in seen:
-                    seen.add(item.get("id"))
-                    data.append(item)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError):
-            continue
-    return data
+def _model_refused(m: GatewayMetrics, exc: ModelError) -> JSONResponse:
+    m.rejected.labels(exc.code).inc()
+    return error(exc.status, str(exc), exc.type, code=exc.code, param=exc.param,
+                 headers={"Retry-After": "1"} if exc.status == 503 else None)
+
+
+def _model_moved(response) -> bool:
+    """A worker's 404 ``model_not_found``: it no longer serves the model it listed (restarted with another)."""
+    return response.status_code == 404 and b'"model_not_found"' in (getattr(response, "body", b"") or b"")
 
 
 def _add_own_routes(app: FastAPI, p: _Parts) -> None:
-    """``GET /v1/models`` (the workers' models), ``/health`` (200 only when not draining and a
-    worker is routable) and ``/metrics``; the last two need a key only when configured so."""
+    """``GET /v1/models`` (each served model once, then the aliases), ``/health`` (200 only when not
+    draining and a worker is routable) and ``/metrics``; the last two need a key only when configured so."""
 
     @app.get("/v1/models")
     async def models(request: Request):
         denied = _guard(p, True, request)
         if denied:
             return denied
-        return {"object": "list", "data": await _worker_models(app.state.client, p.pool)}
+        return {"object": "list", "data": p.router.listing(time.monotonic())}
 
     @app.get("/health")
     async def health_endpoint(request: Request):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from gateway.aliases import parse_alias_flag, read_aliases
 from gateway.auth import key_id, load_keys
 from gateway.config import GatewayConfig
 from gateway.health import HealthPolicy
@@ -56,11 +57,32 @@ def parse_args(argv=None) -> GatewayConfig:
     r.add_argument("--prefix-ttl", type=float, default=d.prefix_ttl,
                    help="prefix: seconds a remembered block counts (default: %(default)s)")
     r.add_argument("--session-header", default=d.session_header,
-                   help="prefix: requests carrying this header stick to one worker while the load bound "
-                        "allows ('' turns it off) (default: %(default)s)")
+                   help="requests carrying this header stick to one variant of an alias and (prefix policy) to "
+                        "one worker while the load bound allows ('' turns it off) (default: %(default)s)")
     r.add_argument("--scrape-interval", type=float, default=d.scrape_interval, help="seconds (default: %(default)s)")
     r.add_argument("--stale-after", type=float, default=d.stale_after,
                    help="scraped worker figures older than this are ignored (default: %(default)s s)")
+    m = p.add_argument_group("models: pools, aliases, weighted splits, shadow comparison (docs/gateway.md)")
+    m.add_argument("--alias", action="append", default=[], metavar="NAME=MODEL[:W][,MODEL[:W]...]",
+                   help="a public model name sent to served models in proportion to their weights (default 1), "
+                        "sticky per --session-header value or the body's 'user'; may be a served model's own "
+                        "name (a canary). Repeatable")
+    m.add_argument("--models-config", default=None, metavar="FILE",
+                   help="YAML/JSON file of aliases (targets with weights, optional shadow spec), re-read when it "
+                        "changes; its entries replace --alias ones of the same name")
+    m.add_argument("--shadow-fraction", type=float, default=d.shadow_fraction,
+                   help="share of a canary's requests whose answer the original scores (the first target of an "
+                        "--alias is the original; file entries may say otherwise) (default: %(default)s: off)")
+    m.add_argument("--shadow-max-rps", type=float, default=d.shadow_max_rps,
+                   help="shadow comparisons started per second at most (default: %(default)s)")
+    m.add_argument("--shadow-max-concurrency", type=int, default=d.shadow_max_concurrency,
+                   help="shadow comparisons running at once at most (default: %(default)s)")
+    m.add_argument("--shadow-max-load", type=float, default=d.shadow_max_load,
+                   help="a comparison runs only on an original's worker whose effective load is below this, and "
+                        "only while no request waits in the gateway's queue; else it is shed (default: "
+                        "%(default)s)")
+    m.add_argument("--shadow-max-tokens", type=int, default=d.shadow_max_tokens,
+                   help="answer tokens compared at most (default: %(default)s)")
     f = p.add_argument_group("failures and health")
     f.add_argument("--connect-timeout", type=float, default=d.connect_timeout)
     f.add_argument("--first-byte-timeout", type=float, default=d.first_byte_timeout,
@@ -112,9 +134,20 @@ def parse_args(argv=None) -> GatewayConfig:
                  "prefix_ttl", "header_timeout"):
         if not getattr(x, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be > 0")
-    for name in ("balance_eps", "balance_floor", "prefix_load_weight"):
+    for name in ("balance_eps", "balance_floor", "prefix_load_weight", "shadow_max_rps", "shadow_max_load"):
         if not getattr(x, name) >= 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0")
+    if not 0 <= x.shadow_fraction <= 1:
+        p.error("--shadow-fraction must be between 0 and 1")
+    for name in ("shadow_max_concurrency", "shadow_max_tokens"):
+        if getattr(x, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    try:
+        aliases = [parse_alias_flag(a, x.shadow_fraction) for a in x.alias]
+        if x.models_config:
+            read_aliases(x.models_config, x.shadow_fraction)
+    except (ValueError, OSError) as exc:
+        p.error(str(exc))
     workers = [u.strip().rstrip("/") for u in x.workers.split(",") if u.strip()]
     if not (workers or x.workers_file or x.k8s_service):
         p.error("no workers: pass --workers URL[,URL...], --workers-file, --k8s-service, or set SWIFTSERVE_WORKERS")
@@ -123,7 +156,10 @@ def parse_args(argv=None) -> GatewayConfig:
         k8s_port_name=x.k8s_port_name, k8s_port=x.k8s_port, host=x.host, port=x.port, policy=x.policy,
         balance_eps=x.balance_eps, balance_floor=x.balance_floor, prefix_load_weight=x.prefix_load_weight, prefix_block_bytes=x.prefix_block_bytes,
         prefix_max_blocks=x.prefix_max_blocks, prefix_record_blocks=x.prefix_record_blocks, prefix_ttl=x.prefix_ttl,
-        session_header=x.session_header.strip().lower(),
+        session_header=x.session_header.strip().lower(), aliases=aliases, models_config=x.models_config,
+        shadow_fraction=x.shadow_fraction, shadow_max_rps=x.shadow_max_rps,
+        shadow_max_concurrency=x.shadow_max_concurrency, shadow_max_load=x.shadow_max_load,
+        shadow_max_tokens=x.shadow_max_tokens,
         scrape_interval=x.scrape_interval, stale_after=x.stale_after, connect_timeout=x.connect_timeout,
         first_byte_timeout=x.first_byte_timeout, max_attempts=x.max_attempts, max_migrations=x.max_migrations,
         stall_timeout=x.stall_timeout, max_body_bytes=x.max_body_bytes,
@@ -167,8 +203,9 @@ def main(argv=None) -> int:
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_probe_logs()
     log = logging.getLogger("gateway")
-    log.info("policy %s; %d static workers; auth %s (keys %s)", cfg.policy, len(cfg.workers),
-             "on" if cfg.api_keys else "off", ", ".join(key_id(k) for k in cfg.api_keys) or "-")
+    log.info("policy %s; %d static workers; auth %s (keys %s); %d aliases%s", cfg.policy, len(cfg.workers),
+             "on" if cfg.api_keys else "off", ", ".join(key_id(k) for k in cfg.api_keys) or "-", len(cfg.aliases),
+             f" + {cfg.models_config}" if cfg.models_config else "")
     app = build_app(cfg)
     http = edge_protocol(cfg.max_header_bytes, cfg.max_headers, cfg.header_timeout)
     server = DrainingServer(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, http=http),

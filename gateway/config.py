@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.aliases import Alias
 from gateway.health import HealthPolicy
 
 
@@ -27,7 +28,17 @@ class GatewayConfig:
     prefix_max_blocks: int = 256           # blocks hashed per prompt (longer prompts: first 32 KiB)
     prefix_record_blocks: int = 65536      # blocks remembered per worker (less if it reports a smaller cache)
     prefix_ttl: float = 600.0              # seconds a remembered block counts
-    session_header: str = "x-session-id"   # requests with this header stick to one worker ("" = off)
+    session_header: str = "x-session-id"   # requests with this header stick to one worker and one variant ("" = off)
+    # model aliases and weighted splits (gateway.aliases): --alias flags, and a file re-read when it changes
+    aliases: list[Alias] = field(default_factory=list)
+    models_config: str | None = None
+    # the shadow comparison of a canary with its original (gateway.shadow)
+    shadow_fraction: float = 0.0           # share of a canary's requests scored, where an alias does not say
+    shadow_max_rps: float = 2.0            # comparisons started per second at most (token bucket)
+    shadow_max_concurrency: int = 2        # comparisons running at once at most
+    shadow_max_load: float = 4.0           # only on a reference worker whose effective load is below this
+    shadow_max_tokens: int = 128           # answer tokens compared at most
+    shadow_timeout: float = 120.0          # seconds for each request of a comparison
     scrape_interval: float = 0.1           # seconds between /metrics scrapes of each worker
     scrape_timeout: float = 0.5
     stale_after: float = 2.0               # scraped figures older than this count as unknown

@@ -50,8 +50,9 @@ log = logging.getLogger(__name__)
 
 class Failover:
     def __init__(self, fwd, session, path: str, choose, tried: set[str], tracker: StreamTracker,
-                 lease, resp, first: bytes, stats) -> None:
+                 lease, resp, first: bytes, stats, workers=None) -> None:
         self.fwd, self.session, self.path, self.choose, self.tried = fwd, session, path, choose, tried
+        self.workers = fwd.pool if workers is None else workers       # the request's model pool (gateway.pools)
         self.tracker, self.lease, self.resp, self.first, self.stats = tracker, lease, resp, first, stats
         self.failed = False
         self.error: AttemptFailed | Migrate | None = None      # why it gave up
@@ -129,7 +130,7 @@ class Failover:
                 await send(msg)
 
         self.legs = [Failover(self.fwd, self.session, self.path, self.choose, set(self.tried), leg, self.lease,
-                              self.resp, b"", self.stats) for leg in self.tracker.legs()]
+                              self.resp, b"", self.stats, self.workers) for leg in self.tracker.legs()]
         await asyncio.gather(*(leg._resume_leg(one_at_a_time, reason) for leg in self.legs))
         failed = [leg.error for leg in self.legs if leg.failed]
         if failed:
@@ -164,7 +165,7 @@ class Failover:
         fwd, last = self.fwd, AttemptFailed("no_worker", "no other worker to resume on", 503)
         for _ in range(fwd.cfg.max_attempts):
             try:
-                worker = await fwd.admission.acquire(lambda: fwd.pool, self.choose, self.tried)
+                worker = await fwd.admission.acquire(lambda: self.workers, self.choose, self.tried)
             except Rejected as exc:
                 if last.reason != "no_worker":          # a worker was tried: its answer says more
                     raise last from None

@@ -83,16 +83,18 @@ class Forwarder:
         return url
 
     async def forward(self, session: aiohttp.ClientSession, path: str, raw: bytes, on_usage, route=None,
-                      tracker: StreamTracker | None = None):
+                      tracker: StreamTracker | None = None, pool=None):
         """Send ``raw`` to a worker's ``path``; ``on_usage(completion_tokens)`` once a stream's usage is seen;
         ``route`` (a RouteRequest or None) is what the routing policy may know about the request;
-        ``tracker``: the request's stream may migrate after the first byte (gateway.failover)."""
+        ``tracker``: the request's stream may migrate after the first byte (gateway.failover);
+        ``pool``: the workers it may go to, retries and migrations included (gateway.pools; default all)."""
+        workers = self.pool if pool is None else pool
         t0, tried, last = time.monotonic(), set(), None
         endpoint = path.rsplit("/", 1)[-1]
         choose = (lambda cands: self.choose(cands, route)) if route is not None else self.choose
         for attempt in range(self.cfg.max_attempts):
             try:
-                worker = await self.admission.acquire(lambda: self.pool, choose, tried)
+                worker = await self.admission.acquire(lambda: workers, choose, tried)
             except Rejected as exc:
                 if attempt and exc.reason == "no_worker":
                     break
@@ -116,7 +118,7 @@ class Forwarder:
             try:
                 if resp.headers.get("content-type", "").startswith("text/event-stream") and resp.status < 400:
                     failover = (session, path, choose, tried, tracker) if tracker is not None else None
-                    return await self._stream(resp, lease, t0, endpoint, on_usage, failover)
+                    return await self._stream(resp, lease, t0, endpoint, on_usage, failover, workers)
                 return await self._buffered(resp, lease, t0, endpoint, last_try)
             except AttemptFailed as exc:
                 last = self._failed(worker, exc)
@@ -199,7 +201,7 @@ class Forwarder:
         return Response(content, status_code=status, headers=_headers(resp))
 
     async def _stream(self, resp: aiohttp.ClientResponse, lease: Lease, t0: float, endpoint: str, on_usage,
-                      failover=None):
+                      failover=None, workers=None):
         """The SSE response: events passed through as they are, or (``failover``: the session, path, choose,
         tried and tracker of a migratable request) relayed by a ``Failover`` that can change workers."""
         try:
@@ -220,8 +222,8 @@ class Forwarder:
         outcome = {"failed": False}
         limit, url, stall = self.cfg.max_response_bytes, lease.worker.url, self.cfg.stall_timeout
         if failover is not None:
-            return self._failover_stream(resp, Failover(self, *failover, lease, resp, first, stats), t0, endpoint,
-                                         on_usage, stats)
+            fo = Failover(self, *failover, lease, resp, first, stats, workers)
+            return self._failover_stream(resp, fo, t0, endpoint, on_usage, stats)
 
         async def pump(send):
             pending, sent, ended, chunk = b"", 0, False, first

@@ -1,5 +1,6 @@
-"""Helpers for tests that start real servers: a free loopback port, and waiting until a
-started process answers ``GET /health`` with 200.
+"""Helpers for tests that start real servers: a free loopback port, waiting until a
+started process answers ``GET /health`` with 200, stopping process groups, and reading a
+sum of samples out of a ``/metrics`` text.
 
 Importable from every test module as ``proc_support``: ``tests/`` is on ``sys.path``
 because ``tests/conftest.py`` lives there (pytest's default ``prepend`` import mode)."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -89,3 +91,14 @@ def stop_groups(procs: list[subprocess.Popen], timeout: float = 60) -> None:
             p.wait(timeout)
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples in a /metrics text whose labels include ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            have = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+            if all(have.get(k) == v for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+    return total

@@ -21,6 +21,9 @@ OUTPUTS = [ROOT / "deploy" / "grafana" / "dashboards" / "swiftserve.json",
            ROOT / "k8s" / "components" / "monitoring" / "dashboards" / "swiftserve.json"]
 
 Q = "histogram_quantile({q}, sum by (le) (rate({m}_bucket[1m])))"
+QM = "histogram_quantile({q}, sum by (le, model) (rate({m}_bucket[1m])))"       # per model (variant)
+MEAN = "sum by (model) (rate({m}_sum[5m])) / sum by (model) (rate({m}_count[5m]))"
+G = "swiftserve_gateway_"
 PANELS = [
     ("Time to first token (worker)", "s", [(Q.format(q=0.5, m="vllm:time_to_first_token_seconds"), "p50"),
                                            (Q.format(q=0.99, m="vllm:time_to_first_token_seconds"), "p99")]),
@@ -54,6 +57,27 @@ PANELS = [
     ("Worker health (gateway view)", "short", [("swiftserve_gateway_worker_routable", "routable {{worker}}"),
                                                ("swiftserve_gateway_worker_circuit_open", "circuit open {{worker}}")]),
     ("Preemptions", "short", [("rate(swiftserve_worker_preemptions_total[1m])", "{{instance}}")]),
+    # several models behind one gateway: per-variant latency next to the shadow comparison (docs/gateway.md)
+    ("Requests/s per model and variant split", "reqps", [
+        (f"sum by (model) (rate({G}requests_total[1m]))", "{{model}}"),
+        (f"sum by (alias, model) (rate({G}split_requests_total[1m]))", "{{alias}} -> {{model}}")]),
+    ("Time to first token per model (gateway)", "s", [
+        (QM.format(q=0.5, m=G + "time_to_first_token_seconds"), "p50 {{model}}"),
+        (QM.format(q=0.99, m=G + "time_to_first_token_seconds"), "p99 {{model}}")]),
+    ("Time per output token per model (gateway)", "s", [
+        (QM.format(q=0.5, m=G + "time_per_output_token_seconds"), "p50 {{model}}"),
+        (QM.format(q=0.99, m=G + "time_per_output_token_seconds"), "p99 {{model}}")]),
+    ("Canary vs original: log-likelihood gap (nats/token)", "short", [
+        (MEAN.format(m=G + "shadow_logprob_gap_nats_per_token"), "gap {{model}}"),
+        (MEAN.format(m=G + "shadow_nll_nats_per_token").replace("by (model)", "by (model, answer)"),
+         "NLL {{model}} {{answer}}")]),
+    ("Canary vs original: greedy agreement, invalid constrained outputs", "percentunit", [
+        (MEAN.format(m=G + "shadow_greedy_agreement"), "agreement {{model}}"),
+        (f"sum by (model) (rate({G}constrained_outputs_total{{valid=\"false\"}}[5m])) / "
+         f"sum by (model) (rate({G}constrained_outputs_total[5m]))", "invalid {{model}}")]),
+    ("Shadow comparisons/s by outcome", "reqps", [
+        (f"sum by (model, outcome) (rate({G}shadow_requests_total[1m]))", "{{model}} {{outcome}}"),
+        (f"{G}shadow_in_flight", "running")]),
 ]
 
 

@@ -40,6 +40,10 @@ class WorkerState:
     prefix_queries: float | None = None  # last scraped vllm:prefix_cache_queries_total (tokens)
     prefix_hits: float | None = None     # last scraped vllm:prefix_cache_hits_total (tokens)
     cache_tokens: int | None = None      # KV-cache size from vllm:cache_config_info (blocks x block size)
+    # model discovery (gateway.pools): the ids of the worker's GET /v1/models and its entries;
+    # None until the first answer: such a worker is in no model's pool yet
+    models: tuple[str, ...] | None = None
+    model_cards: tuple[dict, ...] = ()
     # circuit breaker (passive): consecutive request failures, open until, half-open trial
     failures: int = 0
     open_until: float = 0.0

@@ -117,11 +117,40 @@ def container_env(objs: list[dict], deploy: dict, cname: str) -> dict[str, str]:
         if "configMapRef" in src:
             env.update(find(objs, "ConfigMap", src["configMapRef"]["name"])["data"])
     for e in c.get("env", []):
+        ref = e.get("valueFrom", {})
         if "value" in e:
             env[e["name"]] = e["value"]
-        elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace":
+        elif ref.get("fieldRef", {}).get("fieldPath") == "metadata.namespace":
             env[e["name"]] = deploy["metadata"]["namespace"]
+        elif "configMapKeyRef" in ref:
+            env[e["name"]] = find(objs, "ConfigMap", ref["configMapKeyRef"]["name"])["data"][ref["configMapKeyRef"]["key"]]
     return env
+
+
+def mounted_configmaps(objs: list[dict], deploy: dict, cname: str, tmp: Path) -> dict[str, Path]:
+    """{mount path: a local directory holding the files} for the container's ConfigMap volumes, so
+    that arguments naming a mounted file can be checked with the file's real content."""
+    spec = deploy["spec"]["template"]["spec"]
+    maps = {v["name"]: v["configMap"]["name"] for v in spec.get("volumes", []) if "configMap" in v}
+    out = {}
+    for m in container(deploy, cname).get("volumeMounts", []):
+        if m["name"] in maps:
+            local = tmp / m["name"]
+            local.mkdir(parents=True, exist_ok=True)
+            for key, text in find(objs, "ConfigMap", maps[m["name"]])["data"].items():
+                (local / key).write_text(text)
+            out[m["mountPath"]] = local
+    return out
+
+
+def remount(args: list[str], mounts: dict[str, Path]) -> list[str]:
+    """``args`` with container paths under a mount replaced by the local copy's."""
+    out = []
+    for a in args:
+        for path, local in mounts.items():
+            a = a.replace(path.rstrip("/") + "/", str(local) + "/")
+        out.append(a)
+    return out
 
 
 def expand(args: list[str], env: dict[str, str]) -> list[str]:

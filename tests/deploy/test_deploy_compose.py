@@ -5,7 +5,7 @@ Grafana are wired to the services and files that exist."""
 
 import pytest
 import yaml
-from deploy_support import ROOT, cli_argv, image_args, parse_cli, run, tool
+from deploy_support import ROOT, cli_argv, image_args, parse_cli, remount, run, tool
 
 COMPOSE = ROOT / "docker-compose.yml"
 GPU = ROOT / "deploy" / "compose" / "docker-compose.gpu.yml"
@@ -40,6 +40,7 @@ def test_commands_parse_with_the_real_clis(variant):
     services = _merged(FILE_SETS[variant])
     workers = [n for n in services if n.startswith("worker-")]
     assert len(workers) == 2
+    models = set()
     for name in workers:
         svc = services[name]
         target = svc["build"]["target"]
@@ -47,12 +48,32 @@ def test_commands_parse_with_the_real_clis(variant):
         ns = parse_cli(*cli_argv(image_args(target)[0], svc["command"]))
         assert ns.device == ("cuda" if variant == "gpu" else "cpu")
         assert ns.host == "0.0.0.0" and ns.port == 8000
+        models.add(ns.model)
+        # the image bakes the model a path names (shipped variants come in through EXTRA_MODELS)
+        if ns.model.startswith("/models/models/"):
+            assert ns.model.rsplit("/", 1)[1] in svc["build"]["args"]["EXTRA_MODELS"].split()
+    assert models == {"default", "/models/models/SmolLM2-135M-Instruct-SwiftKV-13pct"}     # two model pools
     gw = services["gateway"]
-    cfg = parse_cli(*cli_argv(image_args(gw["build"]["target"])[0], gw["command"]))
+    cfg = parse_cli(*cli_argv(image_args(gw["build"]["target"])[0], remount(gw["command"], _mounts(gw))))
     assert sorted(cfg.workers) == sorted(f"http://{w}:8000" for w in workers)
     assert set(gw["depends_on"]) == set(workers)
     assert all(d["condition"] == "service_healthy" for d in gw["depends_on"].values())
     assert "SWIFTSERVE_API_KEYS" in gw["environment"]
+    # The mounted models table splits the original's name over both pools' models.
+    from gateway.aliases import read_aliases
+
+    (alias,) = read_aliases(cfg.models_config).values()
+    assert {m for m, _ in alias.targets} == {"SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct-SwiftKV-13pct"}
+
+
+def _mounts(svc: dict) -> dict:
+    """{container path: host path} of a service's bind mounts of repository directories."""
+    out = {}
+    for v in svc.get("volumes", []):
+        src, dst = v.split(":")[:2]
+        if src.startswith("./"):
+            out[dst] = ROOT / src
+    return out
 
 
 def test_prometheus_and_grafana_are_wired():

@@ -45,7 +45,8 @@ def test_dashboards_are_well_formed():
                 assert promql_metrics(expr), expr
     text = " | ".join(titles)
     for wanted in ("time to first token", "time per output token", "throughput", "queue per worker",
-                   "kv-cache occupancy", "kv bytes per token", "routing decisions", "errors"):
+                   "kv-cache occupancy", "kv bytes per token", "routing decisions", "errors",
+                   "per model", "canary vs original: log-likelihood gap", "greedy agreement"):
         assert wanted in text, wanted
 
 

@@ -22,14 +22,18 @@ from deploy_support import (
     image_args,
     kinds,
     module,
+    mounted_configmaps,
     parse_cli,
     promql_metrics,
+    remount,
     render,
     render_combo,
 )
 
 OVERLAYS = ("cpu", "gpu")
 WORKER_LABELS = {"app.kubernetes.io/name": "swiftserve", "app.kubernetes.io/component": "worker"}
+POOLS = {"swiftserve-worker": ("original", "default"),     # Deployment: (pool label, --model)
+         "swiftserve-worker-swiftkv": ("swiftkv", "/models/models/SmolLM2-135M-Instruct-SwiftKV-13pct")}
 GATEWAY_LABELS = {"app.kubernetes.io/name": "swiftserve", "app.kubernetes.io/component": "gateway"}
 
 
@@ -79,9 +83,10 @@ def test_everything_lands_in_one_namespace(rendered, name):
 
 
 @pytest.mark.parametrize("name", OVERLAYS)
-def test_worker_arguments_parse_with_the_worker_cli(rendered, name):
+@pytest.mark.parametrize("pool", POOLS)
+def test_worker_arguments_parse_with_the_worker_cli(rendered, name, pool):
     objs = rendered[name]
-    deploy = find(objs, "Deployment", "swiftserve-worker")
+    deploy = find(objs, "Deployment", pool)
     c = container(deploy, "worker")
     target = "cuda" if c["image"].endswith("-cuda") else "cpu"
     assert target == {"cpu": "cpu", "gpu": "cuda"}[name]
@@ -93,13 +98,15 @@ def test_worker_arguments_parse_with_the_worker_cli(rendered, name):
     ns = parse_cli(entry_module, argv)
     assert ns.host == "0.0.0.0" and ns.port == 8000
     assert ns.device == ("cuda" if name == "gpu" else "cpu")
+    assert ns.model == POOLS[pool][1]
     # The declared container port is the one the worker listens on.
     assert {"name": "http", "containerPort": ns.port, "protocol": "TCP"} in c["ports"]
 
 
-def test_gpu_overlay_targets_h100_nodes(rendered):
+@pytest.mark.parametrize("pool", POOLS)
+def test_gpu_overlay_targets_h100_nodes(rendered, pool):
     objs = rendered["gpu"]
-    deploy = find(objs, "Deployment", "swiftserve-worker")
+    deploy = find(objs, "Deployment", pool)
     spec = deploy["spec"]["template"]["spec"]
     c = container(deploy, "worker")
     assert c["image"].endswith(":0.1.0-cuda")
@@ -112,18 +119,24 @@ def test_gpu_overlay_targets_h100_nodes(rendered):
     env = container_env(objs, deploy, "worker")
     assert env["WORKER_DEVICE"] == "cuda" and env["WORKER_DTYPE"] == "bfloat16"
     # The CPU overlay asks for no GPU.
-    cpu = container(find(rendered["cpu"], "Deployment", "swiftserve-worker"), "worker")
+    cpu = container(find(rendered["cpu"], "Deployment", pool), "worker")
     assert "nvidia.com/gpu" not in cpu["resources"].get("limits", {})
 
 
-@pytest.mark.parametrize("name", OVERLAYS)
-def test_gateway_discovers_workers_through_endpointslices(rendered, name):
-    objs = rendered[name]
+def _gateway_config(objs, tmp):
+    """The gateway container's arguments parsed by the real CLI, its mounted files in place."""
     deploy = find(objs, "Deployment", "swiftserve-gateway")
     c = container(deploy, "gateway")
     entry, _ = image_args("gateway")
-    entry_module, argv = cli_argv(entry, expand(c["args"], container_env(objs, deploy, "gateway")))
-    cfg = parse_cli(entry_module, argv)
+    args = remount(expand(c["args"], container_env(objs, deploy, "gateway")),
+                   mounted_configmaps(objs, deploy, "gateway", tmp))
+    return deploy, c, parse_cli(*cli_argv(entry, args))
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_gateway_discovers_workers_through_endpointslices(rendered, name, tmp_path):
+    objs = rendered[name]
+    deploy, c, cfg = _gateway_config(objs, tmp_path)
     assert cfg.k8s_namespace == "swiftserve"
     # The Service it watches is the workers' headless Service, with the named port.
     svc = find(objs, "Service", cfg.k8s_service)
@@ -259,3 +272,35 @@ def test_model_pvc_component_mounts_the_model(rendered):
     assert env["WORKER_MODEL"].startswith(mount["mountPath"] + "/")
     ns = parse_cli(*cli_argv(image_args("cpu")[0], expand(c["args"], env)))
     assert ns.model == env["WORKER_MODEL"]
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_two_model_pools_behind_one_gateway(rendered, name, tmp_path):
+    """One Deployment per model, with disjoint selectors; the workers' one headless Service
+    selects both (the gateway learns each pod's model from its /v1/models); the gateway's
+    mounted models table splits the original's name over both pools' models and parses with
+    the gateway's own reader; disruption budget, network policy and PodMonitor cover both."""
+    from gateway.aliases import read_aliases
+
+    objs = rendered[name]
+    deploys = {p: find(objs, "Deployment", p) for p in POOLS}
+    selectors = [d["spec"]["selector"]["matchLabels"] for d in deploys.values()]
+    for pool, d in deploys.items():
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        assert labels["swiftserve.io/pool"] == POOLS[pool][0] and _subset(WORKER_LABELS, labels)
+        assert _subset(d["spec"]["selector"]["matchLabels"], labels)
+    assert selectors[0]["swiftserve.io/pool"] != selectors[1]["swiftserve.io/pool"]
+    svc = find(objs, "Service", "swiftserve-worker")
+    assert all(_subset(svc["spec"]["selector"], d["spec"]["template"]["metadata"]["labels"]) for d in deploys.values())
+    for kind in ("PodDisruptionBudget", "NetworkPolicy"):
+        obj = find(objs, kind, "swiftserve-worker")
+        sel = obj["spec"]["selector"]["matchLabels"] if kind == "PodDisruptionBudget" else \
+            obj["spec"]["podSelector"]["matchLabels"]
+        assert all(_subset(sel, d["spec"]["template"]["metadata"]["labels"]) for d in deploys.values())
+    _, _, cfg = _gateway_config(objs, tmp_path)
+    (alias,) = read_aliases(cfg.models_config).values()
+    served = {"SmolLM2-135M-Instruct", POOLS["swiftserve-worker-swiftkv"][1].rsplit("/", 1)[1]}
+    assert {m for m, _ in alias.targets} == served and alias.shadow.reference == "SmolLM2-135M-Instruct"
+    # The models table is mounted from a ConfigMap without a name hash, so edits reach the running gateway.
+    cm = find(objs, "ConfigMap", "swiftserve-gateway-models")
+    assert "models.yaml" in cm["data"]

@@ -14,9 +14,14 @@ from proc_support import free_port
 
 
 class FakeWorker:
-    def __init__(self, name: str, delay: float = 0.0, chunks: int = 3, reported_queue: int = 0, status: int = 200):
+    """Serves ``model`` (``/v1/models``; other names get the worker's 404 ``model_not_found``) and answers
+    ``text`` (non-streamed; streams send ``chunks`` events of "tok"); ``requests`` keeps each body's model."""
+
+    def __init__(self, name: str, delay: float = 0.0, chunks: int = 3, reported_queue: int = 0, status: int = 200,
+                 model: str = "m", text: str = "ok"):
         self.name, self.delay, self.chunks, self.reported_queue = name, delay, chunks, reported_queue
-        self.status = status
+        self.status, self.model, self.text = status, model, text
+        self.requests: list[str] = []
         self.active = 0
         self.served = 0
         self.cancelled = 0
@@ -37,11 +42,16 @@ class FakeWorker:
 
         @app.get("/v1/models")
         async def models():
-            return {"object": "list", "data": [{"id": "m", "object": "model"}]}
+            return {"object": "list", "data": [{"id": self.model, "object": "model"}]}
 
         @app.post("/v1/completions")
         async def completions(request: Request):
             body = await request.json()
+            self.requests.append(body.get("model"))
+            if body.get("model") != self.model:
+                return JSONResponse({"error": {"message": f"The model `{body.get('model')}` does not exist.",
+                                               "type": "invalid_request_error", "code": "model_not_found"}},
+                                    status_code=404)
             self.served += 1
             if self.status != 200:
                 return JSONResponse({"error": {"message": "boom"}}, status_code=self.status)
@@ -49,7 +59,8 @@ class FakeWorker:
             if not body.get("stream"):
                 try:
                     await asyncio.sleep(self.delay)
-                    return JSONResponse({"worker": self.name, "choices": [{"text": "ok"}]})
+                    return JSONResponse({"worker": self.name, "model": self.model,
+                                         "choices": [{"index": 0, "text": self.text, "finish_reason": "stop"}]})
                 finally:
                     self.active -= 1
 

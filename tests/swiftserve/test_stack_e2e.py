@@ -118,18 +118,30 @@ def test_openai_sdk_and_both_workers_used(stack):
     assert all(n >= 1 for n in served), served
 
 
-def test_swiftkv_checkpoint_serves_through_the_stack(smollm2_dir, tmp_path):
+def test_swiftkv_checkpoint_beside_the_original_in_one_stack(smollm2_dir, tmp_path):
+    """``up --model A:1 --model B:1`` with an alias: a SwiftKV checkpoint (served as "smol") and the
+    original ("orig") each on its own worker; every request lands on its model's worker and the
+    alias splits over both, the answer naming the variant."""
     from modelkit.swiftkv import write_swiftkv_checkpoint
 
     ckpt = write_swiftkv_checkpoint(smollm2_dir, tmp_path / "swiftkv-l15-g2", 15, 2)
     port, wport = free_port(), free_port(2)
-    proc = start_stack(str(ckpt), port, wport)
+    proc = start_stack(f"{ckpt}:1", port, wport, extra=["--model", f"{smollm2_dir}:1", "--served-model-name", "orig",
+                                                         "--alias=split=smol:1,orig:1"])
+    base = f"http://127.0.0.1:{port}"
     try:
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=120,
-                       json={"model": "smol", "prompt": "Hello", "max_tokens": 5, "temperature": 0})
-        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
-        m = httpx.get(f"http://127.0.0.1:{wport}/metrics").text
+        for model in ("smol", "orig", "smol"):
+            r = httpx.post(base + "/v1/completions", timeout=120,
+                           json={"model": model, "prompt": "Hello", "max_tokens": 5, "temperature": 0})
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+            assert r.json()["model"] == model
+        m = httpx.get(f"http://127.0.0.1:{wport}/metrics").text          # the first worker: the checkpoint
         assert "swiftserve_worker_kv_bytes_per_token" in m and " 35328.0" in m
+        assert 'finished_reason="length",model_name="smol"} 2.0' in m
+        assert [d["id"] for d in httpx.get(base + "/v1/models").json()["data"]] == ["orig", "smol", "split"]
+        answered = {httpx.post(base + "/v1/completions", timeout=120, json={
+            "model": "split", "prompt": "Hi", "max_tokens": 1, "user": f"u{i}"}).json()["model"] for i in range(12)}
+        assert answered == {"smol", "orig"}
     finally:
         assert stop_stack(proc) == 0
 
