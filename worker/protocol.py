@@ -106,6 +106,9 @@ class _SamplingRequest(_Request):
     # choice / chunk; ``continuation_token_ids`` (SwiftServe) resumes a generation after these ids.
     return_token_ids: bool | None = False
     continuation_token_ids: list[int] | None = None
+    # Speculative decoding (SwiftServe; vLLM has no request field for it): true / false asks for / opts out of
+    # drafting on a worker started with --speculative-config (worker.serving.check_speculative); null: its default.
+    speculative: bool | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -324,6 +327,7 @@ def to_sampling_params(req: AnyRequest, *, prompt_len: int, max_model_len: int, 
         logit_bias=bias,
         structured=structured_spec(req),
         structured_prefix=tuple(req.continuation_token_ids or ()),
+        speculative=req.speculative,
         stop=tuple(req.stop_list()),
         include_stop_str_in_output=req.include_stop_str_in_output,
     )

@@ -74,6 +74,7 @@ async def create_completion(state: ServingState, req: CompletionRequest, raw: Re
                           f"limit of {limit} per request.", "n")
     state.check_engine()
     state.check_prompt_logprobs(req)
+    state.check_speculative(req)
     check_constrained(state.engine, req, structured_spec(req) is not None)
 
     async def prepare():
