@@ -1,0 +1,216 @@
+"""Speculative decoding through the served stack: our worker with and without ``--speculative-config``.
+
+    python benchmarks/spec_bench.py --repeats 2 --out results/spec      # -> results/spec/bench.{json,md}
+
+Two workers (``off``: the defaults; ``on``: the same + ``--speculative-config '{"method": "suffix"}'``)
+are started on their own ports and driven by the project's client (``loadtest``: streamed chat or
+completions, vLLM's metric definitions, like ``vllm bench serve``), one at a time, round by round,
+the order rotated every round, each run after the servers went idle (``perf_suite.settle``):
+
+  prompt_heavy_1   the first ``--single`` requests of the prompt-heavy set (benchmarks/spec_workload.py:
+                   summaries with quotes, code edits, passage answers, JSON extraction, from the
+                   corpus's texts), greedy, ``--max-concurrency 1``  -> decode tokens/s
+  random_1         vLLM's random dataset (random token ids, 256 in / 128 out, ignore_eos), one at a
+                   time: nothing to match, so drafts are rare  -> decode tokens/s
+  prompt_heavy_32  the whole set (``--load`` requests), greedy, 32 at once  -> output tokens/s
+
+Decode tokens/s of a run = sum over requests of (output tokens - 1) / sum of (last token - first
+token): what a user waits for after the first token. Figures are medians over ``--repeats``
+rounds of the on/off ratio measured in the same round. The ``on`` worker's
+``vllm:spec_decode_*`` counters, read around its prompt_heavy_1 runs, give the mean accepted
+drafted tokens per verification step. ``--identity-dtype float32`` first serves prompt_heavy_1 once
+on a float32 pair and compares the greedy texts (bf16 greedy depends on the batch shape, float32
+does not): ``spec_greedy_identical``. Writes ``<out>/bench.json`` / ``bench.md`` and merges the
+``spec_*`` keys into ``results/perf/summary.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.common import command_line, write_json  # noqa: E402
+from benchmarks.perf_suite import settle, start, stop  # noqa: E402
+from benchmarks.spec_workload import prompt_heavy_set  # noqa: E402
+
+SERVED = "smollm2"
+SPEC = '{"method": "suffix"}'
+
+
+def worker_argv(model: str, dtype: str, spec: bool, extra: list[str]) -> list[str]:
+    argv = [sys.executable, "-m", "worker", "--model", model, "--served-model-name", SERVED, "--max-model-len", "4096",
+            "--dtype", dtype, *extra]
+    return argv + (["--speculative-config", SPEC] if spec else [])
+
+
+def spec_counts(port: int) -> dict[str, float]:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    out = {}
+    for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+        m = re.search(rf"^vllm:spec_decode_{name}_total\{{[^}}]*\}} ([0-9.e+]+)$", text, re.M)
+        out[name] = float(m.group(1)) if m else 0.0
+    return out
+
+
+def run(port: int, workload: str, args, seed: int) -> dict:
+    from loadtest.datasets import random_prompts
+    from loadtest.runner import RunConfig, run as run_load
+
+    if workload == "random_1":
+        reqs = random_prompts(args.random_prompts, 256, 128, seed=seed)
+        cfg = RunConfig(base_url=f"http://127.0.0.1:{port}", model=SERVED, rate=float("inf"), warmup=0, seed=seed,
+                        num_requests=len(reqs), max_concurrency=1, label=workload)
+    else:
+        reqs = prompt_heavy_set(args.load, seed=0, max_tokens=args.max_tokens)
+        conc = 1 if workload == "prompt_heavy_1" else 32
+        reqs = reqs[:args.single] if conc == 1 else reqs
+        cfg = RunConfig(base_url=f"http://127.0.0.1:{port}", model=SERVED, endpoint="chat", rate=float("inf"),
+                        warmup=0, seed=seed, num_requests=len(reqs), max_concurrency=conc, ignore_eos=False,
+                        label=workload)
+    res = asyncio.run(run_load(cfg, reqs, progress=False))
+    recs = [r for r in res["requests"] if r["success"]]
+    if len(recs) != len(reqs):
+        raise RuntimeError(f"{workload}: {len(recs)} of {len(reqs)} requests completed: {res['errors'][:2]}")
+    tokens = sum(r["output_tokens"] - 1 for r in recs)
+    seconds = sum(r["e2el_s"] - r["ttft_s"] for r in recs)
+    return {"decode_tok_s": tokens / seconds, "output_throughput": res["output_throughput"],
+            "median_tpot_ms": res["median_tpot_ms"], "median_ttft_ms": res["median_ttft_ms"],
+            "output_tokens": res["total_output_tokens"], "texts": res["generated_texts"]}
+
+
+def identity_check(args, log_dir: Path) -> dict:
+    """Greedy texts of prompt_heavy_1 on a float32 pair: identical with and without speculation?"""
+    procs = []
+    texts = {}
+    try:
+        for i, spec in enumerate((False, True)):
+            port = args.port + 10 + i
+            procs.append(start(worker_argv(args.model, args.identity_dtype, spec, []), {}, port,
+                               log_dir / f"identity_{'on' if spec else 'off'}.log", args.start_timeout))
+            texts[spec] = run(port, "prompt_heavy_1", args, seed=0)["texts"]
+    finally:
+        for p in procs:
+            stop(p)
+    same = [a == b for a, b in zip(texts[False], texts[True])]
+    return {"dtype": args.identity_dtype, "identical": all(same), "requests": len(same), "identical_requests": sum(same)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--dtype", default="auto", help="the workers' --dtype (auto: the CPU default, bf16 here)")
+    ap.add_argument("--identity-dtype", default="float32", help="dtype of the greedy identity check ('' skips it)")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--single", type=int, default=12, help="prompt-heavy requests in the single-stream runs")
+    ap.add_argument("--load", type=int, default=32, help="prompt-heavy requests in the 32-concurrent run (>= 32)")
+    ap.add_argument("--random-prompts", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--workloads", nargs="+", default=["prompt_heavy_1", "random_1", "prompt_heavy_32"])
+    ap.add_argument("--port", type=int, default=18531)
+    ap.add_argument("--start-timeout", type=float, default=900)
+    ap.add_argument("--out", default="results/spec")
+    ap.add_argument("--summary", default="results/perf/summary.json", help="merge the spec_* keys here ('' skips)")
+    args = ap.parse_args(argv)
+    from modelkit.models import resolve_model
+
+    args.model = str(resolve_model(args.model))
+    out = ROOT / args.out
+    log_dir = out / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    doc: dict = {"command": command_line(argv), "loadavg_start": os.getloadavg(), "time": time.time(),
+                 "dtype": args.dtype, "spec_config": json.loads(SPEC), "runs": {}}
+    if args.identity_dtype:
+        doc["identity"] = identity_check(args, log_dir)
+        print("identity:", doc["identity"], flush=True)
+    names = ("off", "on")
+    procs, ports = {}, {}
+    try:
+        for i, name in enumerate(names):
+            ports[name] = args.port + i
+            procs[name] = start(worker_argv(args.model, args.dtype, name == "on", []), {}, ports[name],
+                                log_dir / f"{name}.log", args.start_timeout)
+        warm = argparse.Namespace(**{**vars(args), "random_prompts": 2})
+        for name in names:                             # warm-up: two short requests on other prompts
+            run(ports[name], "random_1", warm, seed=1000)
+        runs = {w: {n: [] for n in names} for w in args.workloads}
+        accepted = {"num_drafts": 0.0, "num_draft_tokens": 0.0, "num_accepted_tokens": 0.0}
+        for w in args.workloads:
+            for r in range(args.repeats):
+                order = names if r % 2 == 0 else names[::-1]
+                for name in order:
+                    settle(procs.values())
+                    before = spec_counts(ports[name]) if name == "on" and w == "prompt_heavy_1" else None
+                    res = run(ports[name], w, args, seed=r)
+                    if before is not None:
+                        after = spec_counts(ports[name])
+                        for k in accepted:
+                            accepted[k] += after[k] - before[k]
+                    runs[w][name].append(res)
+                    print(f"  {w} #{r} {name}: decode {res['decode_tok_s']:.1f} tok/s, output "
+                          f"{res['output_throughput']:.1f} tok/s, TPOT p50 {res['median_tpot_ms']:.1f} ms", flush=True)
+    finally:
+        for p in procs.values():
+            stop(p)
+    doc["loadavg_end"] = os.getloadavg()
+    summary = {}
+    table = []
+    for w, by in runs.items():
+        metric = "output_throughput" if w == "prompt_heavy_32" else "decode_tok_s"
+        ratios = [on[metric] / off[metric] for on, off in zip(by["on"], by["off"])]
+        same = [a["texts"] == b["texts"] for a, b in zip(by["on"], by["off"])]
+        doc["runs"][w] = {"metric": metric, "ratios": ratios, "ratio_median": statistics.median(ratios),
+                          "greedy_texts_identical": same,
+                          **{n: [{k: v for k, v in x.items() if k != "texts"} for x in by[n]] for n in names}}
+        table.append((w, metric, statistics.median(x[metric] for x in by["off"]),
+                      statistics.median(x[metric] for x in by["on"]), statistics.median(ratios)))
+    if accepted["num_drafts"]:
+        doc["acceptance"] = {**accepted, "mean_accepted_per_step": accepted["num_accepted_tokens"] / accepted["num_drafts"],
+                             "acceptance_rate": accepted["num_accepted_tokens"] / accepted["num_draft_tokens"]}
+    keys = {"prompt_heavy_1": "spec_single_stream_speedup", "random_1": "spec_random_dataset_ratio",
+            "prompt_heavy_32": "spec_throughput_ratio_under_load"}
+    for w, key in keys.items():
+        if w in doc["runs"]:
+            summary[key] = round(doc["runs"][w]["ratio_median"], 4)
+    if "acceptance" in doc:
+        summary["spec_acceptance_mean_len"] = round(doc["acceptance"]["mean_accepted_per_step"], 4)
+    if "identity" in doc:
+        summary["spec_greedy_identical"] = doc["identity"]["identical"]
+    doc["summary"] = summary
+    write_json(out / "bench.json", doc)
+    lines = [f"# Speculative decoding (suffix) through the served stack, {args.dtype}", "", f"`{doc['command']}`", "",
+             f"load average {doc['loadavg_start'][0]:.2f} -> {doc['loadavg_end'][0]:.2f}", "",
+             "| workload | metric | off | on | on / off (median of rounds) |", "|---|---|---:|---:|---:|"]
+    lines += [f"| {w} | {m} | {a:.1f} | {b:.1f} | **{r:.3f}** |" for w, m, a, b, r in table]
+    if "acceptance" in doc:
+        a = doc["acceptance"]
+        lines += ["", f"prompt_heavy_1 on: {a['num_drafts']:.0f} verification steps, {a['num_draft_tokens']:.0f} "
+                      f"drafted tokens, {a['num_accepted_tokens']:.0f} accepted: {a['mean_accepted_per_step']:.2f} "
+                      f"accepted per step (vLLM's mean acceptance length {1 + a['mean_accepted_per_step']:.2f}), "
+                      f"acceptance rate {a['acceptance_rate']:.3f}"]
+    if "identity" in doc:
+        i = doc["identity"]
+        lines += ["", f"greedy texts with and without speculation ({i['dtype']}, prompt_heavy_1): "
+                      f"{i['identical_requests']} of {i['requests']} identical"]
+    (out / "bench.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    if args.summary:
+        path = ROOT / args.summary
+        merged = json.loads(path.read_text()) if path.exists() else {}
+        merged.update(summary)
+        path.write_text(json.dumps(merged, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
