@@ -231,7 +231,8 @@ class Scheduler:
             if req.status is not RequestStatus.RUNNING:
                 continue  # aborted between schedule and update
             req.spec_token_ids = []
-            toks = sampled[req.request_id] if chunk.needs_logits else ()
+            samples = chunk.needs_logits            # (read before the append changes num_tokens)
+            toks = sampled[req.request_id] if samples else ()
             # Kept cache entries: the chunk's real tokens and the drafts accepted (all but the last emitted).
             req.num_computed_tokens += chunk.num_tokens - len(chunk.draft) + (len(toks) - 1 if chunk.draft else 0)
             for t in toks:
@@ -240,7 +241,7 @@ class Scheduler:
                     break
             # After the append: accepted drafts are computed tokens whose ids the blocks' hashes need.
             self.bm.commit(req.request_id, req.token_ids, min(req.num_cached_tokens, req.num_tokens))
-            if not chunk.needs_logits:
+            if not samples:
                 continue
             req.prefilled = True
             if req.timings.first_token is None:

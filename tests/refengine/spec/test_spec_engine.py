@@ -36,12 +36,21 @@ GREEDY = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
 SPEC = {"method": "suffix", "num_speculative_tokens_per_batch_size": [[1, 8, 12]]}
 
 
+def chat_ids(tok, text: str) -> list[int]:
+    text = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+    return tok.encode(text, add_special_tokens=False)
+
+
 @pytest.fixture(scope="module")
-def prompts(smollm2_dir):
+def tok(smollm2_dir):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(smollm2_dir)
-    chat = lambda text: tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)  # noqa: E731
+    return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    chat = lambda text: chat_ids(tok, text)  # noqa: E731
     return [chat("Repeat this text exactly, word for word:\n\n" + PASSAGE),
             chat("Rename the function to `rolling_mean` and return the whole code:\n\n" + CODE)]
 
@@ -125,14 +134,10 @@ def test_prefix_caching_n_copies_and_logprobs(base, prompts):
     assert base.stats().prefix_cache_hits > 0                # the second copy and the second run hit the cache
 
 
-def test_structured_output_masks_every_draft_position(base, prompts, smollm2_dir):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+def test_structured_output_masks_every_draft_position(base, tok):
     schema = {"type": "object", "properties": {"license": {"type": "string"}, "conditions": {"type": "integer"}},
               "required": ["license", "conditions"]}
-    prompt = tok.apply_chat_template([{"role": "user", "content": "Answer in JSON with the license name and the "
-                                       "number of conditions.\n\n" + PASSAGE}], add_generation_prompt=True)
+    prompt = chat_ids(tok, "Answer in JSON with the license name and the number of conditions.\n\n" + PASSAGE)
     params = SamplingParams(max_tokens=64, temperature=0,
                             structured=StructuredSpec("json", json.dumps(schema, sort_keys=True)))
     (off, _, _), (on, _, _), _ = on_off(base, [prompt], params)
