@@ -27,7 +27,7 @@ DEFAULT_PROMPTS = [[1, 504, 3575, 282, 4649, 314], [1, 9690, 198, 2683, 359, 253
 
 def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefill_len: int,
                 kv_gb: float, max_model_len: int, eager: bool | None = None, tp: int = 1, pp: int = 1,
-                kv_cache_dtype: str = "auto", dtype: str = "auto") -> dict:
+                kv_cache_dtype: str = "auto", dtype: str = "auto", speculative: dict | None = None) -> dict:
     from refengine.config import EngineConfig
     from swiftserve_vllm import compat as V
     from swiftserve_vllm.settings import VllmOptions, build_settings
@@ -35,13 +35,15 @@ def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefi
     device = V.platform_device()
     settings = build_settings(EngineConfig(model=model_dir, max_model_len=max_model_len, kv_cache_memory_gb=kv_gb,
                                            max_num_seqs=16, kv_cache_dtype=kv_cache_dtype, dtype=dtype),
-                              VllmOptions(enforce_eager=eager, tensor_parallel_size=tp, pipeline_parallel_size=pp),
+                              VllmOptions(enforce_eager=eager, tensor_parallel_size=tp, pipeline_parallel_size=pp,
+                                          speculative_config=speculative),
                               device)
     os.environ.update(settings.env)
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"     # apply_model pickles a function
     from swiftserve_vllm.model import token_counters
 
-    kwargs = {k: v for k, v in settings.engine_kwargs.items() if k not in ("served_model_name", "disable_log_stats")}
+    drop = ("served_model_name",) if speculative else ("served_model_name", "disable_log_stats")   # stats: spec counts
+    kwargs = {k: v for k, v in settings.engine_kwargs.items() if k not in drop}
     llm = V.LLM(**kwargs)
     try:
         cc = llm.llm_engine.vllm_config.cache_config
@@ -52,6 +54,8 @@ def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefi
         llm.generate([{"prompt_token_ids": long_prompt}], V.SamplingParams(max_tokens=1, temperature=0.0),
                      use_tqdm=False)
         after = _counters(llm.apply_model(token_counters))
+        spec = {m.name: m.value for m in llm.get_metrics() if m.name.startswith("vllm:spec_decode_num")
+                and hasattr(m, "value")} if speculative else None
         lay = settings.layout
         return {"model": model_dir, "device": device, "dtype": kwargs["dtype"], "enforce_eager": kwargs["enforce_eager"],
                 "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "kv_cache_dtype": kv_cache_dtype,
@@ -60,6 +64,7 @@ def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefi
                 "kv_capacity_tokens": int(cc.num_gpu_blocks) * int(cc.block_size),
                 "kv_cache_layers": lay.num_cache_owners, "swiftkv": lay.swiftkv, "zack_rank": lay.zack_rank,
                 "zack_ranks": list(lay.zack_ranks) if lay.zack else None,
+                "speculative_config": speculative, "spec_decode": spec,
                 "prefill_len": prefill_len, "tokens_head": after[0] - before[0],
                 "tokens_tail": after[1] - before[1] if before[1] >= 0 else None}
     finally:
@@ -102,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="model dtype of vLLM and of the --compare reference engine (auto: the worker's default "
                         "for vLLM, i.e. float32 on CPU; the reference engine then runs float32)")
+    p.add_argument("--speculative-config", type=json.loads, default=None,
+                   help="vLLM's speculative config (JSON), as the worker's --speculative-config; the spec_decode "
+                        "counters are recorded")
     p.add_argument("--compare", action="store_true", help="also run the reference engine / torch reference")
     p.add_argument("--ref-kv-methods", type=json.loads, default=None,
                    help="reference engine's KV methods as JSON (its --kv-methods), e.g. for its ZACK")
@@ -116,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = str(resolve_model(name))
         r = probe_model(model_dir, prompts, args.max_tokens, args.prefill_len, args.kv_gb, args.max_model_len,
                         args.eager, args.tensor_parallel_size, args.pipeline_parallel_size, args.kv_cache_dtype,
-                        args.dtype)
+                        args.dtype, args.speculative_config)
         if args.compare:
             ref_dtype = r["dtype"] if r["dtype"] != "auto" else "float32"
             r["reference_tokens"] = reference_tokens(model_dir, prompts, args.max_tokens, args.ref_kv_methods,
