@@ -13,6 +13,11 @@ the order rotated every round, each run after the servers went idle (``perf_suit
   random_1         vLLM's random dataset (random token ids, 256 in / 128 out, ignore_eos), one at a
                    time: nothing to match, so drafts are rare  -> decode tokens/s
   prompt_heavy_32  the whole set (``--load`` requests), greedy, 32 at once  -> output tokens/s
+  decode_128_128   perf_suite's decode workload (random 128 in / 128 out, 32 at once)  -> output tokens/s
+
+``--main-tree DIR`` adds a third worker, ``main``: the ``off`` worker's command run from another
+checkout (``PYTHONPATH=DIR``, e.g. the main branch), on random_1 and decode_128_128: the step
+without speculation must not be slower than before it existed (``off / main``).
 
 Decode tokens/s of a run = sum over requests of (output tokens - 1) / sum of (last token - first
 token): what a user waits for after the first token. Figures are medians over ``--repeats``
@@ -63,14 +68,19 @@ def spec_counts(port: int) -> dict[str, float]:
     return out
 
 
+VARIANTS = {"prompt_heavy_1": ("off", "on"), "random_1": ("off", "on", "main"), "prompt_heavy_32": ("off", "on"),
+            "decode_128_128": ("off", "on", "main")}
+
+
 def run(port: int, workload: str, args, seed: int) -> dict:
     from loadtest.datasets import random_prompts
     from loadtest.runner import RunConfig, run as run_load
 
-    if workload == "random_1":
-        reqs = random_prompts(args.random_prompts, 256, 128, seed=seed)
+    if workload in ("random_1", "decode_128_128"):
+        single = workload == "random_1"
+        reqs = random_prompts(args.random_prompts if single else 32, 256 if single else 128, 128, seed=seed)
         cfg = RunConfig(base_url=f"http://127.0.0.1:{port}", model=SERVED, rate=float("inf"), warmup=0, seed=seed,
-                        num_requests=len(reqs), max_concurrency=1, label=workload)
+                        num_requests=len(reqs), max_concurrency=1 if single else None, label=workload)
     else:
         reqs = prompt_heavy_set(args.load, seed=0, max_tokens=args.max_tokens)
         conc = 1 if workload == "prompt_heavy_1" else 32
@@ -116,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load", type=int, default=32, help="prompt-heavy requests in the 32-concurrent run (>= 32)")
     ap.add_argument("--random-prompts", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=160)
-    ap.add_argument("--workloads", nargs="+", default=["prompt_heavy_1", "random_1", "prompt_heavy_32"])
+    ap.add_argument("--workloads", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--main-tree", default=None, help="checkout whose worker is the 'main' variant (PYTHONPATH)")
     ap.add_argument("--port", type=int, default=18531)
     ap.add_argument("--start-timeout", type=float, default=900)
     ap.add_argument("--out", default="results/spec")
@@ -133,21 +144,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.identity_dtype:
         doc["identity"] = identity_check(args, log_dir)
         print("identity:", doc["identity"], flush=True)
-    names = ("off", "on")
+    names = ("off", "on", "main") if args.main_tree else ("off", "on")
     procs, ports = {}, {}
     try:
         for i, name in enumerate(names):
             ports[name] = args.port + i
-            procs[name] = start(worker_argv(args.model, args.dtype, name == "on", []), {}, ports[name],
+            env = {"PYTHONPATH": str(Path(args.main_tree).resolve())} if name == "main" else {}
+            procs[name] = start(worker_argv(args.model, args.dtype, name == "on", []), env, ports[name],
                                 log_dir / f"{name}.log", args.start_timeout)
         warm = argparse.Namespace(**{**vars(args), "random_prompts": 2})
         for name in names:                             # warm-up: two short requests on other prompts
             run(ports[name], "random_1", warm, seed=1000)
-        runs = {w: {n: [] for n in names} for w in args.workloads}
+        runs = {w: {n: [] for n in names if n in VARIANTS[w]} for w in args.workloads}
         accepted = {"num_drafts": 0.0, "num_draft_tokens": 0.0, "num_accepted_tokens": 0.0}
         for w in args.workloads:
             for r in range(args.repeats):
-                order = names if r % 2 == 0 else names[::-1]
+                order = list(runs[w])
+                order = order[r % len(order):] + order[:r % len(order)]      # rotated each round
                 for name in order:
                     settle(procs.values())
                     before = spec_counts(ports[name]) if name == "on" and w == "prompt_heavy_1" else None
@@ -166,14 +179,22 @@ def main(argv: list[str] | None = None) -> int:
     summary = {}
     table = []
     for w, by in runs.items():
-        metric = "output_throughput" if w == "prompt_heavy_32" else "decode_tok_s"
+        metric = "output_throughput" if w in ("prompt_heavy_32", "decode_128_128") else "decode_tok_s"
         ratios = [on[metric] / off[metric] for on, off in zip(by["on"], by["off"])]
         same = [a["texts"] == b["texts"] for a, b in zip(by["on"], by["off"])]
         doc["runs"][w] = {"metric": metric, "ratios": ratios, "ratio_median": statistics.median(ratios),
                           "greedy_texts_identical": same,
-                          **{n: [{k: v for k, v in x.items() if k != "texts"} for x in by[n]] for n in names}}
+                          **{n: [{k: v for k, v in x.items() if k != "texts"} for x in by[n]] for n in by}}
+        main = None
+        if "main" in by:
+            off_main = [off[metric] / m[metric] for off, m in zip(by["off"], by["main"])]
+            doc["runs"][w]["off_over_main"] = off_main
+            main = (statistics.median(x[metric] for x in by["main"]), statistics.median(off_main))
+            if w == "random_1":
+                doc["runs"][w]["tpot_off_over_main"] = [off["median_tpot_ms"] / m["median_tpot_ms"]
+                                                       for off, m in zip(by["off"], by["main"])]
         table.append((w, metric, statistics.median(x[metric] for x in by["off"]),
-                      statistics.median(x[metric] for x in by["on"]), statistics.median(ratios)))
+                      statistics.median(x[metric] for x in by["on"]), statistics.median(ratios), main))
     if accepted["num_drafts"]:
         doc["acceptance"] = {**accepted, "mean_accepted_per_step": accepted["num_accepted_tokens"] / accepted["num_drafts"],
                              "acceptance_rate": accepted["num_accepted_tokens"] / accepted["num_draft_tokens"]}
@@ -190,8 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     write_json(out / "bench.json", doc)
     lines = [f"# Speculative decoding (suffix) through the served stack, {args.dtype}", "", f"`{doc['command']}`", "",
              f"load average {doc['loadavg_start'][0]:.2f} -> {doc['loadavg_end'][0]:.2f}", "",
-             "| workload | metric | off | on | on / off (median of rounds) |", "|---|---|---:|---:|---:|"]
-    lines += [f"| {w} | {m} | {a:.1f} | {b:.1f} | **{r:.3f}** |" for w, m, a, b, r in table]
+             "| workload | metric | off | on | on / off (median of rounds) | main (no speculation code) | off / main |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {w} | {m} | {a:.1f} | {b:.1f} | **{r:.3f}** | " + (f"{mn[0]:.1f} | {mn[1]:.3f} |" if mn else " | |")
+              for w, m, a, b, r, mn in table]
     if "acceptance" in doc:
         a = doc["acceptance"]
         lines += ["", f"prompt_heavy_1 on: {a['num_drafts']:.0f} verification steps, {a['num_draft_tokens']:.0f} "

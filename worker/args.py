@@ -188,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "prompt and output (and, for 'suffix', recent outputs), verified in one forward pass; "
                         'e.g. \'{"method": "suffix"}\' or \'{"method": "ngram", "num_speculative_tokens": 8, '
                         '"prompt_lookup_max": 5}\'. Every request drafts unless it sends "speculative": false; '
-                        "the reference engine drafts fewer tokens as the batch grows and none from 24 running "
+                        "the reference engine drafts fewer tokens as the batch grows and none from 15 running "
                         "requests on (num_speculative_tokens_per_batch_size). docs/speculative.md")
     v = p.add_argument_group("vLLM engine (--engine vllm)")
     v.add_argument("--enforce-eager", dest="enforce_eager", action=argparse.BooleanOptionalAction, default=None,

@@ -16,7 +16,7 @@ Keys (vLLM 0.32's names and defaults where vLLM has the key):
   prompt_lookup_max / prompt_lookup_min (ngram)
   num_speculative_tokens_per_batch_size: vLLM's dynamic schedule ``[[lo, hi, k], ...]`` (inclusive
       batch-size ranges -> the most drafted tokens per request); the load-aware back-off. Default:
-      ``DEFAULT_SCHEDULE``, measured on this project's 2-core CPU (docs/speculative.md)
+      ``DEFAULT_SCHEDULE``, from the step-time knee measured on this project's 2-core CPU
 Any other vLLM key (a draft ``model``, EAGLE options) is refused with a message naming it.
 """
 
@@ -26,11 +26,30 @@ import json
 from dataclasses import dataclass, field
 
 METHODS = ("suffix", "ngram")
-# Default back-off (running requests -> most drafted tokens each). A step of SmolLM2 on 2 CPU
-# cores costs about the same from 1 to ~48 tokens and grows linearly past ~64 (results/spec/):
-# drafts are kept to that overhead-bound region, and off from 24 running requests on.
-DEFAULT_SCHEDULE: tuple[tuple[int, int, int], ...] = ((1, 2, 16), (3, 4, 12), (5, 8, 6), (9, 16, 3),
-                                                      (17, 23, 1))
+# Default back-off. A decode step of SmolLM2 on this project's 2-core CPU costs about T0 + c * n for n
+# verified tokens, with a fixed part T0 (Python, dispatch, sampling, weight reads) of ~21 ms and c ~0.75 ms
+# a token (bf16; DESIGN.md section 8, results/spec/knee.md). Below n = T0 / c (~28) the fixed part dominates:
+# the step is overhead-bound and a drafted token costs little; past it every token is compute. So the
+# drafts of a step are kept within KNEE_TOKENS rows: b running requests draft at most KNEE_TOKENS // b - 1
+# tokens each, and none from b = KNEE_TOKENS // 2 on (then a step is exactly the step without speculation).
+KNEE_TOKENS = 28
+
+
+def schedule_for(knee_tokens: int) -> tuple[tuple[int, int, int], ...]:
+    """vLLM's ``num_speculative_tokens_per_batch_size`` rows that keep a step within ``knee_tokens`` rows."""
+    rows = []
+    for b in range(1, knee_tokens // 2 + 1):
+        k = knee_tokens // b - 1
+        if k < 1:
+            break
+        if rows and rows[-1][2] == k:
+            rows[-1] = (rows[-1][0], b, k)
+        else:
+            rows.append((b, b, k))
+    return tuple(rows)
+
+
+DEFAULT_SCHEDULE = schedule_for(KNEE_TOKENS)
 INT_KEYS = ("num_speculative_tokens", "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
             "suffix_decoding_corpus_tokens", "prompt_lookup_max", "prompt_lookup_min")
 FLOAT_KEYS = ("suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob")

@@ -125,3 +125,30 @@ def test_config_refusals_name_the_key(value, words):
     with pytest.raises(SpecConfigError, match=None) as e:
         SpecConfig.parse(value)
     assert words in str(e.value)
+
+
+def test_scheduler_verifies_a_draft_and_keeps_only_accepted_entries():
+    from refengine.block_manager import BlockManager
+    from refengine.scheduler import Scheduler
+
+    bm = BlockManager(16, 4, enable_prefix_caching=True)
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=5)
+    req = Request("a", list(range(10, 16)), SamplingParams(max_tokens=10), (0,), 64)
+    sched.add(req)
+    out = sched.schedule()                                   # the prompt: 5 of 6 tokens (budget), then 1
+    sched.update(out, {})
+    out = sched.schedule()
+    sched.update(out, {"a": [20]})
+    assert req.num_computed_tokens == 6 and req.token_ids[-1] == 20
+    req.spec_token_ids = [21, 22, 23, 24, 25]
+    out = sched.schedule()
+    (c,) = out.chunks
+    assert (c.start, c.num_tokens, c.draft) == (6, 5, [21, 22, 23, 24])   # the budget cut the draft to 4
+    sched.update(out, {"a": [21, 22, 30]})                               # two accepted, then a correction
+    assert req.token_ids[6:] == [20, 21, 22, 30] and req.num_computed_tokens == 9 and req.spec_token_ids == []
+    assert bm._registered["a"] == 2                          # blocks of computed tokens only (8 of 9)
+    req.spec_token_ids = [31, 0, 33]
+    out = sched.schedule()
+    sched.update(out, {"a": [31, 0, 33]})                    # EOS (0) accepted: the rest is dropped
+    assert req.status.finished and req.token_ids[-2:] == [31, 0]
+    assert bm.num_free == bm.num_blocks                    # every block returned (the cached ones stay reusable)
