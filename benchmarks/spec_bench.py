@@ -69,7 +69,7 @@ def spec_counts(port: int) -> dict[str, float]:
 
 
 VARIANTS = {"prompt_heavy_1": ("off", "on"), "random_1": ("off", "on", "main"), "prompt_heavy_32": ("off", "on"),
-            "decode_128_128": ("off", "on", "main")}
+            "decode_128_128": ("off", "main")}
 
 
 def run(port: int, workload: str, args, seed: int) -> dict:
@@ -116,16 +116,71 @@ def identity_check(args, log_dir: Path) -> dict:
     return {"dtype": args.identity_dtype, "identical": all(same), "requests": len(same), "identical_requests": sum(same)}
 
 
+def report(doc: dict, runs: dict, accepted: dict, dtype: str) -> tuple[dict, list[str]]:
+    """Ratios, acceptance and the summary keys from the runs (``doc`` gains them); the Markdown lines."""
+    summary = {}
+    table = []
+    for w, by in runs.items():
+        metric = "output_throughput" if w in ("prompt_heavy_32", "decode_128_128") else "decode_tok_s"
+        on_runs = by.get("on", by["off"])          # decode_128_128 runs off and main only: on/off reads 1
+        ratios = [on[metric] / off[metric] for on, off in zip(on_runs, by["off"])]
+        same = [a["texts"] == b["texts"] for a, b in zip(on_runs, by["off"])]
+        doc["runs"][w] = {"metric": metric, "ratios": ratios, "ratio_median": statistics.median(ratios),
+                          "greedy_texts_identical": same,
+                          **{n: [{k: v for k, v in x.items() if k != "texts"} for x in by[n]] for n in by}}
+        main = None
+        if "main" in by:
+            off_main = [off[metric] / m[metric] for off, m in zip(by["off"], by["main"])]
+            doc["runs"][w]["off_over_main"] = off_main
+            main = (statistics.median(x[metric] for x in by["main"]), statistics.median(off_main))
+            if w == "random_1":
+                doc["runs"][w]["tpot_off_over_main"] = [off["median_tpot_ms"] / m["median_tpot_ms"]
+                                                       for off, m in zip(by["off"], by["main"])]
+        table.append((w, metric, statistics.median(x[metric] for x in by["off"]),
+                      statistics.median(x[metric] for x in by["on"]) if "on" in by else None,
+                      statistics.median(ratios) if "on" in by else None, main))
+    if accepted["num_drafts"]:
+        doc["acceptance"] = {**accepted, "mean_accepted_per_step": accepted["num_accepted_tokens"] / accepted["num_drafts"],
+                             "acceptance_rate": accepted["num_accepted_tokens"] / accepted["num_draft_tokens"]}
+    keys = {"prompt_heavy_1": "spec_single_stream_speedup", "random_1": "spec_random_dataset_ratio",
+            "prompt_heavy_32": "spec_throughput_ratio_under_load"}
+    for w, key in keys.items():
+        if w in doc["runs"]:
+            summary[key] = round(doc["runs"][w]["ratio_median"], 4)
+    if "acceptance" in doc:
+        summary["spec_acceptance_mean_len"] = round(doc["acceptance"]["mean_accepted_per_step"], 4)
+    if "identity" in doc:
+        summary["spec_greedy_identical"] = doc["identity"]["identical"]
+    doc["summary"] = summary
+    lines = [f"# Speculative decoding (suffix) through the served stack, {dtype}", "", f"`{doc['command']}`", "",
+             f"load average {doc['loadavg_start'][0]:.2f} -> {doc['loadavg_end'][0]:.2f}", "",
+             "| workload | metric | off | on | on / off (median of rounds) | main (no speculation code) | off / main |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {w} | {m} | {a:.1f} | " + (f"{b:.1f} | **{r:.3f}** | " if b is not None else "| | ")
+              + (f"{mn[0]:.1f} | {mn[1]:.3f} |" if mn else " | |") for w, m, a, b, r, mn in table]
+    if "acceptance" in doc:
+        a = doc["acceptance"]
+        lines += ["", f"prompt_heavy_1 on: {a['num_drafts']:.0f} verification steps, {a['num_draft_tokens']:.0f} "
+                      f"drafted tokens, {a['num_accepted_tokens']:.0f} accepted: {a['mean_accepted_per_step']:.2f} "
+                      f"accepted per step (vLLM's mean acceptance length {1 + a['mean_accepted_per_step']:.2f}), "
+                      f"acceptance rate {a['acceptance_rate']:.3f}"]
+    if "identity" in doc:
+        i = doc["identity"]
+        lines += ["", f"greedy texts with and without speculation ({i['dtype']}, prompt_heavy_1): "
+                      f"{i['identical_requests']} of {i['requests']} identical"]
+    return summary, lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="default")
-    ap.add_argument("--dtype", default="auto", help="the workers' --dtype (auto: the CPU default, bf16 here)")
+    ap.add_argument("--dtype", default="auto", help="the workers' --dtype (auto: the CPU's default, swiftcommon.cpu_dtype)")
     ap.add_argument("--identity-dtype", default="float32", help="dtype of the greedy identity check ('' skips it)")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--single", type=int, default=12, help="prompt-heavy requests in the single-stream runs")
+    ap.add_argument("--single", type=int, default=8, help="prompt-heavy requests in the single-stream runs")
     ap.add_argument("--load", type=int, default=32, help="prompt-heavy requests in the 32-concurrent run (>= 32)")
-    ap.add_argument("--random-prompts", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--random-prompts", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--workloads", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--main-tree", default=None, help="checkout whose worker is the 'main' variant (PYTHONPATH)")
     ap.add_argument("--port", type=int, default=18531)
@@ -176,55 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         for p in procs.values():
             stop(p)
     doc["loadavg_end"] = os.getloadavg()
-    summary = {}
-    table = []
-    for w, by in runs.items():
-        metric = "output_throughput" if w in ("prompt_heavy_32", "decode_128_128") else "decode_tok_s"
-        ratios = [on[metric] / off[metric] for on, off in zip(by["on"], by["off"])]
-        same = [a["texts"] == b["texts"] for a, b in zip(by["on"], by["off"])]
-        doc["runs"][w] = {"metric": metric, "ratios": ratios, "ratio_median": statistics.median(ratios),
-                          "greedy_texts_identical": same,
-                          **{n: [{k: v for k, v in x.items() if k != "texts"} for x in by[n]] for n in by}}
-        main = None
-        if "main" in by:
-            off_main = [off[metric] / m[metric] for off, m in zip(by["off"], by["main"])]
-            doc["runs"][w]["off_over_main"] = off_main
-            main = (statistics.median(x[metric] for x in by["main"]), statistics.median(off_main))
-            if w == "random_1":
-                doc["runs"][w]["tpot_off_over_main"] = [off["median_tpot_ms"] / m["median_tpot_ms"]
-                                                       for off, m in zip(by["off"], by["main"])]
-        table.append((w, metric, statistics.median(x[metric] for x in by["off"]),
-                      statistics.median(x[metric] for x in by["on"]), statistics.median(ratios), main))
-    if accepted["num_drafts"]:
-        doc["acceptance"] = {**accepted, "mean_accepted_per_step": accepted["num_accepted_tokens"] / accepted["num_drafts"],
-                             "acceptance_rate": accepted["num_accepted_tokens"] / accepted["num_draft_tokens"]}
-    keys = {"prompt_heavy_1": "spec_single_stream_speedup", "random_1": "spec_random_dataset_ratio",
-            "prompt_heavy_32": "spec_throughput_ratio_under_load"}
-    for w, key in keys.items():
-        if w in doc["runs"]:
-            summary[key] = round(doc["runs"][w]["ratio_median"], 4)
-    if "acceptance" in doc:
-        summary["spec_acceptance_mean_len"] = round(doc["acceptance"]["mean_accepted_per_step"], 4)
-    if "identity" in doc:
-        summary["spec_greedy_identical"] = doc["identity"]["identical"]
-    doc["summary"] = summary
+    summary, lines = report(doc, runs, accepted, args.dtype)
     write_json(out / "bench.json", doc)
-    lines = [f"# Speculative decoding (suffix) through the served stack, {args.dtype}", "", f"`{doc['command']}`", "",
-             f"load average {doc['loadavg_start'][0]:.2f} -> {doc['loadavg_end'][0]:.2f}", "",
-             "| workload | metric | off | on | on / off (median of rounds) | main (no speculation code) | off / main |",
-             "|---|---|---:|---:|---:|---:|---:|"]
-    lines += [f"| {w} | {m} | {a:.1f} | {b:.1f} | **{r:.3f}** | " + (f"{mn[0]:.1f} | {mn[1]:.3f} |" if mn else " | |")
-              for w, m, a, b, r, mn in table]
-    if "acceptance" in doc:
-        a = doc["acceptance"]
-        lines += ["", f"prompt_heavy_1 on: {a['num_drafts']:.0f} verification steps, {a['num_draft_tokens']:.0f} "
-                      f"drafted tokens, {a['num_accepted_tokens']:.0f} accepted: {a['mean_accepted_per_step']:.2f} "
-                      f"accepted per step (vLLM's mean acceptance length {1 + a['mean_accepted_per_step']:.2f}), "
-                      f"acceptance rate {a['acceptance_rate']:.3f}"]
-    if "identity" in doc:
-        i = doc["identity"]
-        lines += ["", f"greedy texts with and without speculation ({i['dtype']}, prompt_heavy_1): "
-                      f"{i['identical_requests']} of {i['requests']} identical"]
     (out / "bench.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if args.summary:

@@ -188,8 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "prompt and output (and, for 'suffix', recent outputs), verified in one forward pass; "
                         'e.g. \'{"method": "suffix"}\' or \'{"method": "ngram", "num_speculative_tokens": 8, '
                         '"prompt_lookup_max": 5}\'. Every request drafts unless it sends "speculative": false; '
-                        "the reference engine drafts fewer tokens as the batch grows and none from 15 running "
-                        "requests on (num_speculative_tokens_per_batch_size). docs/speculative.md")
+                        "the reference engine drafts fewer tokens as the batch grows and none from 5 running "
+                        "requests on (num_speculative_tokens_per_batch_size, measured on a 2-core CPU: give your "
+                        "own for a faster one). docs/speculative.md")
     v = p.add_argument_group("vLLM engine (--engine vllm)")
     v.add_argument("--enforce-eager", dest="enforce_eager", action=argparse.BooleanOptionalAction, default=None,
                    help="run vLLM without torch.compile / CUDA graphs (default: compiled, the plugin's SwiftKV and "

@@ -26,13 +26,14 @@ import json
 from dataclasses import dataclass, field
 
 METHODS = ("suffix", "ngram")
-# Default back-off. A decode step of SmolLM2 on this project's 2-core CPU costs about T0 + c * n for n
-# verified tokens, with a fixed part T0 (Python, dispatch, sampling, weight reads) of ~21 ms and c ~0.75 ms
-# a token (bf16; DESIGN.md section 8, results/spec/knee.md). Below n = T0 / c (~28) the fixed part dominates:
-# the step is overhead-bound and a drafted token costs little; past it every token is compute. So the
-# drafts of a step are kept within KNEE_TOKENS rows: b running requests draft at most KNEE_TOKENS // b - 1
-# tokens each, and none from b = KNEE_TOKENS // 2 on (then a step is exactly the step without speculation).
-KNEE_TOKENS = 28
+# Default back-off. A decode step of SmolLM2 on this project's 2-core CPU (float32: the CPU has no AVX-512)
+# costs about T0 + c * n for n verified rows, with a fixed part T0 (Python, dispatch, sampling, weight reads)
+# of ~58 ms and c ~8 ms a row (benchmarks/spec_knee.py, results/spec/knee.md). Below n = T0 / c (~7) the fixed
+# part dominates: the step is overhead-bound and a drafted token costs little; past it every row is compute.
+# So the drafts of a step are kept within KNEE_TOKENS rows: b running requests draft at most
+# KNEE_TOKENS // b - 1 tokens each, and none from b = KNEE_TOKENS // 2 + 1 on (a step is then exactly the
+# step without speculation).
+KNEE_TOKENS = 8
 
 
 def schedule_for(knee_tokens: int) -> tuple[tuple[int, int, int], ...]:

@@ -135,8 +135,9 @@ def test_prefix_caching_n_copies_and_logprobs(base, prompts):
 
 
 def test_structured_output_masks_every_draft_position(base, tok):
-    schema = {"type": "object", "properties": {"license": {"type": "string"}, "conditions": {"type": "integer"}},
-              "required": ["license", "conditions"]}
+    schema = {"type": "object", "properties": {"license": {"enum": ["BSD", "MIT", "GPL", "Apache"]},
+                                               "conditions": {"type": "integer", "maximum": 99}},
+              "required": ["license", "conditions"], "additionalProperties": False}
     prompt = chat_ids(tok, "Answer in JSON with the license name and the number of conditions.\n\n" + PASSAGE)
     params = SamplingParams(max_tokens=64, temperature=0,
                             structured=StructuredSpec("json", json.dumps(schema, sort_keys=True)))
