@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 METHODS = ("suffix", "ngram")
 # Default back-off. A decode step of SmolLM2 on this project's 2-core CPU (float32: the CPU has no AVX-512)
 # costs about T0 + c * n for n verified rows, with a fixed part T0 (Python, dispatch, sampling, weight reads)
-# of ~58 ms and c ~8 ms a row (benchmarks/spec_knee.py, results/spec/knee.md). Below n = T0 / c (~7) the fixed
+# of ~60 ms and c ~7.5 ms a row (benchmarks/spec_knee.py, results/spec/knee.md). Below n = T0 / c (~8) the fixed
 # part dominates: the step is overhead-bound and a drafted token costs little; past it every row is compute.
 # So the drafts of a step are kept within KNEE_TOKENS rows: b running requests draft at most
 # KNEE_TOKENS // b - 1 tokens each, and none from b = KNEE_TOKENS // 2 + 1 on (a step is then exactly the
