@@ -11,7 +11,8 @@ the order rotated every round, each run after the servers went idle (``perf_suit
                    summaries with quotes, code edits, passage answers, JSON extraction, from the
                    corpus's texts), greedy, ``--max-concurrency 1``  -> decode tokens/s
   random_1         vLLM's random dataset (random token ids, 256 in / 128 out, ignore_eos), one at a
-                   time: nothing to match, so drafts are rare  -> decode tokens/s
+                   time: nothing in the prompt to match, though a small model's greedy continuation
+                   of noise tends to loop, which the drafts then follow  -> decode tokens/s
   prompt_heavy_32  the whole set (``--load`` requests), greedy, 32 at once  -> output tokens/s
   decode_128_128   perf_suite's decode workload (random 128 in / 128 out, 32 at once)  -> output tokens/s
 
