@@ -11,6 +11,7 @@ Layout (one job per module):
   attention, models/         paged attention (sliding windows included) and the decoder of every family
   attention_backend          the engine's one choice of attention metadata builder and kernels
   pool_sizing                KV pool block counts per table group from the budgets (no torch)
+  spec/                      speculative decoding: suffix / n-gram drafts, back-off, verification
   sampler, model_runner      batch tensors, forward, sampling
   engine                     LLMEngine.step() = schedule -> run -> update
   async_engine               the engine on a background thread, asyncio streams

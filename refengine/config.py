@@ -4,6 +4,7 @@ Built once at the entry point (worker CLI, benchmark, evaluator) and passed
 explicitly. Values derived at run time (number of KV blocks, the model's spec)
 live on the objects that derive them, not here.
 
+``speculative_config`` is decoded the same way (``SpecConfig.parse``: vLLM's keys, ``SpecConfigError``).
 ``kv_methods`` is decoded where the config is built: a dict or JSON text becomes the
 typed ``KVMethods`` in ``__post_init__`` (``MethodError`` on unknown names or bad
 options). Checking it against the model, block size, KV dtype and SwiftKV is
@@ -16,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from refengine.kv.registry import KVMethods, default_block_size
+from refengine.spec.config import SpecConfig
 
 
 @dataclass
@@ -47,9 +49,13 @@ class EngineConfig:
     malloc_tuning: bool = True                  # CPU: keep freed activations in glibc's heap (refengine.host_malloc)
     free_window_blocks: bool = True             # sliding-window layers keep block tables of their own and free what
                                                 # their window left (False: one table, every block kept)
+    # Speculative decoding (refengine.spec): vLLM's --speculative-config (JSON text or a dict is parsed);
+    # None: off. Requests draft by default when set (SamplingParams.speculative=False opts one out).
+    speculative_config: SpecConfig | None = None
     huge_pages: bool = True                     # spawned engine process: glibc maps malloc memory for THP (refengine.host_malloc)
 
     def __post_init__(self) -> None:
         self.kv_methods = KVMethods.parse(self.kv_methods)
+        self.speculative_config = SpecConfig.parse(self.speculative_config)
         if self.block_size is None:
             self.block_size = default_block_size(self.kv_methods)

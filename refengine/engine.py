@@ -5,10 +5,15 @@ edits that go through the scheduler (eviction: ``Scheduler.truncate`` frees the
 blocks past a request's kept cache entries; its positions are unchanged).
 Requests that finish, abort or are preempted are forgotten by the methods.
 
+Speculative decoding (``config.speculative_config``, ``refengine.spec``): the step starts with the
+drafter, which leaves a draft on each decoding request that wants one (within the load-aware
+budget); a request that verified a draft gets several tokens in one increment. Finished requests
+leave their output in the drafter's corpus of recent outputs.
+
 Not thread-safe: one thread owns it (``AsyncEngine`` runs it on a background
 thread). Callers speak token ids and ``SamplingParams``; out come
-``RequestOutput`` increments (one token per request per step; the first one carries the
-prompt logprobs when ``params.prompt_logprobs`` asked for them).
+``RequestOutput`` increments (the tokens a request got in a step: one, or more after a verified
+draft; the first one carries the prompt logprobs when ``params.prompt_logprobs`` asked for them).
 
 Isolation: ``add_request`` validates every id and option (``ValueError``). If a step's
 batch fails anyway, each of its requests is run alone; one that fails alone is
@@ -37,6 +42,8 @@ from refengine.request import Request, RequestStatus
 from refengine.sampling_params import SamplingParams
 from refengine.scheduler import Scheduler, SchedulerOutput
 from refengine.faults import EngineFault, request_failure
+from refengine.spec.check import check_speculation
+from refengine.spec.drafter import Drafter
 from refengine.structured.grammar import GrammarError, tidy
 
 log = logging.getLogger(__name__)
@@ -74,6 +81,10 @@ class LLMEngine:
         cap = config.long_prefill_token_threshold
         cap = max(config.block_size, config.max_num_batched_tokens // 2) if cap is None else cap
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, cap)
+        spec = config.speculative_config
+        if spec is not None:
+            check_speculation(spec, self.runner.kv_methods)          # ValueError naming what cannot verify drafts
+        self.drafter = Drafter(spec) if spec is not None else None
         self.eos_token_ids = self.spec.eos_token_ids
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -103,6 +114,9 @@ class LLMEngine:
                 raise ValueError(f"{name} must be in [0, {vocab}]")
         if any(not 0 <= t < vocab for t, _ in params.logit_bias):
             raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
+        if params.speculative and self.drafter is None:
+            raise ValueError("speculative decoding was asked for, but this engine has no speculative config "
+                             "(start it with --speculative-config)")
         req = Request(request_id, prompt_token_ids, params, self.eos_token_ids, self.max_model_len, arrival_time)
         req.forced_ids = forced_ids
         self.scheduler.add(req)
@@ -112,6 +126,8 @@ class LLMEngine:
         if req is None:
             return None
         self.runner.release(request_id)
+        if self.drafter is not None:
+            self.drafter.finished(req)
         return self._output(req, [], None)
 
     def has_unfinished(self) -> bool:
@@ -119,6 +135,8 @@ class LLMEngine:
 
     # ---- the step ---------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        if self.drafter is not None:
+            self.drafter.propose(self.scheduler.running, enabled_by_default=True)
         sched = self.scheduler.schedule()
         self.runner.forget(sched.preempted)        # their blocks are free (and may be reused this step)
         if not sched.chunks:
@@ -128,7 +146,12 @@ class LLMEngine:
             self._failed_steps = 0
         except Exception as exc:  # noqa: BLE001 - isolate the request(s) that cause it
             sampled, logprobs = self._isolate(sched, exc)
+        before = {c.request.request_id: c.request.num_tokens for c in sched.chunks}
         touched = self.scheduler.update(sched, sampled)
+        if self.drafter is not None:
+            for c in sched.chunks:
+                if c.draft and c.request.request_id in sampled:
+                    self.drafter.record(len(c.draft), len(sampled[c.request.request_id]) - 1)
         for edit in self.runner.after_step(sched):
             self.scheduler.truncate(edit.request_id, edit.num_cached)
         outputs = []
@@ -138,16 +161,20 @@ class LLMEngine:
                     self.runner.release(req.request_id)
                     self._canary, self._failed_steps = None, 0
                 continue
-            if req.num_output_tokens == 1:
+            new = req.token_ids[before[req.request_id]:]
+            first = req.num_output_tokens == len(new)
+            if first:
                 self.prompt_tokens_total += req.num_prompt_tokens
-            self.generation_tokens_total += 1
-            lp = logprobs.get(req.request_id)
-            out = self._output(req, [req.token_ids[-1]], [lp] if lp is not None else None)
-            if req.num_output_tokens == 1 and req.prompt_lps is not None:
+            self.generation_tokens_total += len(new)
+            lps = logprobs.get(req.request_id)
+            out = self._output(req, new, lps[:len(new)] if lps is not None else None)
+            if first and req.prompt_lps is not None:
                 out.prompt_logprobs = req.prompt_lps     # complete: the prompt's last chunk just sampled
             outputs.append(out)
             if req.status.finished:
                 self.runner.release(req.request_id)
+                if self.drafter is not None:
+                    self.drafter.finished(req)
         return outputs
 
     def _isolate(self, sched: SchedulerOutput, exc: Exception) -> tuple[dict, dict]:
@@ -168,8 +195,10 @@ class LLMEngine:
                 failed += 1
                 log.error("request %s failed in the engine: %s", rid, tidy(repr(one)),
                           exc_info=None if isinstance(one, GrammarError) else one)
-                self.scheduler.abort(rid)
+                req = self.scheduler.abort(rid)
                 self.runner.release(rid)
+                if self.drafter is not None and req is not None:
+                    self.drafter.finished(req)
                 self.num_request_failures += 1
                 self._failures[rid] = request_failure(one)
                 continue
@@ -188,7 +217,8 @@ class LLMEngine:
         log.warning("%d steps in a row failed for every request: checking the engine with a canary request",
                     self._failed_steps)
         token = min(self.eos_token_ids) if self.eos_token_ids else 0
-        self.add_request(self._canary, [token], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+        self.add_request(self._canary, [token], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True,
+                                                                   speculative=False))
 
     def take_failures(self) -> dict[str, RequestFailed]:
         """Requests aborted by a failure since the last call: request id -> error."""
@@ -287,7 +317,8 @@ class LLMEngine:
                    "swiftkv_group_size": float(r.model.group_size),
                    "engine_request_failures_total": float(self.num_request_failures),
                    "engine_canaries_total": float(self.num_canaries),
-                   **r.kv.stats()},
+                   **r.kv.stats(), **(self.drafter.stats() if self.drafter is not None else {})},
+            spec_decode=self.drafter.counts() if self.drafter is not None else None,
         )
 
 

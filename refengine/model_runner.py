@@ -48,6 +48,7 @@ from refengine.weights import OverlayWeights
 from refengine.quant import gguf_plan, open_gguf, open_safetensors
 from refengine.prompt_logprobs import head_rows, score_rows, scored_positions
 from refengine.sampler import SampleRow, sample
+from refengine.spec.verify import accept
 from refengine.structured.masks import GrammarMasks, constrained_ids
 from refengine.pool_sizing import size_pool
 from refengine.scheduler import SchedulerOutput
@@ -73,6 +74,24 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"dtype {name!r} not in {sorted(DTYPES)}")
     return DTYPES[name]
+
+
+def _attn_seqs(entries: list, t: int) -> tuple[list, list]:
+    """``(cache start, rows, chunk)`` per sequence -> ``build_batch``'s sequences for table group ``t`` and their
+    request ids. A chunk that verifies a draft is described as one
+    decode row per token (row i sees the cache up to its own entry), so each row is computed exactly as a
+    plain decode step of that token computes it: the same kernel, and KV methods' decode paths (KCache's
+    top-N) as they are."""
+    seqs, ids = [], []
+    for start, n, c in entries:
+        table, rid = c.block_tables[t], c.request.request_id
+        if c.draft and n > 1:
+            seqs.extend((start + i, 1, table) for i in range(n))
+            ids.extend([rid] * n)
+        else:
+            seqs.append((start, n, table))
+            ids.append(rid)
+    return seqs, ids
 
 
 class ModelRunner:
@@ -205,25 +224,29 @@ class ModelRunner:
         return g
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> tuple[dict[str, int], dict[str, TokenLogprob]]:
+    def execute(self, sched: SchedulerOutput) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprob]]]:
+        """Run one step: per request that samples, the tokens it emits (one, or a verified draft's accepted
+        tokens and one more: ``refengine.spec.verify``) and their logprobs when it asked for them."""
         dev, bs = self.device, self.config.block_size
         # Cache offsets (slot mapping, attention lengths) vs true positions (RoPE): they differ
         # by the tokens an eviction method dropped from the request's cache.
-        seq_ids = [c.request.request_id for c in sched.chunks]
         ids, pos, head_idx, tails, sampling, sample_at, scoring = [], [], [], [], [], [], []
         row = 0
         for c in sched.chunks:
             r, end = c.request, c.start + c.num_tokens
-            ids.extend(r.token_ids[c.start:end])
+            k = len(c.draft)
+            ids.extend(r.token_ids[c.start:end - k])
+            ids.extend(c.draft)
             pos.extend(range(c.start, end))
-            # Rows that go on to the LM head: a suffix [lo, end) of the chunk (prompt logprobs, sampling).
-            lo = head_rows(c.start, end, r.num_prompt_tokens, r.prompt_lps, c.needs_logits)
+            # Rows that go on to the LM head: a suffix [lo, end) of the chunk (prompt logprobs, sampling;
+            # a verified draft: its last real token's row and every draft row).
+            lo = head_rows(c.start, end - k, r.num_prompt_tokens, r.prompt_lps, c.needs_logits)
             if lo < end:
-                n_scored = scored_positions(lo, end, r.num_prompt_tokens, r.prompt_lps)
+                n_scored = scored_positions(lo, end - k, r.num_prompt_tokens, r.prompt_lps)
                 if n_scored:
                     scoring.append((r, lo, len(head_idx), n_scored))
                 if c.needs_logits:
-                    sample_at.append(len(head_idx) + end - 1 - lo)
+                    sample_at.extend(range(len(head_idx) + end - k - 1 - lo, len(head_idx) + end - lo))
                     sampling.append(c)
                 head_idx.extend(range(row + lo - c.start, row + c.num_tokens))
                 tails.append((c.cache_start + lo - c.start, end - lo, c))
@@ -234,22 +257,26 @@ class ModelRunner:
         table_slots = [slot_mapping([(c.cache_start, c.num_tokens, c.block_tables[t]) for c in sched.chunks], bs, dev)
                        for t in range(len(self.table_windows))]
         slots = [table_slots[t] for t in self.table_of]
-        build = self.attn_backend.build_batch
-        attn_all = [build([(c.cache_start, c.num_tokens, c.block_tables[t]) for c in sched.chunks], bs, dev,
-                          seq_ids=seq_ids, window=w)
-                    for t, w in zip(self.table_of, self.kv.windows)]
+        def build(entries, t, window):
+            seqs, ids = _attn_seqs(entries, t)
+            return self.attn_backend.build_batch(seqs, bs, dev, seq_ids=ids, window=window)
+        every = [(c.cache_start, c.num_tokens, c) for c in sched.chunks]
+        attn_all = [build(every, t, w) for t, w in zip(self.table_of, self.kv.windows)]
         logits_idx = torch.tensor(head_idx, dtype=torch.long, device=dev)
         attn_logits = None
         if self.model.use_swiftkv:
             # Later layers: the head rows of each sequence, causal over its cache (one query when it only samples).
-            attn_logits = [build([(start, n, c.block_tables[t]) for start, n, c in tails], bs, dev,
-                                 seq_ids=[c.request.request_id for _, _, c in tails], window=w)
-                           for t, w in zip(self.table_of, self.kv.windows)]
+            attn_logits = [build(tails, t, w) for t, w in zip(self.table_of, self.kv.windows)]
         for m in self.kv_methods:
             m.begin_step(sched, self.kv)
+        # Sampling rows: one per sampling chunk, 1 + len(draft) for a verified draft (row i follows draft[:i]).
+        firsts, n_rows = [], 0
+        for c in sampling:
+            firsts.append(n_rows)
+            n_rows += 1 + len(c.draft)
         masks = self.grammar.start([(j, c.request.request_id, c.request.params.structured,
-                                     constrained_ids(c.request.params, c.request.output_token_ids))
-                                    for j, c in enumerate(sampling) if c.request.params.structured is not None])
+                                     constrained_ids(c.request.params, c.request.output_token_ids), c.draft)
+                                    for j, c in zip(firsts, sampling) if c.request.params.structured is not None])
         try:
             hidden = self.model(input_ids, positions, self.kv, attn_all, slots, logits_idx, attn_logits)   # [N, D]
         except BaseException:
@@ -269,21 +296,28 @@ class ModelRunner:
         for c in sampling:
             r = c.request
             p = r.params
-            blocked: tuple[int, ...] = ()
-            if p.min_tokens and r.num_output_tokens < p.min_tokens:
-                blocked = tuple(set(p.stop_token_ids) | (set() if p.ignore_eos else set(r.eos_token_ids)))
-            rows.append(SampleRow(p, r.token_ids, r.num_prompt_tokens, self._generator(r.request_id, p.seed), blocked))
-        tokens, lps = sample(logits, rows, self.default_gen,
-                             self.grammar.result(masks) if masks is not None else None)
-        forced = [j for j, c in enumerate(sampling) if c.request.forced_ids is not None]
-        if forced:
-            logp = torch.log_softmax(logits[forced].float(), dim=-1)
-            for k, j in enumerate(forced):
-                r = sampling[j].request
+            gen = self._generator(r.request_id, p.seed)
+            for i in range(len(c.draft) + 1):
+                blocked: tuple[int, ...] = ()
+                if p.min_tokens and r.num_output_tokens + i < p.min_tokens:
+                    blocked = tuple(set(p.stop_token_ids) | (set() if p.ignore_eos else set(r.eos_token_ids)))
+                ctx = r.token_ids + c.draft[:i] if i else r.token_ids      # penalties see the drafts before the row
+                rows.append(SampleRow(p, ctx, r.num_prompt_tokens, gen, blocked))
+        token_masks = self.grammar.result(masks) if masks is not None else None
+        if n_rows > len(sampling):           # some request verifies a draft
+            res = accept(logits, rows, list(zip(firsts, (c.draft for c in sampling))), self.default_gen, token_masks)
+            sampled = {c.request.request_id: toks for c, (toks, _) in zip(sampling, res)}
+            logprobs = {c.request.request_id: lps for c, (_, lps) in zip(sampling, res) if lps is not None}
+        else:
+            tokens, lps = sample(logits, rows, self.default_gen, token_masks)
+            sampled = {c.request.request_id: [t] for c, t in zip(sampling, tokens)}
+            logprobs = {c.request.request_id: [lp] for c, lp in zip(sampling, lps) if lp is not None}
+        forced = [(j, c.request) for j, c in zip(firsts, sampling) if c.request.forced_ids is not None]
+        if forced:                           # scoring: never drafts, one row each
+            logp = torch.log_softmax(logits[[j for j, _ in forced]].float(), dim=-1)
+            for k, (_, r) in enumerate(forced):
                 t = r.forced_ids[r.num_output_tokens]
                 r.score_log.append((float(logp[k, t]), int(logp[k].argmax()),
                                     logp[k].cpu() if self.want_dist else None))
-                tokens[j] = t
-        sampled = {c.request.request_id: t for c, t in zip(sampling, tokens)}
-        logprobs = {c.request.request_id: lp for c, lp in zip(sampling, lps) if lp is not None}
+                sampled[r.request_id] = [t]
         return sampled, logprobs

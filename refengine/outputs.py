@@ -70,6 +70,19 @@ class EngineStats:
     prefix_cache_queries: int = 0               # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0                  # of which found there
     extra: dict[str, float] = field(default_factory=dict)  # method-specific gauges
+    # Speculative decoding (vLLM's spec_decode_* counters): None when the engine does not speculate.
+    spec_decode: "SpecDecodeStats | None" = None
+
+
+@dataclass
+class SpecDecodeStats:
+    """Running counts, as vLLM's ``vllm:spec_decode_*`` counters: verification steps with a draft, drafted
+    tokens, accepted drafted tokens, and accepted tokens per draft position (index 0: the first drafted)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
 
 
 class RequestFailed(RuntimeError):

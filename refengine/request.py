@@ -9,6 +9,10 @@ cache (``num_evicted``). Then the cache holds ``num_cached_tokens =
 num_computed_tokens - num_evicted`` entries per head, compacted to the front of the
 block table, while RoPE positions keep counting ``num_computed_tokens``. Both reset
 on preemption (the cache is rebuilt by recomputation).
+
+Speculative decoding: a decoding request may carry drafted tokens (``spec_token_ids``) into a
+step; the step computes their KV too, and the update keeps ``num_computed_tokens`` at the tokens
+that were accepted (the cache entries past it are stale and overwritten later).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ class Request:
     __slots__ = (
         "request_id", "token_ids", "num_prompt_tokens", "params", "eos_token_ids",
         "num_computed_tokens", "status", "stop_reason", "timings", "num_preemptions",
-        "max_model_len", "forced_ids", "score_log", "num_evicted", "prefilled", "prompt_lps",
+        "max_model_len", "forced_ids", "score_log", "num_evicted", "prefilled", "prompt_lps", "spec_token_ids",
     )
 
     def __init__(
@@ -70,6 +74,9 @@ class Request:
         # Prompt logprobs (params.prompt_logprobs): entry i is prompt token i's, filled from the
         # prefill rows as chunks compute them; entry 0 is None (no position predicts it).
         self.prompt_lps: list | None = [None] if params.prompt_logprobs is not None else None
+        # Speculative decoding (refengine.spec): the tokens drafted for the next step, set by the drafter
+        # before the scheduler runs and verified in that step; never part of ``token_ids``.
+        self.spec_token_ids: list[int] = []
 
     @property
     def num_tokens(self) -> int:

@@ -115,8 +115,9 @@ def _filter(logits: torch.Tensor, rows: list[SampleRow], idx: list[int]) -> torc
     return sub
 
 
-def sample(logits: torch.Tensor, rows: list[SampleRow], default_gen: torch.Generator | None, masks=None
-           ) -> tuple[list[int], list[TokenLogprob | None]]:
+def process_logits(logits: torch.Tensor, rows: list[SampleRow], masks=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(raw, processed)`` float32 logits ``[N, V]``: processed = raw + logit bias, penalties, token
+    masks (the same tensor as raw when no row has any of them)."""
     logits = logits.float()
     raw = logits
     biased = any(r.params.logit_bias for r in rows)
@@ -128,10 +129,45 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], default_gen: torch.Gener
         _apply_penalties(logits, rows)
         if masks is not None:
             _apply_token_masks(logits, masks)
+    return raw, logits
+
+
+def random_probs(logits: torch.Tensor, rows: list[SampleRow], idx: list[int]) -> torch.Tensor:
+    """The sampling distribution ``[len(idx), V]`` of the random rows ``idx`` (processed logits in)."""
+    return _filter(logits, rows, idx).softmax(-1)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token from one row's distribution ``[V]``: inverse CDF with one float64 uniform, as ``sample``
+    draws each random row (so a request draws the same token from the same generator state either way)."""
+    cdf = probs.double().cumsum(-1)
+    u = torch.empty(1, dtype=torch.float64, device=cdf.device).uniform_(generator=generator)
+    return int(torch.searchsorted(cdf, u * cdf[-1:]).clamp_max(cdf.shape[-1] - 1))
+
+
+def row_logprobs(raw: torch.Tensor, rows: list[SampleRow], tokens: dict[int, int]) -> dict[int, TokenLogprob]:
+    """Logprobs (raw model distribution) of ``tokens[row]`` at those rows of ``raw [N, V]`` that want them."""
+    want = [i for i in tokens if rows[i].params.logprobs is not None]
+    out: dict[int, TokenLogprob] = {}
+    if want:
+        logp = torch.log_softmax(raw[want], dim=-1)
+        for j, i in enumerate(want):
+            k = rows[i].params.logprobs or 0
+            top = []
+            if k > 0:
+                vals, ids = torch.topk(logp[j], k)
+                top = [(int(t), float(v)) for t, v in zip(ids, vals)]
+            out[i] = TokenLogprob(tokens[i], float(logp[j, tokens[i]]), top)
+    return out
+
+
+def sample(logits: torch.Tensor, rows: list[SampleRow], default_gen: torch.Generator | None, masks=None
+           ) -> tuple[list[int], list[TokenLogprob | None]]:
+    raw, logits = process_logits(logits, rows, masks)
     tokens = logits.argmax(-1).tolist()           # greedy rows keep these
     rand = [i for i, r in enumerate(rows) if not r.params.greedy]
     if rand:
-        probs = _filter(logits, rows, rand).softmax(-1)
+        probs = random_probs(logits, rows, rand)
         cdf = probs.double().cumsum(-1)                                  # [n, V]
         u = torch.empty(len(rand), 1, dtype=torch.float64, device=cdf.device)
         for j, i in enumerate(rand):
@@ -141,15 +177,5 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], default_gen: torch.Gener
         picks = picks.squeeze(1).tolist()
         for j, i in enumerate(rand):
             tokens[i] = picks[j]
-    lps: list[TokenLogprob | None] = [None] * len(rows)
-    want = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
-    if want:
-        logp = torch.log_softmax(raw[want], dim=-1)
-        for j, i in enumerate(want):
-            k = rows[i].params.logprobs or 0
-            top = []
-            if k > 0:
-                vals, ids = torch.topk(logp[j], k)
-                top = [(int(t), float(v)) for t, v in zip(ids, vals)]
-            lps[i] = TokenLogprob(tokens[i], float(logp[j, tokens[i]]), top)
-    return tokens, lps
+    got = row_logprobs(raw, rows, dict(enumerate(tokens)))
+    return tokens, [got.get(i) for i in range(len(rows))]

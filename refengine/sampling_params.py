@@ -36,6 +36,9 @@ class SamplingParams:
     # A continuation's ids (generated elsewhere, now at the end of the prompt): the constraint consumes them
     # before this request's output, so its state is the one the first engine was in. Unused without one.
     structured_prefix: tuple[int, ...] = ()
+    # Speculative decoding (refengine.spec): True drafts for this request, False never, None: the engine's
+    # default (on when it was started with a speculative config).
+    speculative: bool | None = None
     # Applied at the edge by the detokenizer, not by the engine:
     stop: tuple[str, ...] = field(default=())
     include_stop_str_in_output: bool = False

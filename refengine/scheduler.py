@@ -22,6 +22,14 @@ request served; ``long_prefill_cap`` bounds one request's share of a step's budg
 Sliding windows: the block manager may keep one table per window (``refengine.block_groups``);
 chunks carry all of them (``block_tables``) and ``commit`` after a step lets windows slide.
 
+Speculative decoding: a decoding request (one token behind) that carries drafted tokens
+(``Request.spec_token_ids``, set by ``refengine.spec.Drafter`` before ``schedule``) is scheduled
+for ``1 + len(draft)`` tokens (fewer drafts when the budget is short); its chunk lists them
+(``draft``). ``update`` then gets the step's emitted tokens per request (accepted drafts and one
+more), appends them until one finishes the request, and advances ``num_computed_tokens`` by the
+real token and the accepted drafts only: the rejected drafts' cache entries are past it, stale,
+and overwritten by the next step (their blocks stay with the request it grows into).
+
 Blocks are counted in cache entries, not positions: after an eviction KV method
 dropped tokens (``truncate``, applied between steps), a request needs blocks for
 ``num_cached_tokens`` entries while its chunks keep their true positions
@@ -48,6 +56,7 @@ class ScheduledChunk:
     cache_start: int = -1   # cache entry of position ``start`` (= start - num_evicted); -1: same as start
     ends_prefill: bool = False  # the first token sampled since the cache was (re)built comes from this chunk
     block_tables: list | None = None   # one table per table group (refengine.block_groups); None: [block_table]
+    draft: list[int] = field(default_factory=list)   # drafted tokens verified in this chunk (its last rows)
 
     def __post_init__(self) -> None:
         if self.cache_start < 0:
@@ -58,7 +67,7 @@ class ScheduledChunk:
     @property
     def needs_logits(self) -> bool:
         """True when the chunk reaches the last known token: a new token is sampled."""
-        return self.start + self.num_tokens == self.request.num_tokens
+        return self.start + self.num_tokens - len(self.draft) == self.request.num_tokens
 
 
 @dataclass
@@ -125,6 +134,8 @@ class Scheduler:
     def _share(self, req: Request, budget: int) -> int:
         """Tokens ``req`` may compute this step: what is left, within the budget and the long-prefill cap."""
         n = min(req.num_tokens - req.num_computed_tokens, budget)
+        if req.spec_token_ids and n == 1:               # decoding with a draft: verify it in this step
+            return min(1 + len(req.spec_token_ids), budget)
         return min(n, self.long_prefill_cap) if self.long_prefill_cap and n > 1 else n
 
     def schedule(self) -> SchedulerOutput:
@@ -191,9 +202,10 @@ class Scheduler:
 
     def _chunk(self, req: Request, n: int) -> ScheduledChunk:
         start = req.num_computed_tokens
+        draft = req.spec_token_ids[:start + n - req.num_tokens] if start + n > req.num_tokens else []
         return ScheduledChunk(req, start, n, self.bm.table(req.request_id), req.num_cached_tokens,
                               ends_prefill=not req.prefilled and start + n == req.num_tokens,
-                              block_tables=self.bm.tables(req.request_id))
+                              block_tables=self.bm.tables(req.request_id), draft=draft)
 
     def truncate(self, request_id: str, num_cached: int) -> list[int]:
         """An eviction method compacted the request's cache to its first ``num_cached`` entries:
@@ -206,10 +218,11 @@ class Scheduler:
         req.num_evicted += req.num_cached_tokens - num_cached
         return self.bm.truncate(request_id, num_cached)
 
-    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
-        """Advance progress, append sampled tokens, retire finished requests.
+    def update(self, out: SchedulerOutput, sampled: dict[str, list[int]]) -> list[Request]:
+        """Advance progress, append the emitted tokens (one, or a verified draft's accepted tokens and
+        one more), retire finished requests.
 
-        Returns the requests that received a token this step (finished ones included).
+        Returns the requests that received tokens this step (finished ones included).
         """
         touched: list[Request] = []
         now = time.monotonic()
@@ -217,12 +230,20 @@ class Scheduler:
             req = chunk.request
             if req.status is not RequestStatus.RUNNING:
                 continue  # aborted between schedule and update
-            req.num_computed_tokens += chunk.num_tokens
-            self.bm.commit(req.request_id, req.token_ids, req.num_cached_tokens)
-            if not chunk.needs_logits:
+            req.spec_token_ids = []
+            samples = chunk.needs_logits            # (read before the append changes num_tokens)
+            toks = sampled[req.request_id] if samples else ()
+            # Kept cache entries: the chunk's real tokens and the drafts accepted (all but the last emitted).
+            req.num_computed_tokens += chunk.num_tokens - len(chunk.draft) + (len(toks) - 1 if chunk.draft else 0)
+            for t in toks:
+                req.append_token(t)
+                if req.status.finished:
+                    break
+            # After the append: accepted drafts are computed tokens whose ids the blocks' hashes need.
+            self.bm.commit(req.request_id, req.token_ids, min(req.num_cached_tokens, req.num_tokens))
+            if not samples:
                 continue
             req.prefilled = True
-            req.append_token(sampled[req.request_id])
             if req.timings.first_token is None:
                 req.timings.first_token = now
             touched.append(req)

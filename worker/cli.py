@@ -21,6 +21,7 @@ import sys
 from refengine.config import EngineConfig
 from refengine.kv import registry as kv_registry
 from refengine.kv.base import MethodError
+from refengine.spec.check import check_speculation
 from worker.args import build_parser, check_args, config_from_args
 from worker.config import WorkerConfig
 
@@ -29,11 +30,16 @@ log = logging.getLogger("worker")
 
 def _kv_reason(engine_config: EngineConfig) -> str | None:
     """Why the reference engine would refuse this KV setting: the engine's own check
-    (``registry.check_engine``) with every input it uses (model, block size, KV dtype, SwiftKV)."""
+    (``registry.check_engine``) with every input it uses (model, block size, KV dtype, SwiftKV),
+    and whether speculative decoding composes with the planned methods (``refengine.spec.check``)."""
     try:
-        kv_registry.check_engine(engine_config)
+        plan = kv_registry.check_engine(engine_config)
     except (MethodError, ValueError) as exc:       # ValueError: a config.json the spec reader refuses
-        return str(exc)
+        return f"--kv-methods: {exc}"
+    try:
+        check_speculation(engine_config.speculative_config, plan.methods)
+    except ValueError as exc:
+        return f"--speculative-config: {exc}"
     return None
 
 
@@ -61,7 +67,7 @@ def checked_config(args: argparse.Namespace) -> tuple[WorkerConfig | None, str |
         return None, f"cannot use model {args.model!r}: {exc}"
     if config.engine == "reference":
         reason = _kv_reason(config.engine_config)
-        return (None, f"--kv-methods: {reason}") if reason else (config, None)
+        return (None, reason) if reason else (config, None)
     reason = _vllm_reason(config)
     return (None, reason) if reason else (config, None)
 

@@ -56,6 +56,14 @@ class WorkerConfig:
     tensor_parallel_size: int = 1               # vLLM's; the reference engine runs on one device
     pipeline_parallel_size: int = 1
     dtype_note: str | None = None               # why --dtype auto became engine_config.dtype (logged at start-up)
+    # --speculative-config as given (vLLM's JSON keys): the reference engine's is parsed into
+    # engine_config.speculative_config; --engine vllm hands this to vLLM (swiftserve_vllm.settings).
+    speculative_config: dict | None = None
+
+    @property
+    def speculative(self) -> bool:
+        """The engine drafts for requests by default (a speculative config was given)."""
+        return self.speculative_config is not None
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_KINDS:

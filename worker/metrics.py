@@ -149,7 +149,13 @@ class RequestTracker:
 
 
 class _EngineCollector:
-    """Reads ``engine.stats()`` at scrape time (cheap by the EngineClient contract)."""
+    """Reads ``engine.stats()`` at scrape time (cheap by the EngineClient contract).
+
+    Speculative decoding, under vLLM's names (present when the engine speculates):
+    ``vllm:spec_decode_num_drafts_total`` (verification steps with a draft),
+    ``..._num_draft_tokens_total``, ``..._num_accepted_tokens_total`` and
+    ``..._num_accepted_tokens_per_pos_total{position="i"}``; acceptance rate = accepted / draft
+    tokens, mean accepted length = 1 + accepted / drafts (vLLM's dashboard formulas)."""
 
     def __init__(self, engine: EngineClient, labels: tuple[str, str], in_flight: Callable[[], int] | None) -> None:
         self.engine = engine
@@ -160,6 +166,20 @@ class _EngineCollector:
         g = GaugeMetricFamily(name, doc, labels=LABELS)
         g.add_metric(self.labels, float(value))
         return g
+
+    def _spec_decode(self, sd):
+        for name, doc, value in (("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", sd.num_drafts),
+                                 ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", sd.num_draft_tokens),
+                                 ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+                                  sd.num_accepted_tokens)):
+            c = CounterMetricFamily(name, doc, labels=LABELS)
+            c.add_metric(self.labels, float(value))
+            yield c
+        c = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
+                                labels=[*LABELS, "position"])
+        for pos, value in enumerate(sd.accepted_per_pos):
+            c.add_metric([*self.labels, str(pos)], float(value))
+        yield c
 
     def collect(self):
         g = self._gauge
@@ -190,6 +210,8 @@ class _EngineCollector:
             c = CounterMetricFamily(name, doc, labels=LABELS)
             c.add_metric(self.labels, float(value))
             yield c
+        if s.spec_decode is not None:
+            yield from self._spec_decode(s.spec_decode)
         c = CounterMetricFamily(PREFIX + "preemptions", "Preemptions in the engine.", labels=LABELS)
         c.add_metric(self.labels, float(s.num_preemptions))
         yield c

@@ -121,6 +121,9 @@ class _SamplingRequest(_Request):
     return_token_ids: bool | None = False
     continuation_token_ids: list[int] | None = None
     _constraint: Any = PrivateAttr(None)            # worker.structured.request_constraint's memo
+    # Speculative decoding (SwiftServe; vLLM has no request field for it): true / false asks for / opts out of
+    # drafting on a worker started with --speculative-config (worker.serving.check_speculative); null: its default.
+    speculative: bool | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -344,6 +347,7 @@ def to_sampling_params(req: AnyRequest, *, prompt_len: int, max_model_len: int, 
         logit_bias=bias,
         structured=structured_spec(req),
         structured_prefix=tuple(req.continuation_token_ids or ()),
+        speculative=req.speculative,
         stop=tuple(req.stop_list()),
         include_stop_str_in_output=req.include_stop_str_in_output,
     )

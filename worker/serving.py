@@ -132,6 +132,19 @@ class ServingState:
         except ConstraintError as exc:
             raise bad_request(f"{exc.param}: the constraint cannot be used: {exc.reason}", exc.param) from None
 
+    def check_speculative(self, req) -> None:
+        """Refuse (400) a ``speculative`` value this worker cannot honour: drafting asked of a worker without
+        ``--speculative-config``, or turned off for one request on vLLM (which drafts for every request)."""
+        if req.speculative is None:
+            return
+        if req.speculative and not self.config.speculative:
+            raise bad_request("speculative is true, but this worker runs without speculative decoding (start it "
+                              "with --speculative-config).", "speculative")
+        if not req.speculative and self.config.speculative and self.config.engine != "reference":
+            raise bad_request("speculative: false cannot be honoured on this vLLM worker: vLLM drafts for every "
+                              "request when started with --speculative-config. Leave it out, or use a "
+                              "reference-engine worker.", "speculative")
+
     def admit(self) -> None:
         """Take one in-flight slot or refuse at once (429 or 503, configured)."""
         if self.draining:

@@ -101,6 +101,7 @@ def check_chat(state: ServingState, req: ChatCompletionRequest) -> list[dict]:
     state.check_chat_template(req)
     state.check_engine()
     state.check_prompt_logprobs(req)
+    state.check_speculative(req)
     return conversation(req)
 
 

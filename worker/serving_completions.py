@@ -74,6 +74,7 @@ async def create_completion(state: ServingState, req: CompletionRequest, raw: Re
                           f"limit of {limit} per request.", "n")
     state.check_engine()
     state.check_prompt_logprobs(req)
+    state.check_speculative(req)
     found = request_constraint(req)
     check_constrained(state.engine, req, found is not None)
     texts = [prompt] if isinstance(prompt, str) else [p for p in prompt if isinstance(p, str)]

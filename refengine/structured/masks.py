@@ -36,6 +36,13 @@ a constrained request back until its template is ready (``refengine.async_engine
 a grammar that takes a second to build delays only its own request, never a step. The
 template cache is shared by the two threads under a lock; ``_setup`` runs once, under it.
 
+Speculative decoding: a request that verifies drafted tokens has one sampling row per draft position
+(``drafts``: row ``j + i`` follows ``drafts[:i]``). Its matcher consumes the drafts one by one to
+write each position's mask, then rolls them back (``LLMatcher.rollback``; the JSON number state is
+copied and restored), so the state stays the request's own output. Past a draft the grammar refuses
+(or one that ends it), the remaining rows allow everything: verification stops at the refused
+draft, whose own row's mask gives it probability 0.
+
 JSON constraints also follow their output's numbers (``refengine.structured.numbers``): a
 fraction stops offering digits after 17 significant digits, what a double carries.
 """
@@ -43,6 +50,7 @@ fraction stops offering digits after 17 significant digits, what a double carrie
 from __future__ import annotations
 
 import collections
+import copy
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -150,12 +158,13 @@ class GrammarMasks:
         if self._cached(spec) is None:
             self._build(spec, warm=True)
 
-    def _compute(self, todo: list[tuple[int, str, StructuredSpec, list[int]]]) -> TokenMasks:
+    def _compute(self, todo: list[tuple[int, str, StructuredSpec, list[int], list[int]]]) -> TokenMasks:
         if self._tokenizer is None:
             self._setup()
         t0 = time.perf_counter()
         pairs = []
-        for j, (_, rid, spec, out_ids) in enumerate(todo):
+        rows: list[int] = []
+        for row, rid, spec, out_ids, drafts in todo:
             st = self._states.get(rid)
             if st is None:
                 st = self._states[rid] = _State(self._template(spec).deep_copy(), spec.kind == "json")
@@ -168,22 +177,42 @@ class GrammarMasks:
                 st.consumed += len(new)
                 if st.numbers is not None:
                     st.numbers.feed(self._tokenizer.decode_bytes(new))
-            pairs.append((st, j))
-        bits = torch.full((len(todo), (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
-        row_bytes = bits.shape[1] * 4
-        for st, j in pairs:
-            # One row at a time on this thread (the GIL is released inside). llguidance's parallel
-            # executor keeps a pool of spinning worker threads, which on a small CPU took cores from
-            # the forward pass (a 16-request constrained batch ran at half speed).
-            m = st.matcher
-            m.unsafe_compute_mask_ptr(bits.data_ptr() + j * row_bytes, row_bytes)
+            pairs.append((st, len(rows), drafts))
+            rows.extend(range(row, row + 1 + len(drafts)))
+        bits = torch.full((len(rows), (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
+        for st, j, drafts in pairs:
+            self._rows(st, bits, j, drafts)
+        per_row = 1e3 * (time.perf_counter() - t0) / len(rows)
+        self.mask_ms.extend([per_row] * len(rows))
+        return TokenMasks(rows, bits)
+
+    def _rows(self, st: _State, bits: torch.Tensor, j: int, drafts: list[int]) -> None:
+        """Mask rows ``j ..`` of one request: its next token, then after each draft (consumed, then rolled back)."""
+        # One row at a time on this thread (the GIL is released inside). llguidance's parallel
+        # executor keeps a pool of spinning worker threads, which on a small CPU took cores from
+        # the forward pass (a 16-request constrained batch ran at half speed).
+        m, row_bytes = st.matcher, bits.shape[1] * 4
+        numbers = copy.copy(st.numbers) if drafts and st.numbers is not None else None
+        taken = 0
+        for i in range(len(drafts) + 1):
+            if i:
+                d = drafts[i - 1]
+                if m.is_stopped() or not m.consume_token(d):
+                    break                         # rows past a refused draft are never used: they allow all
+                taken += 1
+                if st.numbers is not None:
+                    st.numbers.feed(self._tokenizer.decode_bytes([d]))
+                if m.is_stopped():
+                    break
+            m.unsafe_compute_mask_ptr(bits.data_ptr() + (j + i) * row_bytes, row_bytes)
             if m.is_error():
                 raise GrammarError(m.get_error())
             if st.numbers is not None and st.numbers.capped:
-                cap_row(bits[j], self._digit_words)
-        per_row = 1e3 * (time.perf_counter() - t0) / len(todo)
-        self.mask_ms.extend([per_row] * len(todo))
-        return TokenMasks([row for row, *_ in todo], bits)
+                cap_row(bits[j + i], self._digit_words)
+        if taken:
+            m.rollback(taken)
+        if numbers is not None:
+            st.numbers = numbers
 
     # ---- on the engine thread ---------------------------------------------------------------
     def prepare(self, spec: StructuredSpec) -> Future | None:
@@ -198,14 +227,14 @@ class GrammarMasks:
                                   else None)
         return fut
 
-    def start(self, todo: list[tuple[int, str, StructuredSpec, list[int]]]) -> Future | None:
-        """``todo``: (sampling row, request id, spec, ``constrained_ids``: the request's output token ids
-        so far, after a continuation's) per constrained row. Returns a future of ``TokenMasks`` (None when
-        nothing is constrained)."""
+    def start(self, todo: list[tuple[int, str, StructuredSpec, list[int], list[int]]]) -> Future | None:
+        """``todo``: (first sampling row, request id, spec, ``constrained_ids``: the request's output token ids
+        so far, after a continuation's, drafts verified this step: one more row each) per constrained request.
+        Returns a future of ``TokenMasks`` (None when nothing is constrained)."""
         if not todo:
             return None
         # The token lists are copied: the engine thread appends to them after this step.
-        todo = [(r, rid, s, list(ids)) for r, rid, s, ids in todo]
+        todo = [(r, rid, s, list(ids), list(drafts)) for r, rid, s, ids, drafts in todo]
         if self.overlap:
             return self._pool.submit(self._compute, todo)
         done: Future = Future()

@@ -173,7 +173,7 @@ def test_a_capped_fraction_offers_no_digit(smollm2_dir):
     allowed = lambda bits, t: bool((int(bits[t // 32]) >> (t % 32)) & 1)   # noqa: E731
     digit, comma_close = tok.encode("3", add_special_tokens=False)[0], tok.encode("}", add_special_tokens=False)[0]
     for text, digits_ok in (('{"x":0.5422800000000001', True), ('{"x":0.54228000000000017', False)):
-        bits = masks.result(masks.start([(0, text, schema, tok.encode(text, add_special_tokens=False))])).bits[0]
+        bits = masks.result(masks.start([(0, text, schema, tok.encode(text, add_special_tokens=False), [])])).bits[0]
         assert allowed(bits, digit) == digits_ok and allowed(bits, comma_close), text
         masks.release(text)
     masks.close()

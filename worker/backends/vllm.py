@@ -25,7 +25,7 @@ import time
 from typing import AsyncIterator
 
 from refengine.model_config import load_model_spec
-from refengine.outputs import EngineStats, RequestOutput, RequestTimings, TokenLogprob
+from refengine.outputs import EngineStats, RequestOutput, RequestTimings, SpecDecodeStats, TokenLogprob
 from refengine.sampling_params import SamplingParams
 from swiftserve_vllm import settings as plugin_settings
 from swiftserve_vllm.settings import VllmOptions, VllmSettings
@@ -41,7 +41,7 @@ def build_settings(config: WorkerConfig, device: str) -> VllmSettings:
         tokenizer=config.tokenizer_path, served_model_names=config.model_names, max_logprobs=config.max_logprobs,
         enforce_eager=config.vllm_enforce_eager, gpu_memory_utilization=config.vllm_gpu_memory_utilization,
         fast_prefill=config.vllm_fast_prefill, tensor_parallel_size=config.tensor_parallel_size,
-        pipeline_parallel_size=config.pipeline_parallel_size)
+        pipeline_parallel_size=config.pipeline_parallel_size, speculative_config=config.speculative_config)
     return plugin_settings.build_settings(config.engine_config, options, device)
 
 
@@ -136,6 +136,17 @@ class VllmEngineClient:
             s.kv_blocks_used = round(f["kv_usage"] * s.kv_blocks_total)
             s.prefix_cache_queries += f["prefix_queries"]
             s.prefix_cache_hits += f["prefix_hits"]
+            sd = V.spec_figures(scheduler_stats)
+            if sd is not None:               # vLLM's per-step counts, summed into vLLM's running counters
+                t = s.spec_decode = s.spec_decode or SpecDecodeStats()
+                t.num_drafts += sd["num_drafts"]
+                t.num_draft_tokens += sd["num_draft_tokens"]
+                t.num_accepted_tokens += sd["num_accepted_tokens"]
+                per = sd["accepted_per_pos"]
+                acc = t.accepted_per_pos + [0] * max(0, len(per) - len(t.accepted_per_pos))
+                for i, x in enumerate(per):
+                    acc[i] += x
+                t.accepted_per_pos = acc
         s.prompt_tokens_total = self._counts["prompt_tokens"]
         s.generation_tokens_total = self._counts["generation_tokens"]
         s.num_preemptions = self._counts["preemptions"]
