@@ -19,7 +19,6 @@ COMMAND_MODULES = [
     "modelkit.distill_plot",  # plot-distill
     "modelkit.evaluate_cli",  # eval
     "modelkit.zack_cli",      # zack-calibrate
-    "modelkit.quantize_cli",  # quantize, gguf-dir
 ]
 
 
