@@ -99,10 +99,14 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -
     else:
         why = _ops_available()
     if why is None:
-        mod = PackedLinear(weight, bias)
-        why = _self_check(mod, weight, bias)
-        if why is None:
-            return mod
+        try:
+            mod = PackedLinear(weight, bias)
+        except RuntimeError as exc:         # e.g. oneDNN's bf16 packing on a CPU without AVX-512 or AVX-NE-CONVERT
+            why = f"oneDNN cannot prepack {weight.dtype} on this CPU: {str(exc).splitlines()[0]}"
+        else:
+            why = _self_check(mod, weight, bias)
+            if why is None:
+                return mod
     return Linear(weight, bias, note=why)
 
 

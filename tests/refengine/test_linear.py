@@ -24,6 +24,8 @@ def test_packed_matches_f_linear(lead, bias, dtype):
     w = torch.randn(96, 40, generator=g).to(dtype)
     b = torch.randn(96, generator=g).to(dtype) if bias else None
     mod = make_linear(w, b, True)
+    if not isinstance(mod, PackedLinear) and dtype == torch.bfloat16:
+        pytest.skip(f"no bfloat16 prepacking here: {mod.note}")        # AVX2-only CPUs
     assert isinstance(mod, PackedLinear)
     x = torch.randn(*lead, 40, generator=g).to(dtype)
     y = mod(x)

@@ -14,7 +14,7 @@ def make(rid, tokens, max_tokens=2):
 
 def run(s: Scheduler, token=7):
     out = s.schedule()
-    sampled = {c.request.request_id: token for c in out.chunks if c.needs_logits}
+    sampled = {c.request.request_id: [token] for c in out.chunks if c.needs_logits}   # the tokens a request got
     s.update(out, sampled)
     return out
 

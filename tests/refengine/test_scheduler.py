@@ -13,7 +13,7 @@ def make(rid, n_prompt, max_tokens=4, **kw):
 
 def run_step(s: Scheduler, token=7):
     out = s.schedule()
-    sampled = {c.request.request_id: token for c in out.chunks if c.needs_logits}
+    sampled = {c.request.request_id: [token] for c in out.chunks if c.needs_logits}   # the tokens a request got
     return out, s.update(out, sampled)
 
 
