@@ -110,7 +110,7 @@ def test_a_constraint_the_engine_cannot_follow_is_the_requests_fault(engine, mon
     real = GrammarMasks._compute
 
     def compute(self, todo):
-        if any(spec.text == "(poison)" for _, _, spec, _ in todo):
+        if any(spec.text == "(poison)" for _, _, spec, *_ in todo):
             raise GrammarError("lexer error: too many expressions constructed\n<state>\nTokens: [1, 2]\n<backtrace>"
                                "\n0: <unknown>")
         return real(self, todo)

@@ -128,7 +128,7 @@ def test_masks_beside_the_forward_pass_equal_inline_ones(smollm2_dir):
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     out_ids = [[], tok.encode('{"name":"A', add_special_tokens=False)]
-    todo = [(0, "a", spec_json(SCHEMA), out_ids[0]), (3, "b", spec_json(SCHEMA), out_ids[1])]
+    todo = [(0, "a", spec_json(SCHEMA), out_ids[0], []), (3, "b", spec_json(SCHEMA), out_ids[1], [])]   # no drafts
     got = [m.result(m.start(todo)) for m in made]
     assert got[0].rows == got[1].rows == [0, 3]
     assert torch.equal(got[0].bits, got[1].bits)

@@ -11,6 +11,7 @@ same engine serving each request with and without drafting (``SamplingParams.spe
   with drafting, and seeded sampling (reproducible with speculation on).
 """
 
+import copy
 import json
 from dataclasses import replace
 
@@ -134,15 +135,17 @@ def test_prefix_caching_n_copies_and_logprobs(base, prompts):
     assert base.stats().prefix_cache_hits > 0                # the second copy and the second run hit the cache
 
 
-def test_structured_output_masks_every_draft_position(base, tok):
+def test_structured_output_is_not_drafted_and_unchanged(base, tok):
     schema = {"type": "object", "properties": {"license": {"enum": ["BSD", "MIT", "GPL", "Apache"]},
                                                "conditions": {"type": "integer", "maximum": 99}},
               "required": ["license", "conditions"], "additionalProperties": False}
     prompt = chat_ids(tok, "Answer in JSON with the license name and the number of conditions.\n\n" + PASSAGE)
     params = SamplingParams(max_tokens=64, temperature=0,
                             structured=StructuredSpec("json", json.dumps(schema, sort_keys=True)))
+    drafted = base.drafter.num_draft_tokens
     (off, _, _), (on, _, _), _ = on_off(base, [prompt], params)
     assert on == off
+    assert base.drafter.num_draft_tokens == drafted          # constrained requests are not drafted (yet)
     doc = json.loads(tok.decode(on[0], skip_special_tokens=True))
     assert set(doc) == {"license", "conditions"}
 
@@ -158,6 +161,8 @@ def test_continuation_resumes_with_drafting(base, prompts):
 
 def test_seeded_sampling_is_reproducible_with_speculation(base, prompts):
     params = SamplingParams(max_tokens=32, temperature=0.8, top_p=0.95, seed=7, ignore_eos=True, speculative=True)
+    corpus = copy.deepcopy(base.drafter.corpus)     # run a's outputs join the corpus: b must draft from the same one
     a, _, _ = run(base, prompts, params)
+    base.drafter.corpus = corpus
     b, _, _ = run(base, prompts, params)
     assert a == b and all(len(x) == 32 for x in a)
