@@ -75,8 +75,9 @@ def test_the_written_dist_info_declares_the_plugin_vllm_loads(tmp_path):
     assert info.name.startswith("swiftserve_vllm_plugin-") and (info / "RECORD").is_file()
     # -S: no site-packages (this venv's editable install declares the same entry point); only PYTHONPATH
     code = "import importlib.metadata as m; print([(e.name, e.value) for e in m.entry_points(group='vllm.general_plugins')])"
+    # cwd: not the checkout, whose own *.egg-info (from the editable install) is on sys.path as ''
     out = subprocess.run([sys.executable, "-S", "-c", code], env={**os.environ, "PYTHONPATH": str(tmp_path)},
-                         capture_output=True, text=True, check=True).stdout
+                         capture_output=True, text=True, check=True, cwd=tmp_path).stdout
     assert out.strip() == "[('swiftserve', 'swiftserve_vllm:register')]"
     assert vllm_env.write_plugin_dist(ROOT, tmp_path) == info                  # idempotent
 
