@@ -52,7 +52,7 @@ from gpubundle.plan import SHIPPED, plan_parts, shipped_file
 from gpubundle.random_model import TINY, write_random_llama
 from gpubundle.session import SessionConfig, run_check
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 BENCH = ("--tiny --device cpu --dtype float32 --repeats 1 --decode-steps 4 --prefill-tokens 64 --context 32 "
          "--batches 1 2 --cpu-kernels torch")
 SHIPPED_REL = "tiny-swiftkv"          # the tiny "shipped" tensors' folder under checkpoints/

@@ -35,7 +35,7 @@ from gpubundle.park import parkable
 from gpubundle.selftest import SelfTestError, _expect
 from gpubundle.vllm_pack import payload_for_args
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_CHECK = """
 import json, sys
 from vllm.tokenizers import get_tokenizer
