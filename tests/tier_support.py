@@ -25,7 +25,6 @@ import pytest
 
 TIERS = ("fast", "model", "e2e")
 MODEL_FIXTURES = frozenset({"smollm2_dir", "zack_dir"})
-MARK_EXPR = {"fast": "not model and not e2e", "model": "model and not e2e", "e2e": "e2e"}
 
 _current: list[str] = []          # the tier of the test running now in this process (0 or 1 item)
 
@@ -39,10 +38,13 @@ def tier_of(item: pytest.Item) -> str:
 
 
 def classify(items: list[pytest.Item]) -> None:
-    """Mark ``model`` every test whose fixture closure holds a model fixture (and no e2e mark)."""
+    """Mark ``model`` every test whose fixture closure holds a model fixture (and no e2e mark), then
+    order the session by tier, fast first (stable: a module's tests keep their order within a tier;
+    e2e modules are one tier whole, so their module-scoped servers still start once)."""
     for item in items:
         if tier_of(item) == "fast" and MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.model)
+    items.sort(key=lambda item: TIERS.index(tier_of(item)))
 
 
 def enter(item: pytest.Item) -> None:
@@ -78,14 +80,16 @@ _popen_init = subprocess.Popen.__init__
 
 # Processes every tier may start: the worker's constraint compiler children (``python -m
 # worker.constraints``: part of the worker app under test, no model, about a second to start), and
-# libraries' own probes of the machine (the openai SDK's ``uname -p``, torch's ``ninja --version``).
+# libraries' own probes of the machine (the openai SDK's ``uname -p``; torch's ``c++ -dumpversion`` and
+# ``ninja -v``, which finds the kernel build that ``make test`` made up to date, before loading it).
 PART_OF_THE_APP = (("-m", "worker.constraints"),)
 LIBRARY_PROBES = frozenset({"uname", "ninja", "ldconfig", "which", "lscpu"})
+VERSION_FLAGS = frozenset({"--version", "-dumpversion", "-dumpfullversion"})
 
 
 def _allowed(args) -> bool:
     argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
-    if argv and Path(argv[0]).name in LIBRARY_PROBES:
+    if argv and (Path(argv[0]).name in LIBRARY_PROBES or VERSION_FLAGS.intersection(argv[1:])):
         return True
     return any(tuple(argv[i:i + len(p)]) == p for p in PART_OF_THE_APP for i in range(len(argv)))
 

@@ -30,7 +30,7 @@ from gpu_support import ROOT, needs_2_gpus, needs_cuda, prepared_smollm2
 
 from gpubundle import vllm_results as R
 
-pytestmark = [pytest.mark.gpu, pytest.mark.vllm, needs_cuda]
+pytestmark = [pytest.mark.e2e, pytest.mark.gpu, pytest.mark.vllm, needs_cuda]
 
 PREFILL = 256
 MAX_TOKENS = 12

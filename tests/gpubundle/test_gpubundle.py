@@ -21,6 +21,8 @@ from gpubundle.pack import PackError, assemble, build_pack
 from gpubundle.selftest import commit_all
 from gpubundle.session import SessionConfig, run_check
 
+pytestmark = pytest.mark.e2e
+
 
 ROOT = Path(__file__).resolve().parents[2]
 

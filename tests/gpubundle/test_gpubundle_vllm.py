@@ -18,6 +18,9 @@ from gpubundle.registry import plan_lines
 from gpubundle.session import SessionConfig
 from gpubundle.stages import Context
 from gpubundle.vllm_stages import gpu_summary
+import pytest
+
+pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 
