@@ -88,7 +88,7 @@ run: install $(if $(filter vllm,$(ENGINE)),vllm-env)
 	  $(if $(filter vllm,$(ENGINE)),--worker-arg=--engine=vllm)
 
 # pytest exit code 5 (no tests collected, e.g. a -k filter) is not a failure. `make test` runs every
-# tier in one session, fast tier first (tests/tier_support.py); `make test-fast` (no model, no
+# tier in one session (tests/tier_support.py); `make test-fast` (no model, no
 # processes: the inner loop, a few minutes), `make test-model`, `make test-e2e` run one tier.
 TIER_fast  := not model and not e2e
 TIER_model := model and not e2e

@@ -38,13 +38,11 @@ def tier_of(item: pytest.Item) -> str:
 
 
 def classify(items: list[pytest.Item]) -> None:
-    """Mark ``model`` every test whose fixture closure holds a model fixture (and no e2e mark), then
-    order the session by tier, fast first (stable: a module's tests keep their order within a tier;
-    e2e modules are one tier whole, so their module-scoped servers still start once)."""
+    """Mark ``model`` every test whose fixture closure holds a model fixture (and no e2e mark). The
+    session keeps pytest's order (tests that share a module's fixtures stay together)."""
     for item in items:
         if tier_of(item) == "fast" and MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.model)
-    items.sort(key=lambda item: TIERS.index(tier_of(item)))
 
 
 def enter(item: pytest.Item) -> None:
