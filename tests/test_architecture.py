@@ -8,9 +8,10 @@ that stopped seeing anything would fail here rather than pass every tree.
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
-from import_layers_support import ALLOWED, check
+from import_layers_support import ALLOWED, PRODUCT, check
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,6 +24,15 @@ def test_the_project_keeps_its_import_layers():
 def test_every_top_level_package_has_a_layer():
     packages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
     assert packages - set(ALLOWED) == set(), "a new top-level package needs a line in ALLOWED and the docs"
+
+
+def test_the_product_never_imports_the_lab_and_the_wheel_ships_only_the_product():
+    lab = set(ALLOWED) - PRODUCT
+    assert "gpubundle" in lab
+    assert all(not (ALLOWED[p] & lab) for p in PRODUCT), "a product package may not import lab tooling"
+    assert all(PRODUCT <= ALLOWED[p] | {p} for p in lab), "lab tooling sits above every product package"
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert {p.rstrip("*") for p in find["include"]} == PRODUCT and {p.rstrip("*") for p in find["exclude"]} == lab
 
 
 def test_swiftcommon_version_is_pyprojects():

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("perf_suite", ROOT / "benchmarks" / "perf_suite.py")
 suite = importlib.util.module_from_spec(_spec)

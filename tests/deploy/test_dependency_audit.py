@@ -9,6 +9,8 @@ import sys
 import pytest
 from deploy_support import ROOT
 
+pytestmark = pytest.mark.e2e
+
 _spec = importlib.util.spec_from_file_location("dependency_audit", ROOT / "deploy" / "dependency_audit.py")
 dependency_audit = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(dependency_audit)

@@ -7,6 +7,8 @@ import pytest
 import yaml
 from deploy_support import ROOT, cli_argv, image_args, parse_cli, remount, run, tool
 
+pytestmark = pytest.mark.e2e
+
 COMPOSE = ROOT / "docker-compose.yml"
 GPU = ROOT / "deploy" / "compose" / "docker-compose.gpu.yml"
 FILE_SETS = {"cpu": [COMPOSE], "gpu": [COMPOSE, GPU]}

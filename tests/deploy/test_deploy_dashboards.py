@@ -8,6 +8,9 @@ import sys
 
 import yaml
 from deploy_support import ROOT, promql_metrics
+import pytest
+
+pytestmark = pytest.mark.e2e
 
 DASHBOARDS = sorted((ROOT / "deploy/grafana/dashboards").glob("*.json"))
 

@@ -11,6 +11,8 @@ import threading
 import pytest
 from deploy_support import ROOT, cli_argv, dockerfile_stages, effective, exec_form, image_args, parse_cli, run, tool
 
+pytestmark = pytest.mark.e2e
+
 TARGETS = {"gateway": "gateway", "cpu": "worker", "cuda": "worker"}
 
 

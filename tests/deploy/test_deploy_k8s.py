@@ -30,6 +30,8 @@ from deploy_support import (
     render_combo,
 )
 
+pytestmark = pytest.mark.e2e
+
 OVERLAYS = ("cpu", "gpu")
 WORKER_LABELS = {"app.kubernetes.io/name": "swiftserve", "app.kubernetes.io/component": "worker"}
 POOLS = {"swiftserve-worker": ("original", "default"),     # Deployment: (pool label, --model)

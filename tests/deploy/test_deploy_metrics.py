@@ -17,7 +17,7 @@ import yaml
 from deploy_support import K8S, ROOT, exposed_names, promql_metrics
 from proc_support import free_port, wait_healthy
 
-pytestmark = [pytest.mark.slow, pytest.mark.model]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 
 
 def referenced_metrics() -> dict[str, set[str]]:

@@ -12,6 +12,8 @@ from gateway.config import GatewayConfig
 from gateway.shutdown import ABORT_GRACE
 from worker.args import build_parser
 
+pytestmark = pytest.mark.e2e
+
 DRAIN = build_parser().parse_args([]).drain_timeout
 GATEWAY_DRAIN = GatewayConfig().drain_timeout
 

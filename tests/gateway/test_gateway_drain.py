@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from fault_support import fault_worker, gateway, request, run_requests, set_fault  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_sigterm_drains_the_gateway():

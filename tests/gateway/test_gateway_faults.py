@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fault_support import (fault_worker, gateway, gateway_in_flight, request, run_requests, set_fault,  # noqa: E402
                            stats, wait_for, wait_idle, wait_routable)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 BODY = {"model": "m", "prompt": "x"}
 STREAM = {**BODY, "stream": True}
 BUSY = 1000        # a queue a worker reports so that JSQ avoids it while another is idle

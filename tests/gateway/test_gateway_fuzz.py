@@ -31,7 +31,7 @@ from test_gateway_proxy import Gateway  # noqa: E402
 from gateway.app import build_app  # noqa: E402
 from gateway.config import GatewayConfig  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 LAX = dict(deadline=None, suppress_health_check=list(HealthCheck))
 MAX_BODY = 1 << 20
 SCHEMA = schemathesis.openapi.from_dict(build_app(GatewayConfig(workers=["http://127.0.0.1:9"])).openapi())

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fault_support import HERE, Proc, gateway, gateway_in_flight, request, run_requests, wait_for  # noqa: E402
 from proc_support import free_port  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.model]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 N = 32
 COMPLETION = {"model": "m", "prompt": "Write a long story about a dragon who loves tea.", "max_tokens": N,
               "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fault_support import gateway, gateway_in_flight, request, run_requests  # noqa: E402
 from test_gateway_migration import events, migrated_metric, procs, relay, worker  # noqa: E402,F401 - fixtures
 
-pytestmark = [pytest.mark.slow, pytest.mark.model]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the weather in a city",

@@ -24,6 +24,8 @@ from test_gateway_migration_constrained import WEATHER  # noqa: E402
 from gateway.migration import rewrite  # noqa: E402
 from gateway.migration_responses import ResponsesTracker  # noqa: E402
 
+pytestmark = pytest.mark.e2e
+
 
 def sse(kind: str, **data) -> bytes:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()

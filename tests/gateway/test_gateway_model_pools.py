@@ -22,7 +22,7 @@ import httpx
 import pytest
 from proc_support import free_port, metric_sum, stop_groups, wait_healthy
 
-pytestmark = [pytest.mark.slow, pytest.mark.model]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 
 ORIG, V13, V50 = "SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct-SwiftKV-13pct", "SmolLM2-135M-Instruct-SwiftKV"
 CONFIG = f"""aliases:

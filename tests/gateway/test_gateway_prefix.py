@@ -17,6 +17,8 @@ from gateway.routing.load import jsq
 from gateway.routing.prefix_aware import PrefixAware, load_bound, rendezvous
 from gateway.scraper import parse_metrics
 
+pytestmark = pytest.mark.e2e
+
 SYSTEM = ["You are assistant number %d. " % i + "Follow the house rules carefully. " * 40 for i in range(8)]
 
 

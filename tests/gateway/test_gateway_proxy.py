@@ -21,6 +21,8 @@ from gateway.config import GatewayConfig  # noqa: E402
 from gateway.connection import edge_protocol  # noqa: E402
 from gateway.health import HealthPolicy  # noqa: E402
 
+pytestmark = pytest.mark.e2e
+
 
 class Gateway:
     def __init__(self, urls, **kw):

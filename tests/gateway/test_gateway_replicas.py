@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fault_support import fault_worker, gateway, request, set_fault, stats, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 N = 6
 
 

@@ -5,6 +5,9 @@ mid-stream stops the pump at once; cleanup runs exactly once either way; event c
 import asyncio
 
 from gateway.streaming import SSEStream, StreamStats, event_end, valid_prefix
+import pytest
+
+pytestmark = pytest.mark.e2e
 
 
 def run_stream(pump, disconnect_after: float | None):

@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from proc_support import free_port, wait_healthy  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.model]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 VLLM_PY = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
 
 

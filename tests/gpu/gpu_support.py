@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from swiftserve.gpusession.random_model import write_random_llama
+from gpubundle.random_model import write_random_llama
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

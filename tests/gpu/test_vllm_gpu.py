@@ -13,7 +13,7 @@ Python that has a CUDA build of vLLM (this one, e.g. with the GPU session's vLLM
   kernel), compiled only, against the torch reference of ZACK's semantics.
 The groups are independent (``xdist_group``): the GPU session runs them at once on one GPU
 (``pytest -n 6 --dist loadgroup``; each engine takes a small share of the memory).
-Rules (``swiftserve.gpusession.vllm_results``): the compiled run captured CUDA graphs, on vLLM's
+Rules (``gpubundle.vllm_results``): the compiled run captured CUDA graphs, on vLLM's
 V1 runner; its tokens equal the reference engine's (or ZACK's torch reference) and the eager
 run's until they part, if ever, at a near-tie of its own; prompt tokens never reach SwiftKV's
 later layers; the KV capacity is what the
@@ -28,9 +28,9 @@ import sys
 import pytest
 from gpu_support import ROOT, needs_2_gpus, needs_cuda, prepared_smollm2
 
-from swiftserve.gpusession import vllm_results as R
+from gpubundle import vllm_results as R
 
-pytestmark = [pytest.mark.gpu, pytest.mark.vllm, needs_cuda]
+pytestmark = [pytest.mark.e2e, pytest.mark.gpu, pytest.mark.vllm, needs_cuda]
 
 PREFILL = 256
 MAX_TOKENS = 12

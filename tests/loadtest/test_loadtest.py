@@ -16,6 +16,8 @@ from loadtest.client import RequestRecord  # noqa: E402
 from loadtest.metrics import summarize  # noqa: E402
 from loadtest.schedule import arrival_times  # noqa: E402
 
+pytestmark = pytest.mark.e2e
+
 
 def rec(sent, chunks, n):
     r = RequestRecord(0.0, sent=sent, chunk_times=chunks, output_tokens=n, success=True)

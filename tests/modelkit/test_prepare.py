@@ -23,6 +23,8 @@ from modelkit import prepare as prep
 from modelkit import prepare_source as src
 from modelkit.models import resolve_model
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parents[2]
 # pip with no config files, no find-links, and an index on a port nobody listens on.
 OFFLINE_PIP = {"PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": "http://127.0.0.1:9/simple",

@@ -19,7 +19,7 @@ from refengine.engine import LLMEngine
 from refengine.engine_process import ProcessEngine, engine_client
 from refengine.sampling_params import SamplingParams
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.e2e, pytest.mark.model]
 PROMPTS = {"a": [1, 504, 3458, 282], "b": [1, 9690, 314, 253, 1812]}
 
 

@@ -7,6 +7,8 @@ import pytest
 
 from refengine.host_malloc import anon_huge_mib, spawn_environment, tune_malloc, with_hugepage_tunable
 
+pytestmark = pytest.mark.e2e
+
 
 class Mallinfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",

@@ -7,6 +7,9 @@ import time
 
 from swiftserve.rolling import RollingRestart
 from swiftserve.supervisor import Supervisor
+import pytest
+
+pytestmark = pytest.mark.e2e
 
 # Exits 0 a moment after SIGTERM, like a worker that drains.
 DRAINS = [sys.executable, "-c", "import signal, sys, time; "

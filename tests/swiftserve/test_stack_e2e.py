@@ -14,7 +14,7 @@ import httpx
 import pytest
 from proc_support import free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.model]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 
 
 def start_stack(model: str, port: int, wport: int, extra=(), workers: int = 2, name: str = "smol"):

@@ -11,7 +11,7 @@ import torch
 from proc_support import free_port
 from test_stack_e2e import start_stack, stop_stack
 
-pytestmark = [pytest.mark.slow, pytest.mark.model]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 
 
 def tiny(kind: str):

@@ -8,7 +8,7 @@ import pytest
 from proc_support import free_port
 from test_stack_e2e import start_stack, stop_stack
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_swiftserve_up_serves_gemma3_270m():

@@ -6,6 +6,9 @@ import sys
 import time
 
 from swiftserve.supervisor import RestartPolicy, Supervisor
+import pytest
+
+pytestmark = pytest.mark.e2e
 
 CRASH = [sys.executable, "-c", "import sys; sys.exit(3)"]
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]

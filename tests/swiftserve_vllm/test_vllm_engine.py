@@ -23,7 +23,7 @@ import subprocess
 import pytest
 from vllm_support import G1, G2, VLLM_PY, needs_vllm
 
-pytestmark = [pytest.mark.slow, pytest.mark.model, needs_vllm, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model, needs_vllm, pytest.mark.timeout(2400)]
 MAX_TOKENS = 10
 PREFILL = 256
 

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from vllm_support import VLLM_PY, needs_vllm
 
-pytestmark = [pytest.mark.slow, needs_vllm, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, needs_vllm, pytest.mark.timeout(1800)]
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 from vllm_support import VLLM_PY, needs_vllm
 
-pytestmark = [pytest.mark.model, needs_vllm]
+pytestmark = [pytest.mark.e2e, pytest.mark.model, needs_vllm]
 
 SCRIPT = r"""
 import json, sys, types

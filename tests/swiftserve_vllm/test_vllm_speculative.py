@@ -14,6 +14,8 @@ from vllm_support import G1, VLLM_PY, needs_vllm
 from swiftserve_vllm.layout import ModelLayout
 from swiftserve_vllm.speculation import check_vllm
 
+pytestmark = pytest.mark.e2e
+
 PHRASE = [504, 3575, 282, 4649, 314, 9690, 198, 2683, 359, 253, 5356, 11173, 30]
 PROMPTS = [[1] + PHRASE * 4, [1, 2683, 359] + PHRASE[3:] * 3 + PHRASE[:5]]
 MAX_TOKENS = 24

@@ -22,7 +22,7 @@ import pytest
 from proc_support import free_port, stop_groups, wait_healthy
 from vllm_support import G2, VLLM_PY, needs_vllm
 
-pytestmark = [pytest.mark.slow, pytest.mark.model, needs_vllm]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model, needs_vllm]
 
 
 def _metric(text: str, name: str, **labels) -> float:

@@ -14,7 +14,7 @@ import pytest
 from lm_eval_support import generations, loglikelihood_pairs, run_lm_eval
 from worker_test_fakes import real_stack
 
-pytestmark = [pytest.mark.slow, pytest.mark.model]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 
 CHAT = [{"role": "user", "content": "Name one colour of the rainbow."}]
 

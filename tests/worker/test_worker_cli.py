@@ -11,6 +11,8 @@ from worker.cli import main
 from worker.errors import APIError
 from worker.protocol import INT64_MAX, INT64_MIN, ChatCompletionRequest, child_seed, to_sampling_params
 
+pytestmark = pytest.mark.e2e
+
 
 def cfg(*argv):
     return config_from_args(build_parser().parse_args(list(argv)), model_dir="/m/SmolLM2")

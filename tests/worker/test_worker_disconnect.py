@@ -9,6 +9,8 @@ import httpx
 import pytest
 from worker_test_fakes import FakeEngineClient
 
+pytestmark = pytest.mark.e2e
+
 
 def wait_for(cond, timeout=10.0):
     deadline = time.monotonic() + timeout

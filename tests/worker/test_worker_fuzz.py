@@ -28,7 +28,7 @@ from refengine.config import EngineConfig
 from worker.app import build_app
 from worker.config import WorkerConfig
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 MAX_BODY = 1 << 20
 LAX = dict(deadline=None, suppress_health_check=list(HealthCheck))
 

@@ -27,7 +27,7 @@ import httpx
 import pytest
 from proc_support import free_port, stop_groups, wait_healthy
 
-pytestmark = [pytest.mark.slow, pytest.mark.model]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 INTERNALS = ("<state>", "backtrace", "llguidance", "panic", "Traceback", "non-verbose")
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "Say hi."}]

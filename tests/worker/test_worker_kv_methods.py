@@ -9,7 +9,7 @@ from worker_test_fakes import ServerThread
 
 from refengine.config import EngineConfig
 
-pytestmark = [pytest.mark.slow, pytest.mark.model]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 
 BASELINE = 46080.0            # SmolLM2 fp32 KV bytes per token (30 layers x 3 KV heads x 64 x K,V x 4 B)
 PROMPT = " ".join(["The quick brown fox jumps over the lazy dog."] * 12)      # > 64 tokens: eviction acts

@@ -12,7 +12,7 @@ import openai
 import pytest
 from worker_test_fakes import ServerThread, parse_sse
 
-pytestmark = [pytest.mark.slow, pytest.mark.model]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 
 
 @pytest.fixture(scope="module")

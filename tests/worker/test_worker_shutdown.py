@@ -18,6 +18,8 @@ from worker_test_fakes import FakeEngineClient, parse_sse
 
 from worker.shutdown import DrainingServer
 
+pytestmark = pytest.mark.e2e
+
 STREAM = {"model": "fake-model", "prompt": "Hello", "max_tokens": 30, "stream": True}
 
 

@@ -12,6 +12,8 @@ import httpx
 import pytest
 from worker_test_fakes import ServerThread, parse_sse
 
+pytestmark = pytest.mark.e2e
+
 PASSAGE = ("Redistribution and use in source and binary forms, with or without modification, are permitted "
            "provided that the following conditions are met: Redistributions of source code must retain the above "
            "copyright notice, this list of conditions and the following disclaimer.")

@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel, Field
 from worker_test_fakes import real_stack
 
-pytestmark = [pytest.mark.slow, pytest.mark.model]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 
 
 class City(BaseModel):

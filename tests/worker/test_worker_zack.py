@@ -7,7 +7,7 @@ from worker_test_fakes import ServerThread
 
 from refengine.config import EngineConfig
 
-pytestmark = [pytest.mark.slow, pytest.mark.model]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 
 
 def test_worker_serves_zack_and_reports_real_kv_bytes(zack_dir):

@@ -1,7 +1,6 @@
-"""The GPU session tooling (``make gpu-park`` / ``gpu-pack`` / ``gpu-check`` / ``gpu-unpark``):
+"""The offline GPU validation bundle (``make gpu-park`` / ``gpu-pack`` / ``gpu-check`` / ``gpu-unpark``):
 parking round trips (idempotent, never overwriting, sha256-checked) in a throwaway repository,
-the guard ``make test`` runs, shipped files found through SWIFTSERVE_CHECKPOINTS or named as
-parked, parts that join back only when complete and intact, the output-folder limits, the
+``make gpu-park-guard``, parts that join back only when complete and intact, the output-folder limits, the
 carried windows, a check without CUDA, a pack refused when the tree leaves no room, and the CPU
 self-test of all of it (on a copy of the tree, never the checkout itself)."""
 
@@ -15,12 +14,14 @@ import numpy as np
 import pytest
 import torch
 
-from swiftserve.gpusession import park, payloads
-from swiftserve.gpusession.cli import main as cli_main
-from swiftserve.gpusession.limits import Limits, out_problems
-from swiftserve.gpusession.pack import PackError, assemble, build_pack
-from swiftserve.gpusession.selftest import commit_all
-from swiftserve.gpusession.session import SessionConfig, run_check
+from gpubundle import park, payloads
+from gpubundle.cli import main as cli_main
+from gpubundle.limits import Limits, out_problems
+from gpubundle.pack import PackError, assemble, build_pack
+from gpubundle.selftest import commit_all
+from gpubundle.session import SessionConfig, run_check
+
+pytestmark = pytest.mark.e2e
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,35 +88,13 @@ def test_park_never_overwrites_and_unpark_checks_sha256(tmp_path):
     assert len(park.unpark(tmp_path)["restored"]) == 2 and _status(tmp_path) == ""
 
 
-def test_make_test_guard_names_gpu_unpark(tmp_path):
+def test_park_guard_names_gpu_unpark(tmp_path):
     _repo(tmp_path)
-    guard = [sys.executable, "-m", "swiftserve.gpusession.park", "guard", "--root", str(tmp_path)]
+    guard = [sys.executable, "-m", "gpubundle.park", "guard", "--root", str(tmp_path)]
     assert subprocess.run(guard, cwd=ROOT, capture_output=True).returncode == 0
     park.park(tmp_path)
     res = subprocess.run(guard, cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 1 and "make gpu-unpark" in res.stderr
-    # Under `make test` this runs in a sub-make's environment: MAKELEVEL would turn on
-    # --print-directory, and MAKEFLAGS would carry the parent's flags.
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
-    dry = subprocess.run(["make", "--no-print-directory", "-n", "test"], cwd=ROOT, capture_output=True,
-                         text=True, env=env).stdout
-    assert dry.splitlines()[0].endswith("-m swiftserve.gpusession.park guard")     # before install and pytest
-
-
-def test_shipped_files_come_from_swiftserve_checkpoints_or_name_the_park(tmp_path, monkeypatch):
-    from modelkit import shipped
-    from modelkit.prepare import PrepareError
-    from swiftcommon import parked as parked_files
-
-    rel = shipped.VARIANTS["SmolLM2-135M-Instruct-SwiftKV"][0]
-    monkeypatch.setenv("SWIFTSERVE_CHECKPOINTS", str(tmp_path / "carried"))
-    assert shipped.names() == [] and shipped.checkpoint_dirs() == [tmp_path / "carried"]
-    (tmp_path / "carried" / rel).parent.mkdir(parents=True)
-    (tmp_path / "carried" / rel).write_bytes(b"x")
-    assert shipped.names() == ["SmolLM2-135M-Instruct-SwiftKV"] and shipped.find(rel) == tmp_path / "carried" / rel
-    monkeypatch.setattr(parked_files, "parked_copy", lambda p: tmp_path / ".gpu-park" / "checkpoints" / rel)
-    with pytest.raises(PrepareError, match="none of: .*carried.*parked in .*run `make gpu-unpark`"):
-        shipped.materialize("SmolLM2-135M-Instruct-SwiftKV-AcrossKV2")
 
 
 # Project dependencies a bare GPU image (python3 with torch, triton, transformers, pytest) lacks; the pack
@@ -133,9 +112,9 @@ sys.meta_path.insert(0, Bare())
 
 
 def test_gpu_session_process_and_gpu_tests_import_only_what_a_bare_image_has():
-    driver = BLOCK + ("import swiftserve.gpusession.cli, swiftserve.gpusession.selftest, modelkit.distill_train, "
+    driver = BLOCK + ("import gpubundle.cli, gpubundle.selftest, modelkit.distill_train, "
                       "modelkit.shipped\nsys.argv = ['gpu-check', 'check', '--help']\n"
-                      "runpy.run_module('swiftserve.gpusession', run_name='__main__')")
+                      "runpy.run_module('gpubundle', run_name='__main__')")
     res = subprocess.run([sys.executable, "-c", driver], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0 and "--distill-init" in res.stdout, res.stderr[-2000:]
     collect = BLOCK + ("sys.argv = ['pytest', 'tests/gpu', '--collect-only', '-q', '-p', 'no:cacheprovider']\n"
@@ -148,8 +127,8 @@ def test_gpu_session_process_and_gpu_tests_import_only_what_a_bare_image_has():
 def test_distillation_starts_from_carried_tensors_resumed_ones_first(tmp_path):
     from dataclasses import replace
 
-    from swiftserve.gpusession.distill_stage import init_choice
-    from swiftserve.gpusession.stages import Context
+    from gpubundle.distill_stage import init_choice
+    from gpubundle.stages import Context
 
     cfg = SessionConfig(work=tmp_path, distill_l=15, distill_groups=[1])
     model = {"pack": {"model_name": "M", "shipped": {"base": "M"}},
@@ -244,7 +223,7 @@ def test_pack_refuses_when_the_tree_leaves_no_room(tmp_path, capsys):
 
 
 def test_pack_of_a_parked_tree_carries_the_parked_shipped_file(tmp_path, capsys):
-    from swiftserve.gpusession.random_model import TINY, write_random_llama
+    from gpubundle.random_model import TINY, write_random_llama
 
     repo, corpus = tmp_path / "repo", tmp_path / "corpus"
     repo.mkdir()
@@ -275,7 +254,7 @@ def test_pack_of_a_parked_tree_carries_the_parked_shipped_file(tmp_path, capsys)
 
 
 def test_self_test_runs_every_stage_and_resumes(tmp_path):
-    from swiftserve.gpusession.selftest import run_selftest
+    from gpubundle.selftest import run_selftest
 
     seen = run_selftest(tmp_path)          # raises SelfTestError on any unmet expectation
     assert seen["parked_files"] >= 1 and seen["parked_tree_mib"] < seen["tree_mib"]

@@ -16,13 +16,13 @@ relative path, and records each in ``.gpu-park/manifest.json`` with its size and
   one (nothing is lost), different ones stop the command with both paths named.
 - The manifest is written before any file moves; an interrupted command is finished by
   running it again. A manifest entry found in neither place is reported as lost.
-- ``guard(root)``: the message ``make test`` stops with while parked files are missing
-  from the tree (``None`` when nothing is parked), so that they are not forgotten or
-  committed away as deleted.
+- ``guard(root)``: the message ``make gpu-park-guard`` stops with while parked files are
+  missing from the tree (``None`` when nothing is parked), for a script that needs the whole
+  tree (a test run, a commit), so that they are not forgotten or committed away as deleted.
 
 Moves are ``os.replace`` within one file system: modification times are kept, so the
-shipped variants materialised from these files are not rebuilt. Standard library only, besides
-``swiftcommon.parked`` (the location, which ``modelkit.shipped`` names in its errors too).
+shipped variants materialised from these files are not rebuilt. Standard library only; a parked
+file keeps its path relative to the repository root under ``<root>/.gpu-park/``.
 """
 
 from __future__ import annotations
@@ -33,12 +33,15 @@ import os
 import subprocess
 from pathlib import Path
 
-from swiftcommon.parked import PARK_DIR, park_dir
-
+PARK_DIR = ".gpu-park"
 MANIFEST = "manifest.json"
 SCOPE = "checkpoints"          # the shipped tensors (``plan.shipped_file`` finds them here or parked)
 SCOPES = (SCOPE, "results")    # what parking takes files from
 THRESHOLD = 1_000_000          # bytes: the tensors (3-17 MB) and the largest records; small JSON, logs, plots stay
+
+
+def park_dir(root: str | Path) -> Path:
+    return Path(root) / PARK_DIR
 
 
 class ParkError(RuntimeError):
@@ -189,11 +192,11 @@ def unpark(root: str | Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m swiftserve.gpusession.park {park,unpark,status,guard} [--root DIR]``."""
+    """``python -m gpubundle.park {park,unpark,status,guard} [--root DIR]``."""
     import argparse
     import sys
 
-    p = argparse.ArgumentParser(prog="python -m swiftserve.gpusession.park", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m gpubundle.park", description=__doc__.split("\n\n")[0])
     p.add_argument("cmd", choices=["park", "unpark", "status", "guard"])
     p.add_argument("--root", default=".", help="the repository (default: the current directory)")
     args = p.parse_args(argv)

@@ -32,9 +32,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swiftserve.gpusession import image
-from swiftserve.gpusession.image_venv import ImageVenvError, Need, resolve
-from swiftserve.gpusession.limits import MIB
+from gpubundle import image
+from gpubundle.image_venv import ImageVenvError, Need, resolve
+from gpubundle.limits import MIB
 
 # Distributions vLLM's metadata asks for that no module on the serving path imports (an import trace
 # of `vllm serve` and the worker, 2026-11-28; they back other GPUs' kernels, video, JIT toolchains).

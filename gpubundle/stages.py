@@ -34,8 +34,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swiftserve.gpusession import payloads
-from swiftserve.gpusession.pack import PackError, assemble
+from gpubundle import payloads
+from gpubundle.pack import PackError, assemble
 
 NEEDED_MODULES = ["torch", "pydantic", "safetensors", "transformers", "numpy", "pytest", "tqdm", "yaml"]
 GGUF_MODULES = ["gguf", "accelerate", "psutil"]      # transformers reading a GGUF (modelkit prepare --from-gguf)
@@ -43,7 +43,7 @@ GGUF_MODULES = ["gguf", "accelerate", "psutil"]      # transformers reading a GG
 
 @dataclass
 class Context:
-    cfg: object                                  # swiftserve.gpusession.session.SessionConfig
+    cfg: object                                  # gpubundle.session.SessionConfig
     state: dict                                  # stage name -> last record
     env: dict = field(default_factory=dict)      # environment of every subprocess
 
@@ -90,7 +90,7 @@ def probe_main() -> None:
 
 
 def _probe(ctx: Context) -> dict:
-    code = "from swiftserve.gpusession.stages import probe_main; probe_main()"
+    code = "from gpubundle.stages import probe_main; probe_main()"
     res = subprocess.run([ctx.cfg.python, "-c", code], cwd=ctx.cfg.root, env=ctx.env, capture_output=True, text=True)
     if res.returncode != 0:
         return {"missing": ["torch"], "error": res.stderr[-2000:]}

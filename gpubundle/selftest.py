@@ -45,14 +45,14 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from swiftserve.gpusession import park, payloads
-from swiftserve.gpusession.limits import MIB, out_problems, tree_bytes, tree_files
-from swiftserve.gpusession.pack import assemble, build_pack
-from swiftserve.gpusession.plan import SHIPPED, plan_parts, shipped_file
-from swiftserve.gpusession.random_model import TINY, write_random_llama
-from swiftserve.gpusession.session import SessionConfig, run_check
+from gpubundle import park, payloads
+from gpubundle.limits import MIB, out_problems, tree_bytes, tree_files
+from gpubundle.pack import assemble, build_pack
+from gpubundle.plan import SHIPPED, plan_parts, shipped_file
+from gpubundle.random_model import TINY, write_random_llama
+from gpubundle.session import SessionConfig, run_check
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 BENCH = ("--tiny --device cpu --dtype float32 --repeats 1 --decode-steps 4 --prefill-tokens 64 --context 32 "
          "--batches 1 2 --cpu-kernels torch")
 SHIPPED_REL = "tiny-swiftkv"          # the tiny "shipped" tensors' folder under checkpoints/
@@ -272,7 +272,7 @@ def _wheel(dest: Path, name: str, version: str) -> Path:
 
 
 def _vllm_stage(base: Path, tree: Path, python: str, seen: dict) -> None:
-    from swiftserve.gpusession import stages, vllm_pack, vllm_stages
+    from gpubundle import stages, vllm_pack, vllm_stages
 
     site = base / "stub-site"
     for rel, text in {**STUB_VLLM, "vllm/pad.bin": None}.items():

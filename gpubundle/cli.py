@@ -1,5 +1,6 @@
-"""``python -m swiftserve.gpusession {pack,check,self-test}`` (``make gpu-pack``, ``make gpu-check``,
-``make gpu-check-selftest``).
+"""SwiftServe's offline, air-gapped GPU validation bundle: pack it here, check on a GPU machine
+without network, self-test on CPU (make gpu-pack, gpu-check, gpu-check-selftest; run from the
+repository root).
 
 - ``pack`` (here, in the project's venv, with network): the wheels the GPU image lacks, the
   distillation windows of a corpus, the shipped SwiftKV tensors the session uses and
@@ -29,12 +30,12 @@ import sys
 from pathlib import Path
 
 from swiftcommon import envs
-from swiftserve.gpusession import image, park, payloads
-from swiftserve.gpusession.image_venv import ImageVenvError
-from swiftserve.gpusession.limits import MIB, Limits, largest_tree_files
-from swiftserve.gpusession.pack import PackError, build_pack
-from swiftserve.gpusession.plan import SHIPPED, plan_parts, shipped_file, shipped_pack_name
-from swiftserve.gpusession.session import ORDER, SessionConfig, run_check
+from gpubundle import image, park, payloads
+from gpubundle.image_venv import ImageVenvError
+from gpubundle.limits import MIB, Limits, largest_tree_files
+from gpubundle.pack import PackError, build_pack
+from gpubundle.plan import SHIPPED, plan_parts, shipped_file, shipped_pack_name
+from gpubundle.session import ORDER, SessionConfig, run_check
 
 MIN_PART = 4 * MIB                # smaller parts: refuse (the model alone is ~94 MB)
 DEFAULT_VLLM = "0.26.0"           # the newest vLLM pinned to the GPU image's torch (2.11)
@@ -106,7 +107,7 @@ def make_pack(args) -> int:
         meta["model_file"] = f"{model_dir.name}.tar"
         files[meta["model_file"]] = payloads.tar_model(model_dir, staging / meta["model_file"])
     if args.vllm != "none":
-        from swiftserve.gpusession.vllm_pack import payload_for_args
+        from gpubundle.vllm_pack import payload_for_args
 
         try:
             vp = payload_for_args(args, root)
@@ -156,7 +157,7 @@ def _merge_summary(args) -> int:
 
 
 def _image_venv(args) -> int:
-    from swiftserve.gpusession.image_venv import build_image_venv
+    from gpubundle.image_venv import build_image_venv
 
     try:
         print(build_image_venv(args.python, args.dest, f"vllm=={args.vllm}"))
@@ -167,7 +168,7 @@ def _image_venv(args) -> int:
 
 
 def _vllm_selftest(args) -> int:
-    from swiftserve.gpusession.vllm_selftest import main
+    from gpubundle.vllm_selftest import main
 
     return main(args)
 
@@ -186,14 +187,14 @@ def _check_config(args) -> SessionConfig:
 
 
 def _self_test(args) -> int:
-    from swiftserve.gpusession.selftest import main
+    from gpubundle.selftest import main
 
     return main(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
     d = SessionConfig()
-    p = argparse.ArgumentParser(prog="python -m swiftserve.gpusession", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m gpubundle", description=__doc__.split("\n\n")[0])
     p.add_argument("--root", default=".", help="the repository (default: the current directory)")
     p.add_argument("--carry-mib", type=float, default=Limits.carry_mib, help="tree + carry per command (MiB)")
     sub = p.add_subparsers(dest="cmd", required=True)

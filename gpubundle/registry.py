@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from swiftserve.gpusession import distill_stage, stages, vllm_stages
-from swiftserve.gpusession.pack import read_manifest
-from swiftserve.gpusession.stages import Context
+from gpubundle import distill_stage, stages, vllm_stages
+from gpubundle.pack import read_manifest
+from gpubundle.stages import Context
 
 
 def _vllm_fp(ctx: Context) -> str | None:

@@ -26,9 +26,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from swiftserve.gpusession import payloads
-from swiftserve.gpusession.random_model import SMOLLM2, write_random_llama
-from swiftserve.gpusession.stages import Context
+from gpubundle import payloads
+from gpubundle.random_model import SMOLLM2, write_random_llama
+from gpubundle.stages import Context
 
 
 def _random_source(ctx: Context) -> dict:

@@ -11,7 +11,7 @@ Files (rewritten by every call, so the latest call's folder is complete on its o
   mid-run, from the last ``state.pt`` (metadata ``step``). A random-weights run brings none.
   ``modelkit distill --init <folder>`` or ``modelkit convert-swiftkv`` take them up again;
 - ``summary.json``: the summary keys of ``results/gpu/summary.json`` that the vLLM stages measured
-  on CUDA (``vllm_stages.gpu_summary``; absent when none did): ``python -m swiftserve.gpusession
+  on CUDA (``vllm_stages.gpu_summary``; absent when none did): ``python -m gpubundle
   merge-summary <this folder>`` merges them here.
 ``out_problems`` then checks the folder against the limits; a folder that would not come
 back whole is reported in both files and makes the call exit non-zero.
@@ -24,8 +24,8 @@ import statistics
 import tarfile
 from pathlib import Path
 
-from swiftserve.gpusession.limits import MIB, Limits, out_problems
-from swiftserve.gpusession.vllm_stages import gpu_summary
+from gpubundle.limits import MIB, Limits, out_problems
+from gpubundle.vllm_stages import gpu_summary
 
 OWN = ("results.json", "summary.md", "logs.tar.gz", "summary.json")
 
@@ -115,7 +115,7 @@ def summary_md(res: dict) -> str:
         lines += ["", f"Distillation: {d['tokens']} tokens in {d['steps']} steps, median {d['tokens_per_s_median']} "
                       f"tokens/s; held-out KL {json.dumps(d['heldout_kl'])}"]
     if res.get("summary"):
-        lines += ["", "Summary keys (merge with `python -m swiftserve.gpusession merge-summary DIR`): " +
+        lines += ["", "Summary keys (merge with `python -m gpubundle merge-summary DIR`): " +
                   json.dumps(res["summary"])]
     lines += ["", "Files: " + ", ".join(f"{f['name']} ({f['bytes'] / MIB:.2f} MiB)" for f in res["files"])]
     if res["problems"]:

@@ -28,14 +28,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from swiftserve.gpusession import vllm_env
-from swiftserve.gpusession.limits import MIB, Limits, tree_bytes
-from swiftserve.gpusession.pack import assemble, build_pack
-from swiftserve.gpusession.park import parkable
-from swiftserve.gpusession.selftest import SelfTestError, _expect
-from swiftserve.gpusession.vllm_pack import payload_for_args
+from gpubundle import vllm_env
+from gpubundle.limits import MIB, Limits, tree_bytes
+from gpubundle.pack import assemble, build_pack
+from gpubundle.park import parkable
+from gpubundle.selftest import SelfTestError, _expect
+from gpubundle.vllm_pack import payload_for_args
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_CHECK = """
 import json, sys
 from vllm.tokenizers import get_tokenizer

@@ -20,7 +20,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swiftserve.gpusession.park import sha256_file
+from gpubundle.park import sha256_file
 
 MANIFEST = "manifest.json"
 MANIFEST_RESERVE = 64 << 10          # bytes kept free in each part for its copy of the manifest

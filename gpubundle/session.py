@@ -3,7 +3,7 @@
 ``run_check(cfg)`` prints the plan (``registry.plan_lines``: every stage with its estimate, what
 is done, what waits for which pack parts), then runs the stages of ``registry.STAGES`` in order
 against a deadline of ``budget_s - collect_reserve_s`` from its start, then writes the output
-folder (``swiftserve.gpusession.collect``). ``<work>/state.json`` keeps every stage's last record
+folder (``gpubundle.collect``). ``<work>/state.json`` keeps every stage's last record
 between calls: a ``done`` stage whose fingerprint still matches is skipped (``--redo NAME``
 runs it again; ``--redo distill`` also starts the distillation afresh), a stage that would
 start with less than its minimum time left is ``deferred`` to the next call, and the
@@ -24,10 +24,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swiftserve.gpusession import stages
-from swiftserve.gpusession.collect import collect
-from swiftserve.gpusession.limits import Limits
-from swiftserve.gpusession.registry import BY_NAME, ORDER, plan_lines
+from gpubundle import stages
+from gpubundle.collect import collect
+from gpubundle.limits import Limits
+from gpubundle.registry import BY_NAME, ORDER, plan_lines
 
 
 UNFINISHED = ("waiting", "deferred", "timeout", "partial")    # a stage that will run again on the next call

@@ -24,8 +24,8 @@ import tomllib
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from swiftserve.gpusession.park import sha256_file
-from swiftserve.gpusession.payloads import install_wheels
+from gpubundle.park import sha256_file
+from gpubundle.payloads import install_wheels
 
 UNPACKED = ".unpacked.json"
 PLUGIN_DIST = "swiftserve_vllm_plugin"

@@ -3,7 +3,7 @@ distributions need (extras and markers as pip evaluates them for the image), the
 unpacked once each and resumably, the plugin's entry point declared by a written dist-info, the
 stage plan, the summary keys taken from CUDA runs only, the parity rules, and the merge of a
 session's summary. (The stage itself on a stub vLLM runs in the GPU self-test,
-test_gpusession.py; on the real one in `make gpu-vllm-selftest`.)"""
+test_gpubundle.py; on the real one in `make gpu-vllm-selftest`.)"""
 
 import json
 import os
@@ -11,13 +11,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from swiftserve.gpusession import vllm_env, vllm_pack, vllm_results
-from swiftserve.gpusession.cli import main as cli_main
-from swiftserve.gpusession.pack import build_pack
-from swiftserve.gpusession.registry import plan_lines
-from swiftserve.gpusession.session import SessionConfig
-from swiftserve.gpusession.stages import Context
-from swiftserve.gpusession.vllm_stages import gpu_summary
+from gpubundle import vllm_env, vllm_pack, vllm_results
+from gpubundle.cli import main as cli_main
+from gpubundle.pack import build_pack
+from gpubundle.registry import plan_lines
+from gpubundle.session import SessionConfig
+from gpubundle.stages import Context
+from gpubundle.vllm_stages import gpu_summary
+import pytest
+
+pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from swiftserve.gpusession import image
+from gpubundle import image
 
 MARKER = ".built"
 

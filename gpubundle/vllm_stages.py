@@ -21,10 +21,10 @@ import json
 import subprocess
 from pathlib import Path
 
-from swiftserve.gpusession import image, vllm_env
-from swiftserve.gpusession.pack import PackError, assemble
-from swiftserve.gpusession.stages import Context, junit_counts
-from swiftserve.gpusession.vllm_results import RESULTS_ENV
+from gpubundle import image, vllm_env
+from gpubundle.pack import PackError, assemble
+from gpubundle.stages import Context, junit_counts
+from gpubundle.vllm_results import RESULTS_ENV
 
 
 def vllm_dir(ctx: Context) -> Path:
@@ -144,7 +144,7 @@ def stage_vllm_8b(ctx: Context, timeout: float) -> dict:
 
 def gpu_summary(state: dict, work: Path) -> dict:
     """The issue's summary keys that this session's vLLM stages measured on CUDA (none from a CPU run)."""
-    from swiftserve.gpusession import vllm_results
+    from gpubundle import vllm_results
 
     if not state.get("env", {}).get("cuda"):
         return {}

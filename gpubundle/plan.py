@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from swiftserve.gpusession import park
-from swiftserve.gpusession.limits import MIB, tree_bytes
-from swiftserve.gpusession.pack import PackError
+from gpubundle import park
+from gpubundle.limits import MIB, tree_bytes
+from gpubundle.pack import PackError
 
 # SwiftKV tensors the session uses when it carries SmolLM2 (relative to checkpoints/): l15-g1 is where
 # its 50% distillation continues from, l15-g2 the AcrossKV checkpoint tests/gpu compares on CUDA.

@@ -1,0 +1,5 @@
+import sys
+
+from gpubundle.cli import main
+
+sys.exit(main())

@@ -1,5 +1,0 @@
-import sys
-
-from swiftserve.gpusession.cli import main
-
-sys.exit(main())
