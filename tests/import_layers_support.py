@@ -13,6 +13,9 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
+# The packages the wheel ships (pyproject's packages.find); everything else in ALLOWED is lab tooling.
+PRODUCT = frozenset({"swiftcommon", "refengine", "modelkit", "swiftserve_vllm", "gateway", "loadtest", "worker",
+                     "swiftserve"})
 # Which top-level packages each package may import besides itself (docs/architecture.md),
 # lowest layer first. A package missing here is not checked (tests/, benchmarks/, deploy/).
 ALLOWED: dict[str, frozenset[str]] = {
@@ -27,12 +30,8 @@ ALLOWED: dict[str, frozenset[str]] = {
                              "worker"}),
     # The lab beside the product (the offline GPU validation bundle, not in the wheel): above every
     # product package; none of them may import it (it is in no product package's set above).
-    "gpubundle": frozenset({"swiftcommon", "refengine", "modelkit", "swiftserve_vllm", "gateway", "loadtest",
-                            "worker", "swiftserve"}),
+    "gpubundle": PRODUCT,
 }
-# The packages the wheel ships (pyproject's packages.find); everything else in ALLOWED is lab tooling.
-PRODUCT = frozenset({"swiftcommon", "refengine", "modelkit", "swiftserve_vllm", "gateway", "loadtest", "worker",
-                     "swiftserve"})
 # (importing package, imported package) -> the only modules of the importer allowed that arrow.
 SEAMS: dict[tuple[str, str], frozenset[str]] = {
     ("worker", "swiftserve_vllm"): frozenset({"worker.backends.vllm"}),

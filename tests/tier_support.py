@@ -26,7 +26,7 @@ import pytest
 TIERS = ("fast", "model", "e2e")
 MODEL_FIXTURES = frozenset({"smollm2_dir", "zack_dir"})
 
-_current: list[str] = []          # the tier of the test running now in this process (0 or 1 item)
+_current: str | None = None       # the tier of the test running now in this process
 
 
 def tier_of(item: pytest.Item) -> str:
@@ -46,21 +46,25 @@ def classify(items: list[pytest.Item]) -> None:
 
 
 def enter(item: pytest.Item) -> None:
-    _current[:] = [tier_of(item)]
+    global _current
+    _current = tier_of(item)
 
 
 def leave() -> None:
-    _current.clear()
+    global _current
+    _current = None
 
 
 def require(tier: str, what: str) -> None:
     """Fail the running test if its tier is below ``tier`` (``what``: the action, for the message)."""
-    if not _current:
+    if _current is None:
         return                    # outside a test (collection, session teardown): not ours to judge
-    have = _current[0]
-    if TIERS.index(have) < TIERS.index(tier):
-        pytest.fail(f"a {have}-tier test {what} (at {_caller()}): mark its module "
+    if TIERS.index(_current) < TIERS.index(tier):
+        pytest.fail(f"a {_current}-tier test {what} (at {_caller()}): mark its module "
                     f"`pytestmark = pytest.mark.{tier}` (tests/tier_support.py)", pytrace=False)
+
+
+_ROOT = str(Path(__file__).resolve().parents[1]) + "/"
 
 
 def _caller() -> str:
@@ -68,9 +72,6 @@ def _caller() -> str:
     frames = [f for f in traceback.extract_stack()[:-3]
               if f.filename.startswith(_ROOT) and "/." not in f.filename[len(_ROOT):]]
     return " <- ".join(f"{f.filename[len(_ROOT):]}:{f.lineno}" for f in reversed(frames[-3:])) or "?"
-
-
-_ROOT = str(Path(__file__).resolve().parents[1]) + "/"
 
 
 _popen_init = subprocess.Popen.__init__
