@@ -69,8 +69,10 @@ _ROOT = str(Path(__file__).resolve().parents[1]) + "/"
 
 def _caller() -> str:
     """The innermost frames of the project's own code (not the library, not this module)."""
-    frames = [f for f in traceback.extract_stack()[:-3]
-              if f.filename.startswith(_ROOT) and "/." not in f.filename[len(_ROOT):]]
+    def ours(name: str) -> bool:                 # under the root, outside hidden folders (.venv: the libraries)
+        return name.startswith(_ROOT) and not any(p.startswith(".") for p in Path(name[len(_ROOT):]).parts)
+
+    frames = [f for f in traceback.extract_stack()[:-3] if ours(f.filename)]
     return " <- ".join(f"{f.filename[len(_ROOT):]}:{f.lineno}" for f in reversed(frames[-3:])) or "?"
 
 
