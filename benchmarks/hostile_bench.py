@@ -73,8 +73,9 @@ class Stack:
 
     def routable(self) -> bool:
         try:
-            return httpx.get(self.gw + "/health", timeout=2).json().get("routable_workers") == 1
-        except (httpx.HTTPError, ValueError):
+            return (httpx.get(self.gw + "/health", timeout=2).json().get("routable_workers") == 1
+                    and bool(httpx.get(self.gw + "/v1/models", timeout=10).json()["data"]))
+        except (httpx.HTTPError, ValueError, KeyError):
             return False
 
     def worker_healthy(self) -> bool:
