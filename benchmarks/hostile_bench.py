@@ -131,8 +131,9 @@ LENGTH_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 def tame(raw: bytes, model: str, path: str = "") -> bytes:
     """The served model's name for the fuzz suite's, and at most 16 generated tokens where a case asks
-    for a valid larger number or, on chat and Responses, none or null (their default is the rest of the context:
-    four such streams took 10 minutes here), so that 10,000 cases take minutes, not hours; everything
+    for a valid larger number, none or null (chat's and Responses' default, and completions' for null, is
+    the rest of the context: four such streams took 10 minutes here, and an answer that takes longer than
+    ``--timeout`` counts as the stack's fault), so that 10,000 cases take minutes, not hours; everything
     else as drawn."""
     raw = raw.replace(b'"fake-model"', json.dumps(model).encode())
     try:
@@ -146,7 +147,7 @@ def tame(raw: bytes, model: str, path: str = "") -> bytes:
         v = body.get(key)
         if isinstance(v, int) and not isinstance(v, bool) and 16 < v < 2**31:
             body[key], changed = 16, True
-    if all(body.get(k) is None for k in LENGTH_KEYS) and path.endswith(("/chat/completions", "/responses")):
+    if all(body.get(k) is None for k in LENGTH_KEYS) and path.endswith(("/completions", "/responses")):
         body["max_output_tokens" if path.endswith("/responses") else "max_tokens"], changed = 16, True
     return json.dumps(body, allow_nan=True).encode("utf-8", "surrogatepass") if changed else raw
 
