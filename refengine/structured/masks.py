@@ -174,15 +174,19 @@ class GrammarMasks:
                 if not st.matcher.consume_tokens(new):
                     self._states.pop(rid, None)
                     raise GrammarError(f"request {rid}: the output (or the continuation it resumes) left its "
-                                       f"grammar: {st.matcher.get_error()}")
+                                       f"grammar: {st.matcher.get_error()}", rid)
                 st.consumed += len(new)
                 if st.numbers is not None:
                     st.numbers.feed(self._tokenizer.decode_bytes(new))
             pairs.append((st, len(rows), drafts))
             rows.extend(range(row, row + 1 + len(drafts)))
         bits = torch.full((len(rows), (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
-        for st, j, drafts in pairs:
-            self._rows(st, bits, j, drafts)
+        for (st, j, drafts), (_, rid, *_) in zip(pairs, todo):
+            try:
+                self._rows(st, bits, j, drafts)
+            except GrammarError as exc:         # e.g. the lexer's limits, reached deep into an output
+                self._states.pop(rid, None)
+                raise GrammarError(f"request {rid}: {exc}", rid) from None
         per_row = 1e3 * (time.perf_counter() - t0) / len(rows)
         self.mask_ms.extend([per_row] * len(rows))
         return TokenMasks(rows, bits)

@@ -66,6 +66,24 @@ def test_each_request_lands_on_a_worker_of_its_model(fresh):
         gw.stop()
 
 
+def test_models_are_listed_as_soon_as_health_says_ok():
+    # The model refresh runs every health interval; a worker that came up since the last one (here:
+    # after the gateway, as a loading worker does) is asked at once, so a client that saw /health 200
+    # never reads an empty /v1/models.
+    late = FakeWorker("late", model="orig")
+    gw = Gateway([late.url], health=HealthPolicy(interval=5.0))
+    late.start()
+    try:
+        deadline = time.time() + 10
+        while httpx.get(gw.url + "/health").status_code != 200:
+            assert time.time() < deadline
+            time.sleep(0.05)
+        assert [d["id"] for d in httpx.get(gw.url + "/v1/models").json()["data"]] == ["orig"]
+    finally:
+        gw.stop()
+        late.stop()
+
+
 def test_retries_stay_in_the_pool():
     bad = FakeWorker("bad", model="fast", status=500).start()
     good, other = FakeWorker("good", model="fast").start(), FakeWorker("other", model="orig").start()
