@@ -202,7 +202,9 @@ class GrammarMasks:
         for i in range(len(drafts) + 1):
             if i:
                 d = drafts[i - 1]
-                if m.is_stopped() or not m.consume_token(d):
+                # The previous row's mask (capped numbers included) decides; a refused token is never fed
+                # to the matcher (it would leave it in an error state).
+                if not (int(bits[j + i - 1, d // 32]) >> (d % 32)) & 1 or m.is_stopped() or not m.consume_token(d):
                     break                         # rows past a refused draft are never used: they allow all
                 taken += 1
                 if st.numbers is not None:
