@@ -126,9 +126,15 @@ def draw_cases(n: int) -> list[tuple[str, bytes]]:
     return (fixed + drawn)[:max(n, len(fixed))]
 
 
-def tame(raw: bytes, model: str) -> bytes:
+LENGTH_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+def tame(raw: bytes, model: str, path: str = "") -> bytes:
     """The served model's name for the fuzz suite's, and at most 16 generated tokens where a case asks
-    for a valid larger number (so that 10,000 cases take minutes, not hours); everything else as drawn."""
+    for a valid larger number, none or null (chat's and Responses' default, and completions' for null, is
+    the rest of the context: four such streams took 10 minutes here, and an answer that takes longer than
+    ``--timeout`` counts as the stack's fault), so that 10,000 cases take minutes, not hours; everything
+    else as drawn."""
     raw = raw.replace(b'"fake-model"', json.dumps(model).encode())
     try:
         body = json.loads(raw)
@@ -137,10 +143,12 @@ def tame(raw: bytes, model: str) -> bytes:
     if not isinstance(body, dict):
         return raw
     changed = False
-    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+    for key in LENGTH_KEYS:
         v = body.get(key)
         if isinstance(v, int) and not isinstance(v, bool) and 16 < v < 2**31:
             body[key], changed = 16, True
+    if all(body.get(k) is None for k in LENGTH_KEYS) and path.endswith(("/completions", "/responses")):
+        body["max_output_tokens" if path.endswith("/responses") else "max_tokens"], changed = 16, True
     return json.dumps(body, allow_nan=True).encode("utf-8", "surrogatepass") if changed else raw
 
 
@@ -182,6 +190,7 @@ async def send_all(stack: Stack, cases, concurrency: int, timeout: float) -> dic
             if len(examples) < 20:
                 examples.append({"path": path, "status": status, "request": raw[:300].decode("utf-8", "replace"),
                                  "answer": body[-300:].decode("utf-8", "replace")})
+                print(f"  server error: {json.dumps(examples[-1])}", flush=True)
         done += 1
         if done % 500 == 0:
             print(f"  {done}/{len(cases)} cases, {server} server errors, {time.monotonic() - t0:.0f} s", flush=True)
@@ -189,7 +198,7 @@ async def send_all(stack: Stack, cases, concurrency: int, timeout: float) -> dic
     async def runner(client):
         while not queue.empty():
             path, raw = queue.get_nowait()
-            await one(client, path, tame(raw, stack.model))
+            await one(client, path, tame(raw, stack.model, path))
 
     async with httpx.AsyncClient(timeout=timeout) as client:
         await asyncio.gather(*(runner(client) for _ in range(concurrency)))
@@ -240,7 +249,7 @@ async def normal_latency(stack: Stack, alone: int, rounds: int, timeout: float) 
         async def hostiles():
             for _ in range(rounds):
                 for path, case in regressions():
-                    raw = tame(json.dumps(case).encode(), stack.model)
+                    raw = tame(json.dumps(case).encode(), stack.model, path)
                     t = time.monotonic()
                     r = await client.post(stack.gw + path, content=raw, headers={"content-type": "application/json"})
                     hostile.append((t, time.monotonic(), r.status_code))

@@ -28,8 +28,10 @@ writes ``--out`` (the command line, the settings, every count) and merges its ke
 * ``overhead``: the original and the 13% variant behind an alias (``--weights``, default
   90/10: a canary), Poisson arrivals at ``--rate`` of streamed completions (random-token
   prompts of ``--input-len``, ``--output-len`` tokens, loadtest's runner), in rounds that
-  alternate shadowing off and on (every canary answer sampled, the gateway's default bounds)
-  by rewriting the gateway's models file (it re-reads it; same processes throughout). Key
+  alternate shadowing off and on (off, on, on, off, ...; every canary answer sampled, the gateway's
+  default bounds) by rewriting the gateway's models file (it re-reads it; same processes
+  throughout). Every round has prompts of its own (one that repeated another's would be
+  answered from the prefix cache) and each pair the same arrival times. Key
   ``shadow_overhead_client_ttft_ratio``: median client TTFT with shadowing on / off.
 """
 
@@ -250,14 +252,15 @@ def run_overhead(a, logs: Path) -> dict:
     rounds = []
     with Stack([ORIG, V13], ["--models-config", str(cfg)], a.dtype, logs) as st:
         for i in range(2 * a.rounds):
-            on = i % 2 == 1
+            on = i % 4 in (1, 2)                                  # off, on, on, off, ...: drift cancels
             table(1.0 if on else 0.0)
             time.sleep(3)                                         # the gateway re-reads the file (2 s)
             while metric(httpx.get(st.url + "/metrics").text, "swiftserve_gateway_shadow_in_flight") > 0:
                 time.sleep(0.5)                                   # the last round's comparisons are over
             before = httpx.get(st.url + "/metrics").text
-            # each (off, on) pair of rounds: the same prompts at the same arrival times
-            reqs = random_prompts(a.requests, a.input_len, a.output_len, seed=100 + i // 2)
+            # each (off, on) pair of rounds: the same arrival times, but prompts of their own: a round
+            # that repeated the last one's prompts would find them in the prefix cache
+            reqs = random_prompts(a.requests, a.input_len, a.output_len, seed=100 + i)
             res = asyncio.run(run(RunConfig(st.url, model="smol", rate=a.rate, num_requests=a.requests, seed=i // 2,
                                             label=f"shadow {'on' if on else 'off'}", warmup=1), reqs,
                                   progress=False))

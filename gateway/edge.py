@@ -86,12 +86,19 @@ async def _disconnected(receive) -> None:
         pass
 
 
+def _json_int(text: str) -> int | float:
+    """An integer as orjson reads one: beyond 64 bits, a float (orjson cannot write a larger int again,
+    and the body is written again when it is forwarded)."""
+    v = int(text)
+    return v if -(1 << 63) <= v < (1 << 64) else float(text)
+
+
 def parse_body(path: str, raw: bytes) -> dict:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
         try:                                    # what orjson refuses but Python reads (NaN, deep nesting)
-            body = json.loads(raw)
+            body = json.loads(raw, parse_int=_json_int)
         except (ValueError, RecursionError):    # bad JSON, bad UTF-8, nesting too deep
             raise EdgeError(400, "bad_json", "We could not parse the JSON body of your request.") from None
     if not isinstance(body, dict):

@@ -182,25 +182,30 @@ class LLMEngine:
 
         Safe to repeat: a chunk rewrites the same KV slots, and progress only moves in
         ``scheduler.update``, after this."""
+        named = getattr(exc, "request_id", None)
+        culprit = [c for c in sched.chunks if c.request.request_id == named]
+        if culprit and named != self._canary and len(sched.chunks) > 1:
+            # The error names its request (a grammar that failed while masking): fail it, run the rest
+            # together once; only if they fail again, one at a time.
+            log.warning("request %s failed a step of %d requests (%s); running the others again", named,
+                        len(sched.chunks), tidy(repr(exc)))
+            self._fail_chunk(culprit[0], exc, exc)
+            rest = SchedulerOutput([c for c in sched.chunks if c is not culprit[0]])
+            try:
+                out = self.runner.execute(rest)
+            except Exception as again:  # noqa: BLE001
+                sched, exc = rest, again
+            else:
+                self._failed_steps = 0
+                return out
         log.warning("a step of %d requests failed (%r); running each alone", len(sched.chunks), exc)
         sampled, logprobs, failed = {}, {}, 0
         for chunk in sched.chunks:
             try:
                 s, lp = self.runner.execute(SchedulerOutput([chunk]))
             except Exception as one:  # noqa: BLE001
-                rid = chunk.request.request_id
-                if rid == self._canary:
-                    raise EngineFault(f"the engine cannot run its own one-token check request "
-                                      f"({type(one).__name__}: {one}); the step had failed with {exc!r}") from one
                 failed += 1
-                log.error("request %s failed in the engine: %s", rid, tidy(repr(one)),
-                          exc_info=None if isinstance(one, GrammarError) else one)
-                req = self.scheduler.abort(rid)
-                self.runner.release(rid)
-                if self.drafter is not None and req is not None:
-                    self.drafter.finished(req)
-                self.num_request_failures += 1
-                self._failures[rid] = request_failure(one)
+                self._fail_chunk(chunk, one, exc)
                 continue
             sampled.update(s)
             logprobs.update(lp)
@@ -208,6 +213,21 @@ class LLMEngine:
         if self._failed_steps >= MAX_FAILED_STEPS and self._canary is None:
             self._start_canary()
         return sampled, logprobs
+
+    def _fail_chunk(self, chunk, one: Exception, step_exc: Exception) -> None:
+        """Abort ``chunk``'s request with its own error ``one`` (the canary's failure is the engine's)."""
+        rid = chunk.request.request_id
+        if rid == self._canary:
+            raise EngineFault(f"the engine cannot run its own one-token check request "
+                              f"({type(one).__name__}: {one}); the step had failed with {step_exc!r}") from one
+        log.error("request %s failed in the engine: %s", rid, tidy(repr(one)),
+                  exc_info=None if isinstance(one, GrammarError) else one)
+        req = self.scheduler.abort(rid)
+        self.runner.release(rid)
+        if self.drafter is not None and req is not None:
+            self.drafter.finished(req)
+        self.num_request_failures += 1
+        self._failures[rid] = request_failure(one)
 
     def _start_canary(self) -> None:
         """Every request of several steps in a row failed alone: is it them or the engine? A one-token

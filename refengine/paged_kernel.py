@@ -153,7 +153,23 @@ def resolve_decode_kernel(name: str, device: torch.device) -> PagedDecodeKernel 
     return _resolve("decode_kernel", name, device)
 
 
-def resolve_prefill_kernel(name: str, device: torch.device) -> PagedDecodeKernel | None:
+# The prefill kernel's tiles are 16-float vectors: one register on AVX-512. Built for AVX2 (GCC splits
+# them, spilling), it measured 4.6x slower than SDPA at 1024 tokens on a 2-core Zen 3 (10 GFLOP/s;
+# a 5,000-token prompt took 90 s), while on AVX-512 it is 2.8x faster than SDPA
+# (benchmarks/attention_kernels.py; results/perf/profiles/attention_kernels*.json).
+PREFILL_KERNEL_FLAG = "avx512f"
+
+
+def resolve_prefill_kernel(name: str, device: torch.device, flags: set[str] | None = None) -> PagedDecodeKernel | None:
+    """``auto``: the C++ kernel on CPUs with AVX-512 (``flags``: /proc/cpuinfo's when None), SDPA elsewhere;
+    ``cpp`` forces the kernel on any CPU."""
+    if name == "auto" and device.type == "cpu":
+        from swiftcommon.cpu_dtype import cpu_flags
+
+        if PREFILL_KERNEL_FLAG not in (cpu_flags() if flags is None else flags):
+            log.info("prefill attention: gather + SDPA (this CPU has no AVX-512, where the C++ prefill kernel "
+                     "is slower than SDPA; --prefill-kernel cpp forces it)")
+            return None
     return _resolve("prefill_kernel", name, device)
 
 

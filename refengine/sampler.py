@@ -54,12 +54,16 @@ def _apply_logit_bias(logits: torch.Tensor, rows: list[SampleRow]) -> None:
 _BITS = torch.arange(32, dtype=torch.int32)
 
 
-def _apply_token_masks(logits: torch.Tensor, masks) -> None:
-    """Forbid every token whose bit is 0 in its row's packed mask ``masks.bits`` [k, ceil(V/32)]."""
-    n, vocab = len(masks.rows), logits.shape[-1]
-    bits = masks.bits.to(logits.device)
-    allowed = ((bits.unsqueeze(-1) >> _BITS.to(bits.device)) & 1).view(n, -1)[:, :vocab].bool()   # [k, V]
-    idx = torch.tensor(masks.rows, device=logits.device)
+def _apply_token_masks(logits: torch.Tensor, masks, only: set[int] | None = None) -> None:
+    """Forbid every token whose bit is 0 in its row's packed mask ``masks.bits`` [k, ceil(V/32)]
+    (``only``: just these rows of the batch)."""
+    pick = [j for j, r in enumerate(masks.rows) if only is None or r in only]
+    if not pick:
+        return
+    vocab = logits.shape[-1]
+    bits = masks.bits[pick].to(logits.device)
+    allowed = ((bits.unsqueeze(-1) >> _BITS.to(bits.device)) & 1).view(len(pick), -1)[:, :vocab].bool()   # [k, V]
+    idx = torch.tensor([masks.rows[j] for j in pick], device=logits.device)
     logits[idx] = logits[idx].masked_fill(~allowed, float("-inf"))
 
 
@@ -129,7 +133,23 @@ def process_logits(logits: torch.Tensor, rows: list[SampleRow], masks=None) -> t
         _apply_penalties(logits, rows)
         if masks is not None:
             _apply_token_masks(logits, masks)
+        _rescue_empty_rows(logits, raw, masks)
     return raw, logits
+
+
+def _rescue_empty_rows(logits: torch.Tensor, raw: torch.Tensor, masks) -> None:
+    """A row left with no possible token (every logit -inf or NaN: e.g. a huge ``frequency_penalty`` on
+    the only tokens a grammar allows, or ``min_tokens`` blocking the EOS that ends a grammar) samples
+    from the raw logits under its grammar's mask alone: the request's own options gave way, never
+    its constraint (an argmax over -inf rows would pick token 0, whatever the grammar says)."""
+    logits.nan_to_num_(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))   # NaN only
+    empty = torch.isneginf(logits).all(-1)
+    if not bool(empty.any()):
+        return
+    rows = empty.nonzero().flatten()
+    logits[rows] = raw[rows]
+    if masks is not None:
+        _apply_token_masks(logits, masks, only=set(rows.tolist()))
 
 
 def random_probs(logits: torch.Tensor, rows: list[SampleRow], idx: list[int]) -> torch.Tensor:

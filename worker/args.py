@@ -165,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "builds, else 'torch' with a warning (refused with --engine vllm)"),
         ("--prefill-kernel", "CPU prefill attention (float32 or bfloat16 models): 'cpp' runs a causal flash-style C++ "
                              "kernel over the block pool (the same build as --decode-kernel), 'torch' gathers the "
-                             "prefix and calls SDPA; 'auto' = the kernel on CPU when it builds (refused with "
+                             "prefix and calls SDPA; 'auto' = the kernel on CPUs with AVX-512 when it builds "
+                             "(without AVX-512 it is slower than SDPA: 'torch' there) (refused with "
                              "--engine vllm)"),
         ("--fused-ops", "CPU float32 element-wise ops: 'cpp' runs RMSNorm (with the residual add), RoPE and "
                         "SiLU-mul as fused C++ kernels (the same build as --decode-kernel), 'torch' as torch ops; "

@@ -58,9 +58,9 @@ class Drafter:
     @staticmethod
     def _wants(req, default: bool) -> bool:
         want = req.params.speculative
-        # Constrained requests are not drafted (yet): with draft-position masks a verified JSON output
-        # left its grammar in tests/refengine/spec (issue 49); they decode one token a step.
-        return (default if want is None else want) and req.forced_ids is None and req.params.structured is None \
+        # Constrained requests draft too: each draft position's row is masked by the grammar after the
+        # drafts before it (refengine.structured.masks).
+        return (default if want is None else want) and req.forced_ids is None \
             and req.num_computed_tokens == req.num_tokens - 1 and req.prefilled
 
     def _draft(self, req, k_max: int) -> list[int]:

@@ -27,7 +27,13 @@ from refengine.structured.spec import StructuredSpec
 
 
 class GrammarError(ValueError):
-    """The constraint cannot be compiled; the message says why (and names unsupported features)."""
+    """The constraint cannot be compiled, or failed while masking; the message says why (and names
+    unsupported features). ``request_id``: the request whose constraint failed, when known (the
+    engine then fails it alone, without running the rest of its batch one request at a time)."""
+
+    def __init__(self, message: str, request_id: str | None = None) -> None:
+        super().__init__(message)
+        self.request_id = request_id
 
 
 def to_grammar(spec: StructuredSpec) -> str:

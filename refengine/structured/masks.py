@@ -39,9 +39,10 @@ template cache is shared by the two threads under a lock; ``_setup`` runs once, 
 Speculative decoding: a request that verifies drafted tokens has one sampling row per draft position
 (``drafts``: row ``j + i`` follows ``drafts[:i]``). Its matcher consumes the drafts one by one to
 write each position's mask, then rolls them back (``LLMatcher.rollback``; the JSON number state is
-copied and restored), so the state stays the request's own output. Past a draft the grammar refuses
-(or one that ends it), the remaining rows allow everything: verification stops at the refused
-draft, whose own row's mask gives it probability 0.
+copied and restored), so the state stays the request's own output. The row after a draft that ends
+the grammar allows only the end of sequence (the stopped matcher's mask). Past a draft the grammar
+refuses, the remaining rows allow everything: verification stops at the refused draft, whose own
+row's mask gives it probability 0.
 
 JSON constraints also follow their output's numbers (``refengine.structured.numbers``): a
 fraction stops offering digits after 17 significant digits, what a double carries.
@@ -173,15 +174,19 @@ class GrammarMasks:
                 if not st.matcher.consume_tokens(new):
                     self._states.pop(rid, None)
                     raise GrammarError(f"request {rid}: the output (or the continuation it resumes) left its "
-                                       f"grammar: {st.matcher.get_error()}")
+                                       f"grammar: {st.matcher.get_error()}", rid)
                 st.consumed += len(new)
                 if st.numbers is not None:
                     st.numbers.feed(self._tokenizer.decode_bytes(new))
             pairs.append((st, len(rows), drafts))
             rows.extend(range(row, row + 1 + len(drafts)))
         bits = torch.full((len(rows), (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
-        for st, j, drafts in pairs:
-            self._rows(st, bits, j, drafts)
+        for (st, j, drafts), (_, rid, *_) in zip(pairs, todo):
+            try:
+                self._rows(st, bits, j, drafts)
+            except GrammarError as exc:         # e.g. the lexer's limits, reached deep into an output
+                self._states.pop(rid, None)
+                raise GrammarError(f"request {rid}: {exc}", rid) from None
         per_row = 1e3 * (time.perf_counter() - t0) / len(rows)
         self.mask_ms.extend([per_row] * len(rows))
         return TokenMasks(rows, bits)
@@ -197,13 +202,16 @@ class GrammarMasks:
         for i in range(len(drafts) + 1):
             if i:
                 d = drafts[i - 1]
-                if m.is_stopped() or not m.consume_token(d):
+                # The previous row's mask (capped numbers included) decides; a refused token is never fed
+                # to the matcher (it would leave it in an error state).
+                if not (int(bits[j + i - 1, d // 32]) >> (d % 32)) & 1 or m.is_stopped() or not m.consume_token(d):
                     break                         # rows past a refused draft are never used: they allow all
                 taken += 1
                 if st.numbers is not None:
                     st.numbers.feed(self._tokenizer.decode_bytes([d]))
-                if m.is_stopped():
-                    break
+            # A draft that ended the grammar still gets its row: a stopped matcher's mask allows the end
+            # of sequence only. Left all-allowed, the bonus token after an accepted closing draft could
+            # be anything, and the next step's catch-up would find the output outside its grammar.
             m.unsafe_compute_mask_ptr(bits.data_ptr() + (j + i) * row_bytes, row_bytes)
             if m.is_error():
                 raise GrammarError(m.get_error())

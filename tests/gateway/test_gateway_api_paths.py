@@ -39,6 +39,17 @@ def test_model_is_optional_for_the_tokenizer_endpoints():
     assert parse_body("/v1/responses", body(model="m", input=[{"role": "user", "content": "x"}]))
 
 
+def test_a_body_orjson_refuses_reads_ints_as_orjson_would():
+    # NaN sends the body to Python's parser; an int beyond 64 bits must not survive it, or writing the
+    # body again (orjson, when it is forwarded) fails with a 500 (found by benchmarks/hostile_bench.py).
+    import orjson
+
+    doc = parse_body("/v1/completions", b'{"model": "m", "prompt": "x", "temperature": NaN, '
+                                        b'"seed": 123456789012345678901234567890, "max_tokens": 18446744073709551615}')
+    assert doc["seed"] == 1.2345678901234568e29 and doc["max_tokens"] == 18446744073709551615
+    orjson.dumps(doc)
+
+
 def test_responses_streams_end_with_their_terminal_event():
     created = b'event: response.created\ndata: {"type":"response.created"}\n\n'
     for end in (b"completed", b"incomplete", b"failed"):

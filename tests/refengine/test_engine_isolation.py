@@ -124,6 +124,31 @@ def test_a_constraint_the_engine_cannot_follow_is_the_requests_fault(engine, mon
     assert "backtrace" not in str(failures["p"]) and reasons == {"ok": "length"} and len(tokens["ok"]) == 3
 
 
+def test_a_constraint_failing_deep_in_its_output_fails_alone_and_the_batch_runs_on(engine, monkeypatch):
+    # A grammar that compiled but fails while masking a later token (llguidance's lexer limits, found by
+    # benchmarks/hostile_bench.py) names its request: the others run again together at once, not one
+    # request at a time (which stalled a 8-request batch for 21 s).
+    real_rows = GrammarMasks._rows
+
+    def rows(self, st, bits, j, drafts):
+        if st.consumed >= 2:
+            raise GrammarError("lexer error: too many expressions constructed")
+        return real_rows(self, st, bits, j, drafts)
+
+    monkeypatch.setattr(GrammarMasks, "_rows", rows)
+    batches = []
+    real_execute = engine.runner.execute
+    monkeypatch.setattr(engine.runner, "execute", lambda sched: batches.append(len(sched.chunks)) or real_execute(sched))
+    poison = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, structured=StructuredSpec("regex", "[a-z ]+"))
+    greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    tokens, reasons, failures = run(engine, {"p": ([1, 9690, 314], poison), "a": ([1, 504, 3458, 282], greedy),
+                                             "b": ([1, 504, 3458], greedy)})
+    assert set(failures) == {"p"} and failures["p"].constraint and "too many expressions" in str(failures["p"])
+    assert reasons == {"a": "length", "b": "length"} and len(tokens["a"]) == len(tokens["b"]) == 6
+    assert 1 not in batches, batches          # never a request alone
+    assert engine.runner.grammar._states == {}
+
+
 def test_async_engine_hands_the_error_to_that_stream_only(smollm2_dir, poisoned_sampler):
     from refengine.async_engine import AsyncEngine
 

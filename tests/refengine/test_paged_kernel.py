@@ -181,6 +181,16 @@ def test_kernel_option_resolution(resolve):
         resolve("triton", CPU)
 
 
+def test_auto_prefill_kernel_only_on_avx512(monkeypatch):
+    # Without AVX-512 the prefill kernel is slower than SDPA (its 16-float tiles spill): auto picks SDPA.
+    import refengine.paged_kernel as pk
+
+    monkeypatch.setattr(pk, "_resolve", lambda option, name, device: ("kernel", option, name))
+    assert resolve_prefill_kernel("auto", CPU, flags={"avx2", "fma"}) is None
+    assert resolve_prefill_kernel("auto", CPU, flags={"avx2", "avx512f"}) == ("kernel", "prefill_kernel", "auto")
+    assert resolve_prefill_kernel("cpp", CPU, flags={"avx2"}) == ("kernel", "prefill_kernel", "cpp")
+
+
 @needs_compiler
 @pytest.mark.model
 def test_engine_greedy_tokens_identical_kernel_or_not(smollm2_dir):

@@ -141,6 +141,39 @@ def test_masks_beside_the_forward_pass_equal_inline_ones(smollm2_dir):
         m.close()
 
 
+@pytest.mark.model
+def test_draft_rows_follow_the_grammar_and_end_with_eos_only(smollm2_dir):
+    # Speculative decoding: row i masks the token after drafts[:i]; after a draft that ends the grammar
+    # only EOS is allowed; a refused draft leaves the rows after it unused (all allowed) and the
+    # request's matcher untouched (the next step catches up from its real output).
+    from transformers import AutoTokenizer
+
+    from refengine.model_config import load_model_spec
+    from refengine.structured.masks import GrammarMasks
+
+    spec = load_model_spec(str(smollm2_dir))
+    masks = GrammarMasks(str(smollm2_dir), spec.vocab_size, spec.eos_token_ids, overlap=False)
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    schema = spec_json({"type": "object", "properties": {"a": {"enum": ["x"]}}, "required": ["a"],
+                        "additionalProperties": False})
+    allowed = lambda bits, t: bool((int(bits[t // 32]) >> (t % 32)) & 1)   # noqa: E731
+    whole = tok.encode('{"a":"x"}', add_special_tokens=False)
+    eos = spec.eos_token_ids[0]
+    got = masks.result(masks.start([(0, "r", schema, [], whole)]))
+    assert got.rows == list(range(len(whole) + 1))
+    for i, t in enumerate(whole):
+        assert allowed(got.bits[i], t)                       # each draft allowed by the row before it
+    last = got.bits[len(whole)]
+    assert allowed(last, eos) and sum(allowed(last, t) for t in range(spec.vocab_size)) == 1
+    bad = tok.encode("Hello", add_special_tokens=False)[0]
+    got = masks.result(masks.start([(0, "r", schema, [], [whole[0], bad, whole[1]])]))
+    assert not allowed(got.bits[1], bad) and bool((got.bits[2:] == -1).all())
+    got = masks.result(masks.start([(0, "r", schema, whole[:1], [])]))   # the matcher is still usable
+    assert allowed(got.bits[0], whole[1])
+    masks.release("r")
+    masks.close()
+
+
 def test_json_number_state_caps_only_long_fractions():
     from refengine.structured.numbers import JsonNumberState
 
