@@ -273,11 +273,10 @@ def _add_own_routes(app: FastAPI, p: _Parts) -> None:
         denied = _guard(p, True, request)
         if denied:
             return denied
-        now = time.monotonic()
-        if any(w.models is None and w.routable(now) for w in p.pool):
+        if p.directory.unlisted(time.monotonic()):
             # A worker that turned healthy since the last model refresh: list its models now, so that a
             # client that saw /health 200 never gets an empty list.
-            await p.directory.refresh(request.app.state.client)
+            await p.directory.refresh_shared(request.app.state.client)
         return {"object": "list", "data": p.router.listing(time.monotonic())}
 
     @app.get("/health")

@@ -68,6 +68,10 @@ class ModelDirectory:
         """True while some worker has never listed its models."""
         return any(w.models is None for w in self.pool)
 
+    def unlisted(self, now: float) -> bool:
+        """True while some routable worker has never listed its models (it came up since the last refresh)."""
+        return any(w.models is None and w.routable(now) for w in self.pool)
+
     def cards(self, now: float) -> list[dict]:
         """``/v1/models`` entries of the served models, each id once (the first worker's entry), by id."""
         seen, out = set(), []
@@ -102,11 +106,15 @@ class ModelDirectory:
         (concurrent callers share that refresh)."""
         if model in self.served(time.monotonic()):
             return True
+        await self.refresh_shared(client)
+        return model in self.served(time.monotonic())
+
+    async def refresh_shared(self, client: aiohttp.ClientSession) -> None:
+        """Refresh every worker once; concurrent callers share that refresh."""
         if self._refreshing is None:
             self._refreshing = asyncio.ensure_future(self.refresh(client, only_healthy=False))
             self._refreshing.add_done_callback(lambda _: setattr(self, "_refreshing", None))
         await asyncio.shield(self._refreshing)
-        return model in self.served(time.monotonic())
 
     async def run(self, client: aiohttp.ClientSession) -> None:
         while True:

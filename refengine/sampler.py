@@ -138,7 +138,7 @@ def process_logits(logits: torch.Tensor, rows: list[SampleRow], masks=None) -> t
 
 
 def _rescue_empty_rows(logits: torch.Tensor, raw: torch.Tensor, masks) -> None:
-    """A row left with no possible token (every logit -inf or NaN: e.g. a huge ``frequency_penalty`` on
+    """A row left with no possible token (every logit -inf or NaN: e.g. a huge ``repetition_penalty`` on
     the only tokens a grammar allows, or ``min_tokens`` blocking the EOS that ends a grammar) samples
     from the raw logits under its grammar's mask alone: the request's own options gave way, never
     its constraint (an argmax over -inf rows would pick token 0, whatever the grammar says)."""
