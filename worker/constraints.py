@@ -10,7 +10,8 @@ within ``timeout`` seconds (``--constraint-timeout``); the first that fails rais
 ``ConstraintError`` naming its field and the reason, with no library internals.
 
 Where: child processes (``python -m worker.constraints``), at most ``PROCESSES``, each
-compiling one constraint at a time; the event loop only writes a line and awaits the answer.
+compiling one constraint at a time, at a lower CPU priority (``swiftcommon.priority``); the event
+loop only writes a line and awaits the answer.
 A compile that runs past the time left is stopped by killing its child, which is started
 again in the background (a child that crashes is replaced the same way). A child needs
 neither torch nor the model: llguidance and the tokenizer (handed over as its
@@ -35,6 +36,7 @@ import time
 
 from refengine.structured.grammar import GrammarError, check, compile_check, tidy
 from refengine.structured.spec import StructuredSpec
+from swiftcommon.priority import background_priority
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +205,9 @@ def _reason_here(spec: StructuredSpec, tokenizer=None) -> str | None:
 
 
 def _serve(argv: list[str]) -> None:
-    """The child: compile each spec read from stdin, answer on stdout."""
+    """The child: compile each spec read from stdin, answer on stdout, at background priority
+    (a hostile constraint's compile must not take a core from the engine)."""
+    background_priority()
     tokenizer = None
     if argv:
         import llguidance

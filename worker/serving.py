@@ -38,6 +38,7 @@ from typing import Any, AsyncIterator, Callable
 
 from refengine.outputs import TokenLogprob
 from refengine.sampling_params import SamplingParams
+from swiftcommon.priority import background_priority
 from worker.config import WorkerConfig
 from worker.constraints import ConstraintChecker, ConstraintError
 from worker.continuation import DRAIN_ABORT
@@ -171,7 +172,8 @@ class ServingState:
         if nbytes <= BIG_PROMPT_BYTES:
             return await self.run_sync(fn, self.tokenizer, *args)
         if self._big is None:
-            self._big = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer-long"),
+            self._big = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer-long",
+                                            initializer=background_priority),
                          await self.run_sync(copy.deepcopy, self.tokenizer))
         pool, tok = self._big
         return await asyncio.get_running_loop().run_in_executor(pool, lambda: fn(tok, *args))

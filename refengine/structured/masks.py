@@ -62,6 +62,7 @@ import torch
 from refengine.structured.grammar import GrammarError, parser_limits, to_grammar
 from refengine.structured.numbers import JsonNumberState, cap_row, digit_start_words
 from refengine.structured.spec import StructuredSpec
+from swiftcommon.priority import background_priority
 
 CACHE_SIZE = 256
 
@@ -101,7 +102,9 @@ class GrammarMasks:
         self._templates: collections.OrderedDict[StructuredSpec, object] = collections.OrderedDict()
         self._states: dict[str, _State] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
-        self._compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
+        # Compiles run at background priority: a slow one must not take a core from the forward pass.
+        self._compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile",
+                                            initializer=background_priority)
         self._lock = threading.Lock()            # the template cache and _setup, shared by both threads
         self._preparing: dict[StructuredSpec, Future] = {}
         self.compiled = 0                        # grammars compiled (cache misses)

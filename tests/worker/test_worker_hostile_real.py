@@ -80,6 +80,16 @@ def test_constraints_failing_in_the_engine_never_kill_it(worker):
     assert httpx.get(url + "/health").status_code == 200
     r = chat(url)
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+    # The edge compiled it in a constraint child, at background priority (it must not take a core
+    # from the engine), while the worker and its engine keep the normal one.
+    import psutil
+
+    from swiftcommon.priority import BACKGROUND_NICE
+
+    kids = psutil.Process(proc.pid).children()
+    compilers = [c for c in kids if "worker.constraints" in " ".join(c.cmdline())]
+    assert compilers and all(c.nice() == BACKGROUND_NICE for c in compilers), [(c.cmdline(), c.nice()) for c in kids]
+    assert psutil.Process(proc.pid).nice() == psutil.Process(engine_pid(proc)).nice() == os.getpriority(os.PRIO_PROCESS, 0)
 
 
 class HealthWatch:
