@@ -273,7 +273,9 @@ def dead_engine(stack: Stack, deaths: int) -> dict:
         pid = stack.engine_pid()
         t0 = time.monotonic()
         os.kill(pid, signal.SIGKILL)
-        while stack.engine_pid() == pid or not stack.worker_healthy():
+        # a new engine (not the killed one, nor none while the worker restarts) and a healthy worker: the
+        # killed worker may answer /health for a moment before it exits
+        while stack.engine_pid() in (None, pid) or not stack.worker_healthy():
             if time.monotonic() - t0 > 300:
                 raise SystemExit("the worker did not come back within 300 s")
             time.sleep(0.2)
