@@ -1,12 +1,13 @@
 """Lower CPU priority for side work that competes with the engine: ``background_priority``.
 
-Why: on a machine where the engine's OpenMP threads take every core, any other busy thread
-preempts one of them, and the others wait for it at every parallel region (a thread beside
-the forward pass made a decode step ~8x slower, ``refengine/structured/masks.py``). Work that
-answers one request and can be slow without harm (compiling a request's constraint to check
-it, tokenising a multi-megabyte prompt, compiling a grammar in the engine's side thread) runs
-at a nice value of ``BACKGROUND_NICE``, so the kernel's scheduler gives the engine's threads
-the cores whenever they want them, and that work the time left over.
+Why: the engine's OpenMP threads take every core, and a thread that preempts one of them makes
+the others wait for it at every parallel region (a thread beside the forward pass made a
+decode step ~8x slower, ``refengine/structured/masks.py``). Work that answers one request and
+can be slow without harm (compiling a request's constraint to check it, tokenising a
+multi-megabyte prompt, compiling a grammar in the engine's side thread) runs at a nice value of
+``BACKGROUND_NICE``, so that when more threads want the cores than there are, the scheduler
+gives them to the engine first. (Alone on the 2-core machine, one spinning process beside a
+decode-like step barely moved it at either priority: ``benchmarks/nice_contention.py``.)
 
 Linux sets a nice value per thread (``setpriority(PRIO_PROCESS, tid)``): ``background_priority()``
 lowers the calling thread only (use it as a thread pool's ``initializer``, or at the start of a
