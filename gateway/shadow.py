@@ -276,6 +276,8 @@ class ShadowMonitor:
             raise ShadowFailed("the answer tokenises to nothing")
         gen = {"model": ref, "prompt": prompt, "max_tokens": len(ids_v), "temperature": 0,
                **{k: w.body[k] for k in STOP_FIELDS if w.body.get(k) is not None}}
+        if isinstance(gen.get("min_tokens"), int):      # the answer can tokenise to fewer than the client's minimum
+            gen["min_tokens"] = min(gen["min_tokens"], len(ids_v))
         own = (await self._post(session, url, "/v1/completions", gen))["choices"][0]["text"]
         ids_r = (await self._tokens(session, url, ref, own))[:len(ids_v)] if own else []
         seqs = [prompt + ids_v] + ([prompt + ids_r] if ids_r else [])

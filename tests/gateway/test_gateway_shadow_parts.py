@@ -82,7 +82,7 @@ def test_which_requests_are_sampled():
 def _monitor(**kw):
     cfg = SimpleNamespace(shadow_max_rps=kw.get("rps", 100.0), shadow_max_concurrency=kw.get("conc", 2),
                           shadow_max_load=kw.get("load", 2.0), stale_after=2.0, shadow_timeout=kw.get("timeout", 5.0),
-                          shadow_yield=kw.get("shadow_yield", "reference"))
+                          shadow_yield=kw.get("shadow_yield", "reference"), shadow_max_tokens=128)
     pool = WorkerPool(["http://ref", "http://canary"])
     ref, canary = pool.workers.values()
     ref.models, canary.models = ("orig",), ("fast",)
@@ -124,7 +124,7 @@ def test_shedding_under_load_rate_and_concurrency():
 def test_yield_all_waits_for_an_idle_gateway_and_gives_way_to_each_client_request():
     async def main():
         mon, ref = _monitor(shadow_yield="all", timeout=0.5)
-        canary = mon.directory.pool.workers["http://canary"]
+        (canary,) = [w for w in mon.directory.pool.workers.values() if w is not ref]
         outcomes, started, release = [], asyncio.Event(), asyncio.Event()
         mon.health = SimpleNamespace(on_dispatch=lambda w, t: None)
         mon.admission.release = lambda: None
@@ -166,5 +166,32 @@ def test_yield_all_waits_for_an_idle_gateway_and_gives_way_to_each_client_reques
         plain.client_request()
         await asyncio.wait_for(t2, 2)
         assert outcomes[-1] == "scored"
+
+    asyncio.run(main())
+
+
+def test_the_originals_own_answer_keeps_the_clients_stop_settings_within_the_answers_length():
+    """The client's ``min_tokens`` can exceed what its answer re-tokenises to (a 400 from the original,
+    seen in the overhead bench): the original's own answer is asked for at most as many tokens."""
+    async def main():
+        mon, _ = _monitor()
+        posts, sink = [], SimpleNamespace(observe=lambda v: None)
+        mon.m = SimpleNamespace(**{k: SimpleNamespace(labels=lambda *a: sink)
+                                   for k in ("shadow_nll", "shadow_agreement", "shadow_gap")})
+
+        async def post(session, url, path, body):
+            posts.append((path, body))
+            if path == "/tokenize":
+                return {"tokens": [1, 2, 3]}
+            if body.get("echo"):
+                return {"choices": [{"index": i, "logprobs": {"token_logprobs": [-1.0] * 6,
+                                                              "top_logprobs": [{"a": -1.0}] * 6}} for i in (0, 1)]}
+            return {"choices": [{"text": "own"}]}
+
+        mon._post = post
+        w = Watch("fast", "/v1/completions", {"prompt": "x", "min_tokens": 16, "stop": ["."]}, "orig")
+        assert await mon._score(None, "http://ref", w, "answer") is True
+        (gen,) = [b for p, b in posts if p == "/v1/completions" and not b.get("echo")]
+        assert gen["max_tokens"] == 3 and gen["min_tokens"] == 3 and gen["stop"] == ["."]
 
     asyncio.run(main())
