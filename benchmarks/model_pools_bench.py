@@ -29,7 +29,8 @@ writes ``--out`` (the command line, the settings, every count) and merges its ke
   90/10: a canary), Poisson arrivals at ``--rate`` of streamed completions (random-token
   prompts of ``--input-len``, ``--output-len`` tokens, loadtest's runner), in rounds that
   alternate shadowing off and on (off, on, on, off, ...; every canary answer sampled, the gateway's
-  default bounds) by rewriting the gateway's models file (it re-reads it; same processes
+  default bounds and ``--shadow-yield``, ``all`` by default as ``swiftserve up`` sets it for pools
+  sharing a machine) by rewriting the gateway's models file (it re-reads it; same processes
   throughout). Every round has prompts of its own (one that repeated another's would be
   answered from the prefix cache) and each pair the same arrival times. Key
   ``shadow_overhead_client_ttft_ratio``: median client TTFT with shadowing on / off.
@@ -250,7 +251,7 @@ def run_overhead(a, logs: Path) -> dict:
 
     table(0.0)
     rounds = []
-    with Stack([ORIG, V13], ["--models-config", str(cfg)], a.dtype, logs) as st:
+    with Stack([ORIG, V13], ["--models-config", str(cfg), "--shadow-yield", a.shadow_yield], a.dtype, logs) as st:
         for i in range(2 * a.rounds):
             on = i % 4 in (1, 2)                                  # off, on, on, off, ...: drift cancels
             table(1.0 if on else 0.0)
@@ -268,7 +269,7 @@ def run_overhead(a, logs: Path) -> dict:
             outcomes = {o: metric(after, "swiftserve_gateway_shadow_requests_total", outcome=o)
                         - metric(before, "swiftserve_gateway_shadow_requests_total", outcome=o)
                         for o in ("scored", "scored_no_reference", "failed", "shed_load", "shed_rate",
-                                  "shed_concurrency")}
+                                  "shed_concurrency", "shed_busy", "preempted")}
             ttfts = [r["ttft_s"] for r in res["requests"] if r["ttft_s"] is not None]
             rounds.append({"shadow": on, "median_ttft_ms": res["median_ttft_ms"], "p99_ttft_ms": res["p99_ttft_ms"],
                            "median_tpot_ms": res["median_tpot_ms"], "completed": res["completed"],
@@ -281,9 +282,13 @@ def run_overhead(a, logs: Path) -> dict:
     med = {on: statistics.median([t for r in rounds if r["shadow"] == on for t in r["ttfts_s"]]) for on in (False, True)}
     for r in rounds:
         r.pop("ttfts_s")
+    # why comparisons failed, from the gateway's log (its warnings), before the log's directory goes
+    failures = [line.strip()[:300] for line in (logs / "gateway.log").read_text(errors="replace").splitlines()
+                if "shadow comparison" in line][:20]
     return {"rounds": rounds, "median_ttft_ms_off": round(1e3 * med[False], 1),
             "median_ttft_ms_on": round(1e3 * med[True], 1), "rate": a.rate, "input_len": a.input_len,
-            "output_len": a.output_len, "weights": a.weights,
+            "output_len": a.output_len, "weights": a.weights, "shadow_yield": a.shadow_yield,
+            "comparison_failures": failures,
             "key": ("shadow_overhead_client_ttft_ratio", round(med[True] / med[False], 3))}
 
 
@@ -305,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2, help="overhead: rounds with shadowing on, and as many off")
     p.add_argument("--compare-ref", default=None, metavar="GIT_REF",
                    help="pools: also run the gateway of this commit (e.g. the one before model-aware pools)")
+    p.add_argument("--shadow-yield", choices=("reference", "all"), default="all",
+                   help="overhead: the gateway's --shadow-yield (default: %(default)s, as `swiftserve up` runs "
+                        "pools that share one machine, like this bench's)")
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=32)
     a = p.parse_args(argv)

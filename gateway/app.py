@@ -203,6 +203,7 @@ def _proxy_handler(app: FastAPI, p: _Parts):
             auth.correct(who, est, est - requested_tokens(body) + completion_tokens)
 
         async def send(routed) -> Response:
+            p.shadow.client_request()       # --shadow-yield all: running comparisons give way
             sent, upstream = routed.body, routed.raw
             tracker = (ResponsesTracker if path == RESPONSES else StreamTracker).for_request(path, sent,
                                                                                            config.max_migrations)

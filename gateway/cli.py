@@ -81,6 +81,11 @@ def parse_args(argv=None) -> GatewayConfig:
                    help="a comparison runs only on an original's worker whose effective load is below this, and "
                         "only while no request waits in the gateway's queue; else it is shed (default: "
                         "%(default)s)")
+    m.add_argument("--shadow-yield", choices=("reference", "all"), default=d.shadow_yield,
+                   help="what a comparison gives way to. reference: it runs within the bounds above, on the "
+                        "original's workers (pools on machines of their own). all: it waits until no client "
+                        "request is in flight at the gateway and is stopped (outcome preempted) when one "
+                        "arrives (pools that share machines, as `swiftserve up` runs them) (default: %(default)s)")
     m.add_argument("--shadow-max-tokens", type=int, default=d.shadow_max_tokens,
                    help="answer tokens compared at most (default: %(default)s)")
     f = p.add_argument_group("failures and health")
@@ -159,7 +164,7 @@ def parse_args(argv=None) -> GatewayConfig:
         session_header=x.session_header.strip().lower(), aliases=aliases, models_config=x.models_config,
         shadow_fraction=x.shadow_fraction, shadow_max_rps=x.shadow_max_rps,
         shadow_max_concurrency=x.shadow_max_concurrency, shadow_max_load=x.shadow_max_load,
-        shadow_max_tokens=x.shadow_max_tokens,
+        shadow_max_tokens=x.shadow_max_tokens, shadow_yield=x.shadow_yield,
         scrape_interval=x.scrape_interval, stale_after=x.stale_after, connect_timeout=x.connect_timeout,
         first_byte_timeout=x.first_byte_timeout, max_attempts=x.max_attempts, max_migrations=x.max_migrations,
         stall_timeout=x.stall_timeout, max_body_bytes=x.max_body_bytes,

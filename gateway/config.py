@@ -39,6 +39,7 @@ class GatewayConfig:
     shadow_max_load: float = 4.0           # only on a reference worker whose effective load is below this
     shadow_max_tokens: int = 128           # answer tokens compared at most
     shadow_timeout: float = 120.0          # seconds for each request of a comparison
+    shadow_yield: str = "reference"        # what comparisons give way to: the reference's load, or "all" clients
     scrape_interval: float = 0.1           # seconds between /metrics scrapes of each worker
     scrape_timeout: float = 0.5
     stale_after: float = 2.0               # scraped figures older than this count as unknown

@@ -28,7 +28,11 @@ complete; a job starts only while the gateway's admission queue is empty, a refe
 is routable, has room and carries less than ``--shadow-max-load`` effective load, fewer than
 ``--shadow-max-concurrency`` jobs run and the ``--shadow-max-rps`` token bucket has a token
 (otherwise the sample is *shed*, counted by outcome). A job holds its reference worker as one
-in-flight request (routing sees it) and never retries. Constrained answers of every model are
+in-flight request (routing sees it) and never retries. With ``--shadow-yield all`` (pools that
+share machines, where a comparison's prefill on the original's worker takes CPU from the
+canary's), a job also waits until no client request is in flight at the gateway (shed as
+``shed_busy`` if none comes within ``--shadow-timeout``), and a client request that arrives while
+it runs stops it at once (``preempted``: its connections close, so the worker aborts it). Constrained answers of every model are
 checked here too (``constrained_outputs_total``; gateway.answers.valid).
 """
 
@@ -54,6 +58,7 @@ SHADOW_PATHS = ("/v1/completions", "/v1/chat/completions")
 CHAT_FIELDS = ("messages", "chat_template", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
                "add_special_tokens")
 STOP_FIELDS = ("stop", "stop_token_ids", "ignore_eos", "min_tokens", "skip_special_tokens")
+IDLE_POLL_S = 0.05          # --shadow-yield all: how often a waiting job looks for an idle gateway
 
 
 class ShadowFailed(Exception):
@@ -97,9 +102,19 @@ class ShadowMonitor:
         self.running = 0
         self.tokens, self.refilled = max(1.0, config.shadow_max_rps), time.monotonic()
         self.tasks: set[asyncio.Task] = set()
+        self.started: set[asyncio.Task] = set()      # jobs holding a reference worker
+        self.preempted: set[asyncio.Task] = set()    # jobs stopped for a client request (--shadow-yield all)
         self.timeout = aiohttp.ClientTimeout(total=config.shadow_timeout)
 
     # ---- on the request's path: decide, tap, hand over -------------------------------------
+    def client_request(self) -> None:
+        """A client request is about to be sent: with ``--shadow-yield all`` every running job stops."""
+        if self.cfg.shadow_yield != "all":
+            return
+        for task in self.started - self.preempted:
+            self.preempted.add(task)
+            task.cancel()
+
     def plan(self, routed, path: str) -> Watch | None:
         """What to inspect of this request's answer (None: nothing, the answer is passed on untouched)."""
         if routed.model is None:
@@ -187,19 +202,44 @@ class ShadowMonitor:
     async def _compare(self, session, worker, w: Watch, text: str) -> None:
         self.running += 1
         self.m.shadow_in_flight.inc()
-        lease = Lease(worker, self.health, self.admission, self.directory.pool)
         try:
-            gap = await self._score(session, worker.url, w, text)
-        except (ShadowFailed, aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError,
-                TypeError, IndexError) as exc:
-            self.m.shadow_requests.labels(w.model, "failed").inc()
-            log.warning("shadow comparison of %s on %s failed: %s", w.model, worker.url, exc or type(exc).__name__)
-            return
+            if self.cfg.shadow_yield == "all" and not await self._until_idle():
+                self.m.shadow_requests.labels(w.model, "shed_busy").inc()
+                return
+            outcome = await self._run(session, worker, w, text)
+            self.m.shadow_requests.labels(w.model, outcome).inc()
         finally:
-            lease.finish(None)              # shadow work never counts for or against a worker's health
             self.running -= 1
             self.m.shadow_in_flight.dec()
-        self.m.shadow_requests.labels(w.model, "scored" if gap else "scored_no_reference").inc()
+
+    async def _until_idle(self) -> bool:
+        """Wait until no client request is in flight (jobs' own leases aside); False after ``shadow_timeout``."""
+        deadline = time.monotonic() + self.cfg.shadow_timeout
+        while sum(w.in_flight for w in self.directory.pool) > len(self.started):
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(IDLE_POLL_S)
+        return True
+
+    async def _run(self, session, worker, w: Watch, text: str) -> str:
+        """One comparison on ``worker``; its outcome."""
+        task = asyncio.current_task()
+        self.started.add(task)
+        lease = Lease(worker, self.health, self.admission, self.directory.pool)
+        try:
+            return "scored" if await self._score(session, worker.url, w, text) else "scored_no_reference"
+        except asyncio.CancelledError:
+            if task not in self.preempted:
+                raise                       # the gateway is closing
+            return "preempted"
+        except (ShadowFailed, aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError,
+                TypeError, IndexError) as exc:
+            log.warning("shadow comparison of %s on %s failed: %s", w.model, worker.url, exc or type(exc).__name__)
+            return "failed"
+        finally:
+            lease.finish(None)              # shadow work never counts for or against a worker's health
+            self.started.discard(task)
+            self.preempted.discard(task)
 
     async def _post(self, session, url: str, path: str, body: dict) -> dict:
         async with session.post(url + path, data=orjson.dumps(body), headers=UPSTREAM_HEADERS,
@@ -236,6 +276,8 @@ class ShadowMonitor:
             raise ShadowFailed("the answer tokenises to nothing")
         gen = {"model": ref, "prompt": prompt, "max_tokens": len(ids_v), "temperature": 0,
                **{k: w.body[k] for k in STOP_FIELDS if w.body.get(k) is not None}}
+        if isinstance(gen.get("min_tokens"), int):      # the answer can tokenise to fewer than the client's minimum
+            gen["min_tokens"] = min(gen["min_tokens"], len(ids_v))
         own = (await self._post(session, url, "/v1/completions", gen))["choices"][0]["text"]
         ids_r = (await self._tokens(session, url, ref, own))[:len(ids_v)] if own else []
         seqs = [prompt + ids_v] + ([prompt + ids_r] if ids_r else [])

@@ -71,10 +71,12 @@ def check_aliases(aliases, served: list[str]) -> str | None:
 
 
 def gateway_model_args(args) -> list[str]:
-    """The gateway's alias and shadow flags, as ``up`` was given them."""
+    """The gateway's alias and shadow flags, as ``up`` was given them. Every pool of this stack shares
+    one machine, so shadow comparisons give way to every client request (``--shadow-yield all``;
+    a ``--gateway-arg`` given later overrides it)."""
     out = [f"--alias={a}" for a in args.alias]
     if args.models_config:
         out += ["--models-config", str(Path(args.models_config).resolve())]
     if args.shadow_fraction:
         out += ["--shadow-fraction", str(args.shadow_fraction)]
-    return out + list(args.gateway_arg)
+    return out + ["--shadow-yield", "all"] + list(args.gateway_arg)

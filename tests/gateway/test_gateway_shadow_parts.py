@@ -1,8 +1,9 @@
 """The shadow monitor's parts as pure functions: reading answers from JSON bodies and SSE chunks,
 naming a request's constraint and checking an answer against it, the NLL and agreement of an
-echoed logprobs block, which requests are sampled, and load shedding (the real comparison with
-SmolLM2 and its SwiftKV variants: test_gateway_model_pools.py)."""
+echoed logprobs block, which requests are sampled, load shedding, and ``--shadow-yield all``
+(the real comparison with SmolLM2 and its SwiftKV variants: test_gateway_model_pools.py)."""
 
+import asyncio
 import json
 import random
 from types import SimpleNamespace
@@ -14,7 +15,7 @@ from gateway.answers import AnswerTap, Constraint, constraint_of, valid
 from gateway.discovery import WorkerPool
 from gateway.model_routing import Routed
 from gateway.pools import ModelDirectory
-from gateway.shadow import ShadowMonitor, answer_nll, shadowable
+from gateway.shadow import ShadowMonitor, Watch, answer_nll, shadowable
 
 
 def _sse(*objs) -> bytes:
@@ -80,7 +81,8 @@ def test_which_requests_are_sampled():
 
 def _monitor(**kw):
     cfg = SimpleNamespace(shadow_max_rps=kw.get("rps", 100.0), shadow_max_concurrency=kw.get("conc", 2),
-                          shadow_max_load=kw.get("load", 2.0), stale_after=2.0, shadow_timeout=5.0)
+                          shadow_max_load=kw.get("load", 2.0), stale_after=2.0, shadow_timeout=kw.get("timeout", 5.0),
+                          shadow_yield=kw.get("shadow_yield", "reference"), shadow_max_tokens=128)
     pool = WorkerPool(["http://ref", "http://canary"])
     ref, canary = pool.workers.values()
     ref.models, canary.models = ("orig",), ("fast",)
@@ -117,3 +119,79 @@ def test_shedding_under_load_rate_and_concurrency():
     assert busy._admit("orig") == (None, "shed_concurrency")
     slow, _ = _monitor(rps=0.001)
     assert slow._admit("orig")[1] == "" and slow._admit("orig") == (None, "shed_rate")
+
+
+def test_yield_all_waits_for_an_idle_gateway_and_gives_way_to_each_client_request():
+    async def main():
+        mon, ref = _monitor(shadow_yield="all", timeout=0.5)
+        (canary,) = [w for w in mon.directory.pool.workers.values() if w is not ref]
+        outcomes, started, release = [], asyncio.Event(), asyncio.Event()
+        mon.health = SimpleNamespace(on_dispatch=lambda w, t: None)
+        mon.admission.release = lambda: None
+        mon.m = SimpleNamespace(shadow_in_flight=SimpleNamespace(inc=lambda: None, dec=lambda: None),
+                                shadow_requests=SimpleNamespace(
+                                    labels=lambda model, o: SimpleNamespace(inc=lambda: outcomes.append(o))))
+
+        async def score(session, url, w, text):
+            started.set()
+            await release.wait()
+            return True
+
+        mon._score = score
+        job = Watch("fast", "/v1/completions", {"prompt": "x"}, "orig")
+        canary.in_flight = 1                                    # a client request is in flight
+        task = asyncio.ensure_future(mon._compare(None, ref, job, "answer"))
+        await asyncio.sleep(0.2)
+        assert not started.is_set() and ref.in_flight == 0      # the job waits, holding nothing
+        canary.in_flight = 0
+        await asyncio.wait_for(started.wait(), 2)
+        assert ref.in_flight == 1                               # it holds its reference worker while it runs
+        mon.client_request()                                    # a client request arrives: the job stops
+        await asyncio.wait_for(task, 2)
+        assert outcomes == ["preempted"] and ref.in_flight == 0 and mon.running == 0
+
+        canary.in_flight = 1                                    # never idle: shed after --shadow-timeout
+        await asyncio.wait_for(mon._compare(None, ref, job, "answer"), 3)
+        assert outcomes[-1] == "shed_busy"
+        canary.in_flight, started = 0, asyncio.Event()
+        release.set()
+        mon.client_request()                                    # nothing running: nothing to stop
+        await asyncio.wait_for(mon._compare(None, ref, job, "answer"), 3)
+        assert outcomes[-1] == "scored"
+
+        plain, ref2 = _monitor()                                # --shadow-yield reference: clients stop nothing
+        plain.health, plain.admission.release, plain.m, plain._score = mon.health, lambda: None, mon.m, score
+        t2 = asyncio.ensure_future(plain._compare(None, ref2, job, "answer"))
+        await asyncio.sleep(0.05)
+        plain.client_request()
+        await asyncio.wait_for(t2, 2)
+        assert outcomes[-1] == "scored"
+
+    asyncio.run(main())
+
+
+def test_the_originals_own_answer_keeps_the_clients_stop_settings_within_the_answers_length():
+    """The client's ``min_tokens`` can exceed what its answer re-tokenises to (a 400 from the original,
+    seen in the overhead bench): the original's own answer is asked for at most as many tokens."""
+    async def main():
+        mon, _ = _monitor()
+        posts, sink = [], SimpleNamespace(observe=lambda v: None)
+        mon.m = SimpleNamespace(**{k: SimpleNamespace(labels=lambda *a: sink)
+                                   for k in ("shadow_nll", "shadow_agreement", "shadow_gap")})
+
+        async def post(session, url, path, body):
+            posts.append((path, body))
+            if path == "/tokenize":
+                return {"tokens": [1, 2, 3]}
+            if body.get("echo"):
+                return {"choices": [{"index": i, "logprobs": {"token_logprobs": [-1.0] * 6,
+                                                              "top_logprobs": [{"a": -1.0}] * 6}} for i in (0, 1)]}
+            return {"choices": [{"text": "own"}]}
+
+        mon._post = post
+        w = Watch("fast", "/v1/completions", {"prompt": "x", "min_tokens": 16, "stop": ["."]}, "orig")
+        assert await mon._score(None, "http://ref", w, "answer") is True
+        (gen,) = [b for p, b in posts if p == "/v1/completions" and not b.get("echo")]
+        assert gen["max_tokens"] == 3 and gen["min_tokens"] == 3 and gen["stop"] == ["."]
+
+    asyncio.run(main())
