@@ -9,9 +9,8 @@ ops on CPU when they build, else torch with a warning; "cpp" = the C++ ops or an
 - ``add_rms_norm(h, r, w, eps) -> (h + r, rms_norm(h + r))``: the sum may be written into
   ``r``'s storage (the caller passes a fresh projection output and does not read it again);
 - ``rope(x [T, heads, d], cos, sin)``: rotary embedding (neox layout), possibly in place on x;
-- ``silu_mul(gu [T, 2m])``: ``silu(gu[:, :m]) * gu[:, m:]`` (under "auto" the C++ one only where the CPU
-  has AVX-512: ``SILU_KERNEL_FLAG``); ``gelu_mul``: the same with tanh-approximated gelu (Gemma's
-  GeGLU; torch in both).
+- ``silu_mul(gu [T, 2m])``: ``silu(gu[:, :m]) * gu[:, m:]``; ``gelu_mul``: the same with
+  tanh-approximated gelu (Gemma's GeGLU; torch in both).
 
 The C++ ops take CPU float32 or bfloat16 rows with contiguous elements (every tensor of a call in
 one dtype; in bf16 they round where torch's bf16 ops round, see csrc/fused_ops.cpp) and fall
@@ -25,15 +24,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from refengine.paged_kernel import PREFILL_KERNEL_FLAG, _resolve, named
+from refengine.paged_kernel import _resolve, named
 from refengine.rope import Rope
 
 CHOICES = ("auto", "cpp", "torch")
-# SiLU-mul's vectorised exp runs on 16-float vectors, one register on AVX-512. Built for AVX2 (GCC splits
-# them) it measured 1.4x slower per call than torch's silu and multiply at 1 row and ~4x at 32-256 rows
-# (one thread, 2-core Zen 3), so "auto" keeps torch's SiLU-mul on CPUs without AVX-512 (the other fused
-# ops stay C++ there: they beat torch's at decode sizes). "cpp" forces the kernel on any CPU.
-SILU_KERNEL_FLAG = PREFILL_KERNEL_FLAG
 
 
 def torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -77,12 +71,10 @@ def _rows(*xs: torch.Tensor) -> bool:
 
 
 class CppOps(TorchOps):
-    """The C++ ops; ``cpp_silu`` False: SiLU-mul stays torch's (CPUs without AVX-512 under "auto")."""
+    name = "C++"
 
-    def __init__(self, module, cpp_silu: bool = True) -> None:
+    def __init__(self, module) -> None:
         self._m = module
-        self.cpp_silu = cpp_silu
-        self.name = "C++" if cpp_silu else "C++, SiLU-mul torch"
 
     def rms_norm(self, x, weight, eps):
         if _rows(x) and weight.dtype == x.dtype:
@@ -105,7 +97,7 @@ class CppOps(TorchOps):
         return Rope.apply(x, cos, sin)
 
     def silu_mul(self, gu):
-        if self.cpp_silu and _rows(gu):
+        if _rows(gu):
             with named("swiftserve::silu_mul"):
                 return self._m.silu_mul(gu)
         return TorchOps.silu_mul(gu)
@@ -114,13 +106,6 @@ class CppOps(TorchOps):
 TORCH_OPS = TorchOps()
 
 
-def resolve_fused_ops(name: str, device: torch.device, flags: set[str] | None = None) -> TorchOps:
-    """``flags``: the CPU's (/proc/cpuinfo's when None), for "auto"'s choice of SiLU-mul."""
+def resolve_fused_ops(name: str, device: torch.device) -> TorchOps:
     kernel = _resolve("fused_ops", name, device)
-    if kernel is None:
-        return TORCH_OPS
-    if name == "cpp":
-        return CppOps(kernel.module)
-    from swiftcommon.cpu_dtype import cpu_flags
-
-    return CppOps(kernel.module, cpp_silu=SILU_KERNEL_FLAG in (cpu_flags() if flags is None else flags))
+    return TORCH_OPS if kernel is None else CppOps(kernel.module)

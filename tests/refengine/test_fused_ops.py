@@ -116,16 +116,3 @@ def test_resolution():
         resolve_fused_ops("cpp", torch.device("cuda"))
     with pytest.raises(ValueError, match="not in"):
         resolve_fused_ops("fast", CPU)
-
-
-def test_auto_keeps_torch_silu_mul_without_avx512(ops):
-    """"auto" on a CPU without AVX-512 (where the kernel's 16-float vectors are split) runs torch's SiLU-mul
-    and the C++ norms; with AVX-512, or under "cpp" on any CPU, the C++ SiLU-mul."""
-    torch.manual_seed(5)
-    gu, x, w = torch.randn(32, 2 * 96), torch.randn(32, 40), torch.randn(40)
-    avx2 = resolve_fused_ops("auto", CPU, flags={"avx2", "fma"})
-    assert isinstance(avx2, CppOps) and not avx2.cpp_silu and avx2.name == "C++, SiLU-mul torch"
-    assert torch.equal(avx2.silu_mul(gu), TORCH_OPS.silu_mul(gu))
-    assert torch.equal(avx2.rms_norm(x, w, 1e-5), ops.rms_norm(x, w, 1e-5))       # the kernel's result
-    assert resolve_fused_ops("auto", CPU, flags={"avx2", "avx512f"}).cpp_silu
-    assert ops.cpp_silu and ops.name == "C++"                                     # "cpp" forces it
