@@ -170,8 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "--engine vllm)"),
         ("--fused-ops", "CPU float32 element-wise ops: 'cpp' runs RMSNorm (with the residual add), RoPE and "
                         "SiLU-mul as fused C++ kernels (the same build as --decode-kernel), 'torch' as torch ops; "
-                        "'auto' = the kernels on CPU when they build, SiLU-mul only where the CPU has AVX-512 "
-                        "(refused with --engine vllm)"),
+                        "'auto' = the kernels on CPU when they build (refused with --engine vllm)"),
     )
     for flag, text in cpp_flags:
         e.add_argument(flag, choices=("auto", "cpp", "torch"), default="auto", help=text)
