@@ -15,8 +15,11 @@ random token ids, ``ignore_eos``; only steps where every request decodes are cou
    wall time (pass 1) minus its kernel time: Python, dispatch of every small op, metadata, sampling
    and scheduling. ``decode_step_host_ms`` is that at batch 1.
 3. **Engine process hand-off**: the worker's engine core in its own process (``ProcessEngine``,
-   pickled over pipes) serving the same batch through ``generate``; the median interval between a
-   stream's tokens minus the in-process step.
+   pickled over pipes) serving the same batch through ``generate``: the median interval between a
+   stream's tokens, and the hand-off as the mean interval minus the engine process's own mean step over
+   the same tokens (its step counters, ``engine_steps_total`` / ``engine_step_seconds_total``, arrive
+   with each token). Not the interval minus pass 1's step: on this shared VM a step's time drifts by
+   10-20% between minutes, more than the hand-off itself (the first version's 8.2 ms "hand-off" was that).
 4. **Detokenisation**: the worker's ``IncrementalDetokenizer`` on the tokens the batch produced,
    per step (one token per stream).
 5. **HTTP streaming**: a worker (``python -m worker``) serving the batch as streamed completions
@@ -159,7 +162,11 @@ def kernel_ms(eng, batch: int, args) -> tuple[float, list]:
     return kern / 1e3 / args.steps, [[k, round(ms, 3), c] for k, ms, c in top]
 
 
-async def _handoff(config, batch: int, args) -> float:
+async def _handoff(config, batch: int, args) -> dict:
+    """The engine process serving ``batch`` streams: the median interval between a stream's tokens, and over
+    one window of the first stream (from its ``warmup + 2``-th token to its last) the mean interval and the
+    engine process's own mean step (its ``engine_step_seconds_total`` / ``engine_steps_total`` counters, which
+    arrive with each token): their difference is the hand-off, both measured in the same seconds."""
     from refengine.engine_process import engine_client
     from refengine.sampling_params import SamplingParams
 
@@ -167,14 +174,19 @@ async def _handoff(config, batch: int, args) -> float:
     await eng.start()
     params = SamplingParams(max_tokens=args.steps + args.warmup + 4, temperature=0, ignore_eos=True)
     gaps: list[float] = []
+    window: list[tuple[float, int, float, float]] = []       # (arrival, tokens, engine steps, engine step s)
     try:
         async def stream(i: int, p: list[int], record: bool) -> None:
             last, n = None, 0
             async for out in eng.generate(f"h{batch}-{i}-{record}", p, params):
                 now = time.perf_counter()
                 n += len(out.new_token_ids)
-                if last is not None and record and n > args.warmup + 2:
-                    gaps.append((now - last) / max(1, len(out.new_token_ids)))
+                if record and n > args.warmup + 2:
+                    if last is not None:
+                        gaps.append((now - last) / max(1, len(out.new_token_ids)))
+                    if i == 0:
+                        x = eng.stats().extra
+                        window.append((now, n, x["engine_steps_total"], x["engine_step_seconds_total"]))
                 last = now
 
         ps = prompts(batch, args.input_len, seed=batch)
@@ -182,7 +194,11 @@ async def _handoff(config, batch: int, args) -> float:
         await asyncio.gather(*(stream(i, p, True) for i, p in enumerate(ps)))
     finally:
         await eng.shutdown()
-    return 1e3 * statistics.median(gaps)
+    (t0, n0, s0, e0), (t1, n1, s1, e1) = window[0], window[-1]
+    interval, step = 1e3 * (t1 - t0) / (n1 - n0), 1e3 * (e1 - e0) / (s1 - s0)
+    return {"process_interval_ms": round(1e3 * statistics.median(gaps), 3),
+            "process_interval_mean_ms": round(interval, 3), "process_step_ms": round(step, 3),
+            "process_steps_per_token": round((s1 - s0) / (n1 - n0), 3), "handoff_ms": round(interval - step, 3)}
 
 
 def detok_ms(model: str, batch: int, args) -> float:
@@ -277,9 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     for b in args.batches:
         r = results[b]
         if "handoff" in layers:
-            r["process_interval_ms"] = round(asyncio.run(_handoff(config, b, args)), 3)
-            if "step_ms" in r:
-                r["handoff_ms"] = round(r["process_interval_ms"] - r["step_ms"], 3)
+            r.update(asyncio.run(_handoff(config, b, args)))
         if "detok" in layers:
             r["detok_ms"] = round(detok_ms(args.model, b, args), 3)
         if "http" in layers:
@@ -290,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nbatch {b}: step {r.get('step_ms')} ms (host {r.get('host_ms')}, kernels {r.get('kernel_ms')})")
         for k, v in r.get("stages_ms", {}).items():
             print(f"  {k:20s} {v:8.3f} ms")
-        for k in ("handoff_ms", "detok_ms", "http_streaming_ms", "process_interval_ms", "http_tpot_ms"):
+        for k in ("process_step_ms", "process_interval_mean_ms", "handoff_ms", "detok_ms", "http_streaming_ms",
+                  "process_interval_ms", "http_tpot_ms"):
             if k in r:
                 print(f"  {k:20s} {r[k]:8.3f} ms")
     doc = {"command": command_line(argv), "dtype": str(config.dtype), "input_len": args.input_len,

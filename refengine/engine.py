@@ -93,6 +93,10 @@ class LLMEngine:
         self._canary: str | None = None          # the id of the running canary (fault accounting)
         self.num_canaries = 0
         self.num_request_failures = 0            # requests aborted because they failed alone
+        # Steps that ran a batch, and their wall time (perf_counter): a server's own step time, so that the
+        # interval between a stream's tokens can be split into the step and the hand-off (stats().extra).
+        self.steps_total = 0
+        self.step_seconds_total = 0.0
 
     # ---- requests -------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -135,6 +139,7 @@ class LLMEngine:
 
     # ---- the step ---------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
         if self.drafter is not None:
             self.drafter.propose(self.scheduler.running, enabled_by_default=True)
         sched = self.scheduler.schedule()
@@ -175,6 +180,8 @@ class LLMEngine:
                 self.runner.release(req.request_id)
                 if self.drafter is not None:
                     self.drafter.finished(req)
+        self.steps_total += 1
+        self.step_seconds_total += time.perf_counter() - t0
         return outputs
 
     def _isolate(self, sched: SchedulerOutput, exc: Exception) -> tuple[dict, dict]:
@@ -337,6 +344,8 @@ class LLMEngine:
                    "swiftkv_group_size": float(r.model.group_size),
                    "engine_request_failures_total": float(self.num_request_failures),
                    "engine_canaries_total": float(self.num_canaries),
+                   "engine_steps_total": float(self.steps_total),
+                   "engine_step_seconds_total": self.step_seconds_total,
                    **r.kv.stats(), **(self.drafter.stats() if self.drafter is not None else {})},
             spec_decode=self.drafter.counts() if self.drafter is not None else None,
         )

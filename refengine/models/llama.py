@@ -130,9 +130,16 @@ class LlamaLayer(nn.Module):
         """Standard layer on all T tokens: writes this layer's K/V at ``slots``."""
         T = h.shape[0]
         qkv = self.qkv_proj(self.ops.rms_norm(h, self.ln1, self.spec.rms_norm_eps))
-        q, k, v = qkv.split(self.qkv_split, dim=-1)
-        cache.write(slots, self.key(k, cos, sin), v)
-        a = cache.attend(self.query(q, cos, sin), attn, self.scale)
+        if self.spec.qk_norm:
+            q, k, v = qkv.split(self.qkv_split, dim=-1)
+            k, q = self.key(k, cos, sin), self.query(q, cos, sin)
+        else:
+            # Q's and K's heads are adjacent in qkv: one RoPE call over [T, Hq + Hk, d] (a view) instead of two.
+            nq, nk, d = self.qkv_split[0], self.qkv_split[1], self.spec.head_dim
+            qk = self.ops.rope(qkv[:, :nq + nk].view(T, -1, d), cos, sin)
+            q, k, v = qk[:, :nq // d], qk[:, nq // d:], qkv[:, nq + nk:]
+        cache.write(slots, k, v)
+        a = cache.attend(q, attn, self.scale)
         return self._attn_out_mlp(h, a.reshape(T, -1))
 
     def forward_swiftkv(self, h, cos, sin, cache, attn):

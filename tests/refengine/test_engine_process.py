@@ -38,13 +38,17 @@ async def collect(eng, rid, prompt, params):
 def test_same_tokens_as_the_engine_in_process(smollm2_dir):
     greedy = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     ref = LLMEngine(config(smollm2_dir))
-    expected = {}
+    expected, steps = {}, 0
     for rid, prompt in PROMPTS.items():
         ref.add_request(rid, prompt, greedy)
         expected[rid] = []
     while ref.has_unfinished():
+        steps += 1
         for out in ref.step():
             expected[out.request_id] += out.new_token_ids
+    # The engine counts the steps it ran and their time (the server's own step time, for /metrics).
+    ran = ref.stats().extra
+    assert ran["engine_steps_total"] == steps and ran["engine_step_seconds_total"] > 0
 
     async def main():
         eng = ProcessEngine(config(smollm2_dir))
@@ -72,6 +76,9 @@ def test_same_tokens_as_the_engine_in_process(smollm2_dir):
         assert last.timings is not None and last.timings.first_token >= last.timings.arrival
     assert again[0] == expected["a"]
     assert stats.generation_tokens_total == 24 and stats.num_running == 0
+    # the engine process's step counters reach the serving process: a and b together (8 steps, one
+    # prefill), then "again" alone (8 more); the refused request never reaches a step
+    assert stats.extra["engine_steps_total"] >= 16 and stats.extra["engine_step_seconds_total"] > 0
 
 
 def test_leaving_a_stream_early_aborts_it(smollm2_dir):
