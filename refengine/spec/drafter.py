@@ -44,6 +44,7 @@ class Drafter:
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.accepted_per_pos = [0] * c.num_speculative_tokens
+        self.min_match = 1
         self.steps_backed_off = 0              # steps where the batch size allowed no draft at all
 
     # ---- drafting ----------------------------------------------------------------
@@ -82,12 +83,12 @@ class Drafter:
         depth = c.suffix_decoding_max_tree_depth
         pattern = req.token_ids[-depth:]
         best, best_score = [], 0.0
-        m, starts = idx.match(pattern, depth)
+        m, starts = idx.match(pattern, depth, min_len=self.min_match)
         if m:
             best, best_score = idx.continuation(starts, self._length(m, k), c.suffix_decoding_min_token_prob)
         if self.corpus is not None:
             m2, draft, score = self.corpus.lookup(pattern, depth, lambda n: self._length(n, k),
-                                                  c.suffix_decoding_min_token_prob)
+                                                  c.suffix_decoding_min_token_prob, self.min_match)
             if m2 and score > best_score:
                 best = draft
         return best
