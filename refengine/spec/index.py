@@ -3,13 +3,15 @@
 The structure a suffix tree of bounded depth gives suffix decoding, built for Python's speed:
 every position ``i >= 2`` is filed under the bigram ``(t[i-2], t[i-1])`` that precedes it, so the
 occurrences of the sequence's last two tokens are one dict lookup; each occurrence is then
-extended backwards to its match length (up to ``max_depth``). The occurrences with the longest
+extended backwards to its match length (up to ``max_depth``). Every position ``i >= 1`` is also
+filed under the token before it, for matches of length 1 (``match(..., min_len=1)``) when the last
+bigram never occurred before: a suffix tree's first level. The occurrences with the longest
 match are the deepest node of a suffix tree; the tokens that followed them are that node's
 subtree, and ``continuation`` walks it the way suffix decoding does: at each depth the most
 frequent next token, its estimated probability the product of ``count(child) / count(node)``
 along the path, stopping below ``min_prob``.
 
-Cost: ``extend`` is one dict append per new token (a 2000-token prompt indexes in ~1 ms);
+Cost: ``extend`` is two dict appends per new token (a 2000-token prompt indexes in ~1 ms);
 ``match`` looks at the ``MAX_CANDIDATES`` most recent occurrences, ``max_depth`` comparisons each.
 
 Positions are global offsets into ``tokens`` (a list the index may share with its owner: a

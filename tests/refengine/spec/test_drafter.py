@@ -137,6 +137,14 @@ def test_ngram_takes_the_most_recent_match():
     req = decoding([1, 2, 3, 4, 9, 9, 1, 2, 3, 5, 9, 1, 2, 3], 10)
     Drafter(cfg).propose([req], enabled_by_default=True)
     assert req.spec_token_ids == [5, 9, 1]
+    # prompt_lookup_min=1: the last token alone matches (its last bigram (8, 3) is new)
+    one = SpecConfig.parse({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1})
+    req = decoding([3, 4, 5, 9, 8, 3], 5)
+    Drafter(one).propose([req], enabled_by_default=True)
+    assert req.spec_token_ids == [4, 5]
+    req = decoding([3, 4, 5, 9, 8, 3], 5)
+    Drafter(cfg).propose([req], enabled_by_default=True)
+    assert req.spec_token_ids == []                           # prompt_lookup_min=2 (default): no match
 
 
 @pytest.mark.parametrize("value,words", [
