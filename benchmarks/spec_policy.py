@@ -35,9 +35,9 @@ POLICIES = [
     ("bigram match, 7 tokens, p >= 0.3", 2, 7, 1.0, 0.3),
     ("bigram match, 7 tokens, spec factor 2", 2, 7, 2.0, 0.1),
     ("bigram match, 16 tokens", 2, 16, 1.0, 0.1),
-    ("bigram match, 24 tokens", 2, 24, 1.0, 0.1),
+    ("bigram match, 24 tokens (now)", 2, 24, 1.0, 0.1),
     ("one-token match, 7 tokens", 1, 7, 1.0, 0.1),
-    ("one-token match, 24 tokens (now)", 1, 24, 1.0, 0.1),
+    ("one-token match, 24 tokens", 1, 24, 1.0, 0.1),
     ("one-token match, 24 tokens, p >= 0.3", 1, 24, 1.0, 0.3),
     ("one-token match, 24 tokens, spec factor 2", 1, 24, 2.0, 0.1),
 ]

@@ -38,7 +38,8 @@ METHODS = ("suffix", "ngram")
 # (a quoted span) is accepted most of the way, so a 17-row step that emits 17 tokens costs
 # ~60 + 17 x 7.5 ms against 17 plain steps. Simulated on recorded greedy outputs of the prompt-heavy set
 # with that step-cost model (benchmarks/spec_policy.py, results/spec/policy.md): a cap of 24 instead of
-# 7 at one request makes the modelled decode ~4% faster.
+# 7 at one request makes the modelled decode ~4% faster; served, 1.704x against 1.676x (within the
+# run-to-run spread; results/spec/README.md, round 2).
 KNEE_TOKENS = 8
 LONE_TOKENS = 64
 

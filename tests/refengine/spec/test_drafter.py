@@ -45,6 +45,7 @@ def test_frequency_tree_stops_below_min_prob():
 def test_one_token_match_when_no_bigram_recurs():
     # The last bigram (9, 4) never occurred before, but 4 did, twice followed by 5: a one-token match
     # (a suffix tree's depth-1 node), drafted by frequency as deeper matches are; min_len=2 refuses it.
+    # The drafter matches 2 tokens at least by default (min_match; results/spec/README.md, round 2).
     text = [1, 4, 5, 6, 2, 4, 5, 7, 3, 4, 8, 9, 4]
     idx = TokenIndex(list(text))
     idx.extend()
@@ -55,6 +56,9 @@ def test_one_token_match_when_no_bigram_recurs():
     assert idx.match([99], max_depth=8, min_len=1) == (0, [])
     req = decoding(text, 10)
     d = Drafter(SpecConfig.parse({"method": "suffix"}))
+    d.propose([req], enabled_by_default=True)
+    assert req.spec_token_ids == []                           # the default: suffixes of at least 2 tokens
+    d.min_match = 1
     d.propose([req], enabled_by_default=True)
     assert req.spec_token_ids == [5]                          # match length 1, spec factor 1: one token
 
