@@ -33,13 +33,22 @@ METHODS = ("suffix", "ngram")
 # So the drafts of a step are kept within KNEE_TOKENS rows: b running requests draft at most
 # KNEE_TOKENS // b - 1 tokens each, and none from b = KNEE_TOKENS // 2 + 1 on (a step is then exactly the
 # step without speculation).
+# Except a request running alone (LONE_TOKENS, then capped by num_speculative_tokens): its draft is
+# already bounded by its match length (max_spec_factor) and estimated probability, and a long match
+# (a quoted span) is accepted most of the way, so a 17-row step that emits 17 tokens costs
+# ~60 + 17 x 7.5 ms against 17 plain steps. Simulated on recorded greedy outputs of the prompt-heavy set
+# with that step-cost model (benchmarks/spec_policy.py, results/spec/policy.md): a cap of 24 instead of
+# 7 at one request makes the modelled decode ~4% faster; served, 1.704x against 1.676x (within the
+# run-to-run spread; results/spec/README.md, round 2).
 KNEE_TOKENS = 8
+LONE_TOKENS = 64
 
 
-def schedule_for(knee_tokens: int) -> tuple[tuple[int, int, int], ...]:
-    """vLLM's ``num_speculative_tokens_per_batch_size`` rows that keep a step within ``knee_tokens`` rows."""
-    rows = []
-    for b in range(1, knee_tokens // 2 + 1):
+def schedule_for(knee_tokens: int, lone_tokens: int = LONE_TOKENS) -> tuple[tuple[int, int, int], ...]:
+    """vLLM's ``num_speculative_tokens_per_batch_size`` rows that keep a step within ``knee_tokens`` rows
+    (one running request: ``lone_tokens``)."""
+    rows = [(1, 1, max(lone_tokens, knee_tokens - 1))]
+    for b in range(2, knee_tokens // 2 + 1):
         k = knee_tokens // b - 1
         if k < 1:
             break

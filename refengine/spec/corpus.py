@@ -59,11 +59,11 @@ class OutputCorpus:
         self.index = fresh
         self.starts = deque(s - cut for s in self.starts)
 
-    def lookup(self, pattern: list[int], max_depth: int, max_len, min_prob: float
+    def lookup(self, pattern: list[int], max_depth: int, max_len, min_prob: float, min_len: int = 1
                ) -> tuple[int, list[int], float]:
         """``(match length, draft, score)`` for a request whose last tokens are ``pattern``;
         ``max_len(match length)`` bounds the draft."""
-        m, starts = self.index.match(pattern, max_depth)
+        m, starts = self.index.match(pattern, max_depth, min_len=min_len)
         if not m:
             return 0, [], 0.0
         draft, score = self.index.continuation(starts, max_len(m), min_prob)

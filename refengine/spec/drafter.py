@@ -12,8 +12,9 @@ Called by the engine at the start of ``step`` (before the scheduler), with the r
   included, fit).
 
 ``suffix``: the request's own ``TokenIndex`` (prompt + output so far, caught up each step) and the
-engine's ``OutputCorpus`` each propose their longest-match continuation; the one with the higher
-score wins (ties: the request's own). Its length is adapted to the match: at most
+engine's ``OutputCorpus`` each propose their longest-match continuation (``min_match``: the shortest
+suffix matched, 1 as in a suffix tree: a lone last token drafts what followed it most often); the
+one with the higher score wins (ties: the request's own). Its length is adapted to the match: at most
 ``ceil(max_spec_factor * match length)`` tokens, each kept while its estimated probability stays
 >= ``min_token_prob``. ``ngram``: the request's own tokens, the longest match of
 ``prompt_lookup_min..prompt_lookup_max`` tokens, and the tokens that followed its most recent
@@ -44,6 +45,7 @@ class Drafter:
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.accepted_per_pos = [0] * c.num_speculative_tokens
+        self.min_match = 2                     # shortest suffix matched (benchmarks/spec_policy.py tries 1)
         self.steps_backed_off = 0              # steps where the batch size allowed no draft at all
 
     # ---- drafting ----------------------------------------------------------------
@@ -82,12 +84,12 @@ class Drafter:
         depth = c.suffix_decoding_max_tree_depth
         pattern = req.token_ids[-depth:]
         best, best_score = [], 0.0
-        m, starts = idx.match(pattern, depth)
+        m, starts = idx.match(pattern, depth, min_len=self.min_match)
         if m:
             best, best_score = idx.continuation(starts, self._length(m, k), c.suffix_decoding_min_token_prob)
         if self.corpus is not None:
             m2, draft, score = self.corpus.lookup(pattern, depth, lambda n: self._length(n, k),
-                                                  c.suffix_decoding_min_token_prob)
+                                                  c.suffix_decoding_min_token_prob, self.min_match)
             if m2 and score > best_score:
                 best = draft
         return best

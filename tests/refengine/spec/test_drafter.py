@@ -42,6 +42,37 @@ def test_frequency_tree_stops_below_min_prob():
     assert idx.continuation(starts, 4, min_prob=0.2)[0] == [3, 7, 0, 1]    # a tie goes to the most recent
 
 
+def test_one_token_match_when_no_bigram_recurs():
+    # The last bigram (9, 4) never occurred before, but 4 did, twice followed by 5: a one-token match
+    # (a suffix tree's depth-1 node), drafted by frequency as deeper matches are; min_len=2 refuses it.
+    # The drafter matches 2 tokens at least by default (min_match; results/spec/README.md, round 2).
+    text = [1, 4, 5, 6, 2, 4, 5, 7, 3, 4, 8, 9, 4]
+    idx = TokenIndex(list(text))
+    idx.extend()
+    assert idx.match(text, max_depth=8) == (0, [])
+    m, starts = idx.match(text, max_depth=8, min_len=1)
+    assert m == 1 and starts == [10, 6, 2]                   # after each earlier 4, most recent first
+    assert idx.continuation(starts, 1, min_prob=0.1) == ([5], pytest.approx(2 / 3))
+    assert idx.match([99], max_depth=8, min_len=1) == (0, [])
+    req = decoding(text, 10)
+    d = Drafter(SpecConfig.parse({"method": "suffix"}))
+    d.propose([req], enabled_by_default=True)
+    assert req.spec_token_ids == []                           # the default: suffixes of at least 2 tokens
+    d.min_match = 1
+    d.propose([req], enabled_by_default=True)
+    assert req.spec_token_ids == [5]                          # match length 1, spec factor 1: one token
+
+
+def test_a_lone_request_drafts_past_the_knee():
+    cfg = SpecConfig.parse({"method": "suffix"})
+    assert cfg.max_draft(1) == cfg.num_speculative_tokens == 24 and cfg.max_draft(2) == 3
+    assert SpecConfig.parse({"method": "suffix", "num_speculative_tokens": 10}).max_draft(1) == 10
+    prompt = list(range(100, 160))
+    req = decoding(prompt + list(range(100, 130)), 60)
+    Drafter(cfg).propose([req], enabled_by_default=True)
+    assert req.spec_token_ids == list(range(130, 154))        # a 24-token match: the whole 24
+
+
 def test_drafts_copy_the_prompt_and_adapt_to_the_match():
     prompt = list(range(100, 160))
     req = decoding(prompt + [100, 101, 102, 103], 60)
@@ -110,6 +141,14 @@ def test_ngram_takes_the_most_recent_match():
     req = decoding([1, 2, 3, 4, 9, 9, 1, 2, 3, 5, 9, 1, 2, 3], 10)
     Drafter(cfg).propose([req], enabled_by_default=True)
     assert req.spec_token_ids == [5, 9, 1]
+    # prompt_lookup_min=1: the last token alone matches (its last bigram (8, 3) is new)
+    one = SpecConfig.parse({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1})
+    req = decoding([3, 4, 5, 9, 8, 3], 5)
+    Drafter(one).propose([req], enabled_by_default=True)
+    assert req.spec_token_ids == [4, 5]
+    req = decoding([3, 4, 5, 9, 8, 3], 5)
+    Drafter(cfg).propose([req], enabled_by_default=True)
+    assert req.spec_token_ids == []                           # prompt_lookup_min=2 (default): no match
 
 
 @pytest.mark.parametrize("value,words", [
