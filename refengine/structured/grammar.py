@@ -15,9 +15,8 @@ tokenizer and computes the first token mask, which is where most hostile constra
 (a rule that only refers to itself, a schema ``{"$ref": "#"}``, a regex too large for the
 lexer). The worker runs it at the HTTP edge, in a child process with a time limit
 (``worker.constraints``), so the engine never sees a constraint that did not compile.
-Both sides use the same parser limits (``parser_limits``: llguidance's defaults, except a tenth of
-its initial lexer fuel, without verbose errors). Messages are ``tidy``: no parser state, no Rust
-backtrace.
+Both sides use the same parser limits (``parser_limits``: llguidance's defaults, without
+verbose errors). Messages are ``tidy``: no parser state, no Rust backtrace.
 """
 
 from __future__ import annotations
@@ -69,20 +68,12 @@ def to_grammar(spec: StructuredSpec) -> str:
     raise GrammarError(f"unknown constraint kind {spec.kind!r}")
 
 
-# Fuel for building a constraint's regex ASTs in the lexer (llguidance's default: 1,000,000, ~50k/ms).
-# Its default let ``{"regex": "a{1000000}"}`` spend 0.7 s in its first mask (on the engine's thread,
-# stalling every request of the batch) before failing; at 100,000 that takes 75 ms, and each of the
-# 66 schemas of ``benchmarks/schema_suite.py`` still compiles (worst first mask 1.6 ms).
-INITIAL_LEXER_FUEL = 100_000
-
-
 def parser_limits():
     """llguidance's resource limits for every matcher (edge and engine): its defaults bound each mask's
-    work (lexer fuel, Earley items), ``INITIAL_LEXER_FUEL`` bounds the first; verbose errors off (they
-    dump the parser state)."""
+    work (lexer fuel, Earley items); verbose errors off (they dump the parser state)."""
     import llguidance
 
-    return llguidance.LLParserLimits(verbose_errors=False, initial_lexer_fuel=INITIAL_LEXER_FUEL)
+    return llguidance.LLParserLimits(verbose_errors=False)
 
 
 def check(spec: StructuredSpec) -> str:
