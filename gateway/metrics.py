@@ -71,7 +71,8 @@ class GatewayMetrics:
         self.split = Counter(p + "split_requests", "Requests for an alias, by the variant (served model) chosen",
                              ["alias", "model"], registry=r)
         self.shadow_requests = Counter(p + "shadow_requests", "Canary answers picked for a shadow comparison, by "
-                                       "outcome (scored, shed_load, shed_rate, shed_concurrency, shed_busy, preempted, no_answer, failed)",
+                                       "outcome (scored, shed_load, shed_rate, shed_concurrency, shed_busy, preempted, "
+                                       "no_answer, failed)",
                                        ["model", "outcome"], registry=r)
         # a Summary (sum and count: the mean), since a gap may be negative and a histogram with negative
         # buckets exports no _sum

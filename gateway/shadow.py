@@ -32,8 +32,9 @@ in-flight request (routing sees it) and never retries. With ``--shadow-yield all
 share machines, where a comparison's prefill on the original's worker takes CPU from the
 canary's), a job also waits until no client request is in flight at the gateway (shed as
 ``shed_busy`` if none comes within ``--shadow-timeout``), and a client request that arrives while
-it runs stops it at once (``preempted``: its connections close, so the worker aborts it). Constrained answers of every model are
-checked here too (``constrained_outputs_total``; gateway.answers.valid).
+it runs stops it at once (``preempted``: its connections close, so the worker aborts it).
+Constrained answers of every model are checked here too (``constrained_outputs_total``;
+gateway.answers.valid).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ Called by the engine at the start of ``step`` (before the scheduler), with the r
 
 ``suffix``: the request's own ``TokenIndex`` (prompt + output so far, caught up each step) and the
 engine's ``OutputCorpus`` each propose their longest-match continuation (``min_match``: the shortest
-suffix matched, 1 as in a suffix tree: a lone last token drafts what followed it most often); the
-one with the higher score wins (ties: the request's own). Its length is adapted to the match: at most
+suffix matched, 2 by default; 1, a suffix tree's first level, drafted more and served slower:
+results/spec/README.md, round 2); the one with the higher score wins (ties: the request's own). Its length is adapted to the match: at most
 ``ceil(max_spec_factor * match length)`` tokens, each kept while its estimated probability stays
 >= ``min_token_prob``. ``ngram``: the request's own tokens, the longest match of
 ``prompt_lookup_min..prompt_lookup_max`` tokens, and the tokens that followed its most recent
