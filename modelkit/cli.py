@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "modelkit.distill_plot",  # plot-distill
     "modelkit.evaluate_cli",  # eval
     "modelkit.zack_cli",      # zack-calibrate
+    "modelkit.quantize_cli",  # quantize, gguf-dir
 ]
 
 

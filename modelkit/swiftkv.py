@@ -145,6 +145,8 @@ def write_swiftkv_checkpoint(base_dir: str | Path, out_dir: str | Path, l: int, 
                     weight_map[name] = f.name
     for fname in sorted(set(weight_map.values())):
         _link_or_copy(base_dir / fname, out_dir / fname)
+    for gguf in base_dir.glob("*.gguf"):        # the base's quantized file: --load-format gguf serves it + these tensors
+        _link_or_copy(gguf, out_dir / gguf.name)
     save_file({k: v.contiguous() for k, v in init.items()}, str(out_dir / SWIFTKV_FILE), metadata={"format": "pt"})
     for k in init:
         weight_map[k] = SWIFTKV_FILE

@@ -38,7 +38,8 @@ class EngineConfig:
     swiftkv: bool = True                        # use SwiftKV when the checkpoint has it; False = run as baseline
     torch_threads: int | None = None            # intra-op threads (CPU)
     kv_methods: KVMethods = field(default_factory=KVMethods)  # method name -> options (a dict is parsed)
-    load_format: str = "auto"                   # "auto": safetensors in ``model``; "dummy": random weights (benchmarks)
+    load_format: str = "auto"                   # "auto": safetensors in ``model``; "dummy": random weights (benchmarks);
+                                                # "gguf": the one *.gguf in ``model``, quantized blocks kept (refengine.quant)
     enable_prefix_caching: bool = True          # share cached full prompt blocks (off when a KV method opts out)
     long_prefill_token_threshold: int | None = None  # most tokens of one request per step; None: budget // 2, 0: no cap
     packed_linear: str = "auto"                 # CPU fp32/bf16 GEMM weights in oneDNN's layout: "auto" | "off" | "lm_head" | "all"

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from refengine.quant.plan import dense_parts, quant_layer
+
 def _ops_available() -> str | None:
     """None when prepacking can be used in this process, else the reason it cannot."""
     if not torch.backends.mkldnn.is_available():
@@ -88,7 +90,18 @@ def _self_check(mod: PackedLinear, weight: torch.Tensor, bias: torch.Tensor | No
     return None
 
 
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -> nn.Module:
+def make_linear(weight, bias: torch.Tensor | None, packed: bool, plan=None) -> nn.Module:
+    """``weight``: a matrix, or a list of matrices concatenated along the output dimension (fused
+    q/k/v, gate/up). Quantized matrices (``refengine.quant``: GGUF blocks, W8A8 int8; ``plan`` the
+    model's ``QuantPlan``) make a quantized layer; a mix of quantized and dense parts is served
+    dense (the quantized parts dequantized)."""
+    parts = list(weight) if isinstance(weight, (list, tuple)) else [weight]
+    if not all(isinstance(p, torch.Tensor) for p in parts):
+        layer = quant_layer(parts, bias, plan)
+        if layer is not None:
+            return layer
+        parts = dense_parts(parts)
+    weight = parts[0] if len(parts) == 1 else torch.cat(parts)
     if not packed:
         return Linear(weight, bias)
     why = None

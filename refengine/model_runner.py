@@ -44,7 +44,8 @@ from refengine.outputs import TokenLogprob
 from refengine.host_malloc import anon_huge_mib, tune_malloc
 from refengine.fused_ops import resolve_fused_ops
 from refengine.dummy_weights import DummyWeights
-from refengine.weights import OverlayWeights, WeightSource
+from refengine.weights import OverlayWeights
+from refengine.quant import gguf_plan, open_gguf, open_safetensors
 from refengine.prompt_logprobs import head_rows, score_rows, scored_positions
 from refengine.sampler import SampleRow, sample
 from refengine.spec.verify import accept
@@ -108,19 +109,22 @@ class ModelRunner:
         # config.kv_methods arrives parsed. The plan's method objects are the ones that serve.
         self.kv_plan = registry.check_engine(config, spec, elem)
         self.kv_methods, self.cache_spec, facts = list(self.kv_plan.methods), self.kv_plan.spec, self.kv_plan.facts
+        quant = None
         if config.load_format == "dummy":             # random weights of the config's shape (benchmarks)
             weights = DummyWeights(spec, config.seed)
-        elif config.load_format == "auto":
-            weights = WeightSource(config.model)
+        elif config.load_format == "auto":            # safetensors; a W8A8 checkpoint keeps its int8 weights
+            weights, quant = open_safetensors(config.model, self.device, self.dtype)
+        elif config.load_format == "gguf":            # the directory's GGUF, blocks kept (refengine.quant)
+            weights, quant = open_gguf(config.model, spec), gguf_plan(self.device, self.dtype)
         else:
-            raise ValueError(f"load_format {config.load_format!r} not in ('auto', 'dummy')")
+            raise ValueError(f"load_format {config.load_format!r} not in ('auto', 'dummy', 'gguf')")
         overrides: dict = {}
         for m in self.kv_methods:
             overrides.update(m.weight_overrides(facts, self.cache_spec, weights))
         self.model = LlamaModel(spec, config.model, self.dtype, self.device, use_swiftkv=config.swiftkv,
                                 max_positions=max_model_len, weights=OverlayWeights(weights, overrides),
                                 packed_linear=resolve_packed_linear(config.packed_linear, self.device, self.dtype),
-                                ops=resolve_fused_ops(config.fused_ops, self.device))
+                                ops=resolve_fused_ops(config.fused_ops, self.device), quant=quant)
         self.model.eval()
         self.packing = check_packed(self.model, config.packed_linear)
         self.attn_backend = select_backend(config.decode_kernel, config.prefill_kernel, self.device)

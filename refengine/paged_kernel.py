@@ -47,7 +47,7 @@ def named(name: str):
     return torch.profiler.record_function(name) if torch.autograd.profiler._is_profiler_enabled else _NO_NAME
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = [CSRC / f for f in ("paged_decode.cpp", "paged_prefill.cpp", "paged_prefill_bf16.cpp", "fused_ops.cpp",
-                               "bindings.cpp")]
+                               "quant_gguf.cpp", "bindings.cpp")]
 
 
 def _build_tag() -> str:

@@ -66,6 +66,15 @@ class OverlayWeights:
     def names(self) -> list[str]:
         return sorted(set(self.base.names()) | set(self.overrides))
 
+    def get_quant(self, name: str):
+        """The base's quantized tensor (a GGUF source's ``QTensor``), None for an overridden name."""
+        get_quant = getattr(self.base, "get_quant", None)
+        return None if name in self.overrides or get_quant is None else get_quant(name)
+
+    def stored_dense(self, name: str) -> bool:
+        stored = getattr(self.base, "stored_dense", None)
+        return name not in self.overrides and stored is not None and stored(name)
+
     def get(self, name: str, dtype: torch.dtype | None = None, device: torch.device | str = "cpu") -> torch.Tensor:
         if name not in self.overrides:
             return self.base.get(name, dtype, device)

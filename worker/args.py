@@ -128,10 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "native bf16 (AVX-512-BF16 or AMX), else float32 (measured: results/perf/README.md), "
                         "SWIFTSERVE_CPU_DTYPE=float32|bfloat16 overrides that CPU choice; logged at start-up")
     e.add_argument("--seed", type=int, default=0, help="engine random seed")
-    e.add_argument("--load-format", choices=("auto", "dummy"), default="auto",
-                   help="'auto': the model directory's safetensors weights; 'dummy': random weights shaped by its "
-                        "config.json (no weight files needed; for benchmarks: the speed is that of the real model, "
-                        "the text is meaningless). With --engine vllm, vLLM's own --load-format")
+    e.add_argument("--load-format", choices=("auto", "dummy", "gguf"), default="auto",
+                   help="'auto': the model directory's safetensors weights (a compressed-tensors W8A8 checkpoint "
+                        "runs int8 GEMMs); 'gguf': the directory's one *.gguf file, its Q4_0/Q4_1/Q8_0/Q4_K/Q6_K "
+                        "weights kept as stored and run by the quantized CPU kernels (docs/models.md); 'dummy': "
+                        "random weights shaped by its config.json (no weight files needed; for benchmarks: the "
+                        "speed is that of the real model, the text is meaningless). With --engine vllm, vLLM's "
+                        "own --load-format")
     e.add_argument("--max-model-len", type=int, default=None,
                    help="context length (prompt + output); default: min(model maximum, 8192)")
     e.add_argument("--block-size", type=int, default=None,

@@ -1,5 +1,6 @@
 // The Python module of the CPU kernels (built by refengine/paged_kernel.py): the paged attention
-// ops and the fused element-wise ops of fused_ops.cpp. Every op releases the GIL: the engine
+// ops, the fused element-wise ops of fused_ops.cpp and the GGUF
+// quantized GEMM of quant_gguf.cpp. Every op releases the GIL: the engine
 // thread must not hold it while a kernel runs.
 #include <torch/extension.h>
 
@@ -11,6 +12,11 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
 torch::Tensor add_rms_norm_(torch::Tensor x, torch::Tensor r, torch::Tensor w, double eps);
 void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 torch::Tensor silu_mul(torch::Tensor gu);
+torch::Tensor gguf_dequant(torch::Tensor raw, int64_t qtype, int64_t cols);
+std::vector<torch::Tensor> act_quant(torch::Tensor x, int64_t impl);
+void gguf_gemm(torch::Tensor q, torch::Tensor d, torch::Tensor ds, torch::Tensor s16, torch::Tensor raw,
+               int64_t qtype, torch::Tensor out, int64_t col0, int64_t impl);
+bool gguf_has_avx2();
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto nogil = py::call_guard<py::gil_scoped_release>();
@@ -23,4 +29,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm_", &add_rms_norm_, "x += r, then RMSNorm of x (CPU, float32 or bfloat16)", nogil);
   m.def("rope_", &rope_, "rotary embedding in place, neox layout (CPU, float32 or bfloat16)", nogil);
   m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused gate-up row (CPU, float32 or bfloat16)", nogil);
+  m.def("gguf_dequant", &gguf_dequant, "GGUF blocks [rows, bytes] -> float32 [rows, cols] (llama.cpp's reference values)",
+        py::arg("raw"), py::arg("qtype"), py::arg("cols"), nogil);
+  m.def("act_quant", &act_quant, "rows of x -> int8 per 32 values with scales (q, d, ds, s16) for gguf_gemm",
+        py::arg("x"), py::arg("impl") = 0, nogil);
+  m.def("gguf_gemm", &gguf_gemm, "out[:, col0:col0+N] = x @ W^T, x from act_quant, W GGUF blocks [N, bytes]",
+        py::arg("q"), py::arg("d"), py::arg("ds"), py::arg("s16"), py::arg("raw"), py::arg("qtype"), py::arg("out"),
+        py::arg("col0") = 0, py::arg("impl") = 0, nogil);
+  m.def("gguf_has_avx2", &gguf_has_avx2, "the GGUF kernels were built with AVX2 + FMA");
 }

@@ -47,6 +47,7 @@ from refengine.fused_ops import TORCH_OPS, TorchOps, torch_rms_norm
 from refengine.kv.cache import KVCache
 from refengine.linear import make_linear
 from refengine.model_config import ModelSpec
+from refengine.quant.plan import QuantPlan, load_linear_weight, quant_embedding
 from refengine.rope import Rope
 from refengine.weights import OverlayWeights, WeightSource
 
@@ -66,12 +67,12 @@ class LlamaLayer(nn.Module):
     """One decoder layer. ``swiftkv_later``: its K/V come from the fused SwiftKV projection."""
 
     def __init__(self, spec: ModelSpec, idx: int, w: WeightSource | OverlayWeights, dtype, device,
-                 swiftkv_later: bool, pack: bool = False, ops: TorchOps = TORCH_OPS):
+                 swiftkv_later: bool, pack: bool = False, ops: TorchOps = TORCH_OPS, quant: QuantPlan | None = None):
         super().__init__()
         self.ops = ops
-        lin = lambda wt, b=None: make_linear(wt, b, pack)  # noqa: E731
+        lin = lambda wt, b=None: make_linear(wt, b, pack, quant)  # noqa: E731
         p = f"model.layers.{idx}."
-        get = lambda n: w.get(p + n, dtype, device)  # noqa: E731
+        get = lambda n: load_linear_weight(w, p + n, dtype, device, quant)  # noqa: E731 (dense or QTensor)
         getb = lambda n: w.get(p + n, dtype, device) if (p + n) in w else None  # noqa: E731
         norm = lambda n: norm_weight(w, p + n, spec, dtype, device)  # noqa: E731
         self.spec = spec
@@ -91,9 +92,9 @@ class LlamaLayer(nn.Module):
             ws = [get(f"self_attn.{n}.weight") for n in names]
             self.qkv_split = [x.shape[0] for x in ws]          # V may be narrower (KV methods' folds)
             bqkv = torch.cat([get(f"self_attn.{n}.bias") for n in names]) if spec.qkv_bias else None
-            self.qkv_proj = lin(torch.cat(ws), bqkv)
+            self.qkv_proj = lin(ws, bqkv)
         self.o_proj = lin(get("self_attn.o_proj.weight"), getb("self_attn.o_proj.bias"))
-        self.gate_up = lin(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]),
+        self.gate_up = lin([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")],
                                torch.cat([get("mlp.gate_proj.bias"), get("mlp.up_proj.bias")]) if spec.mlp_bias else None)
         self.down = lin(get("mlp.down_proj.weight"), getb("mlp.down_proj.bias"))
         self.act = ops.silu_mul if spec.hidden_act == "silu" else ops.gelu_mul
@@ -153,9 +154,11 @@ class LlamaLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, spec: ModelSpec, model_dir: str, dtype: torch.dtype, device: torch.device,
                  use_swiftkv: bool, max_positions: int, weights: WeightSource | OverlayWeights | None = None,
-                 packed_linear: str = "off", ops: TorchOps = TORCH_OPS):
+                 packed_linear: str = "off", ops: TorchOps = TORCH_OPS, quant: QuantPlan | None = None):
         """``packed_linear``: "off", "lm_head" or "all" (see refengine/linear.py; CPU float32 and bfloat16).
-        ``ops``: the element-wise ops (refengine.fused_ops; torch by default)."""
+        ``ops``: the element-wise ops (refengine.fused_ops; torch by default). ``quant``: set when the
+        weights are quantized (refengine.quant: a GGUF file, a W8A8 checkpoint): linear weights (and a
+        GGUF embedding) stay quantized."""
         super().__init__()
         self.ops = ops
         if packed_linear not in ("off", "lm_head", "all"):
@@ -167,18 +170,25 @@ class LlamaModel(nn.Module):
         L = spec.num_layers
         self.num_kv_layers = spec.num_key_value_layers if self.use_swiftkv else L
         self.group_size = spec.key_value_group_size if self.use_swiftkv else 1
-        self.embed = nn.Parameter(w.get("model.embed_tokens.weight", dtype, device), requires_grad=False)
+        self.quant = quant
+        if quant is None:
+            self.embed = nn.Parameter(w.get("model.embed_tokens.weight", dtype, device), requires_grad=False)
+        else:                  # a GGUFEmbedding (its blocks) or, without kernels, the dequantized table
+            table = quant_embedding(load_linear_weight(w, "model.embed_tokens.weight", dtype, device, quant), quant)
+            self.embed = table if isinstance(table, nn.Module) else nn.Parameter(table, requires_grad=False)
         # transformers multiplies by the scale cast to the weights' dtype (Gemma: sqrt(hidden)).
         self.embed_scale = None if spec.embed_scale == 1.0 else torch.tensor(spec.embed_scale, dtype=dtype)
         self.layers = nn.ModuleList(
-            LlamaLayer(spec, i, w, dtype, device, swiftkv_later=i >= self.num_kv_layers, pack=pack_layers, ops=ops)
+            LlamaLayer(spec, i, w, dtype, device, swiftkv_later=i >= self.num_kv_layers, pack=pack_layers, ops=ops,
+                       quant=quant)
             for i in range(L))
         self.norm = norm_weight(w, "model.norm.weight", spec, dtype, device)
         if spec.tie_word_embeddings or "lm_head.weight" not in w:
-            head = self.embed.data              # tied: a packed head is a second copy of these rows
+            # tied: a packed head is a second copy of these rows; a quantized one shares the blocks
+            head = self.embed.weight if isinstance(self.embed, nn.Module) else self.embed.data
         else:
-            head = w.get("lm_head.weight", dtype, device)
-        self.lm_head = make_linear(head, None, packed_linear != "off")
+            head = load_linear_weight(w, "lm_head.weight", dtype, device, quant)
+        self.lm_head = make_linear(head, None, packed_linear != "off", quant)
         # RoPE tables: index 0 global, 1 the windowed layers' own base (Gemma 3); layer_rope[i] picks.
         self.ropes = [Rope(spec.head_dim, spec.rope_theta, spec.rope_scaling, max_positions, dtype, device)]
         self.layer_rope = [0] * L
@@ -198,16 +208,16 @@ class LlamaModel(nn.Module):
         for i in self.group_leaders:
             p = f"model.layers.{i}.self_attn."
             for n in ("k_proj_swiftkv", "v_proj_swiftkv"):
-                ws.append(w.get(p + n + ".weight", dtype, device))
+                ws.append(load_linear_weight(w, p + n + ".weight", dtype, device, self.quant))
                 if self.spec.qkv_bias:
                     bs.append(w.get(p + n + ".bias", dtype, device))
         self.kv_split = [x.shape[0] for x in ws]              # [K_0, V_0, K_1, V_1, ...]
-        self.kv_proj_swiftkv = make_linear(torch.cat(ws), torch.cat(bs) if bs else None, pack)
+        self.kv_proj_swiftkv = make_linear(ws, torch.cat(bs) if bs else None, pack, self.quant)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: KVCache,
                 attn_all: list, slots: list, logits_idx: torch.Tensor,
                 attn_logits: list | None = None) -> torch.Tensor:
-        h = F.embedding(input_ids, self.embed)
+        h = self.embed(input_ids) if isinstance(self.embed, nn.Module) else F.embedding(input_ids, self.embed)
         if self.embed_scale is not None:
             h = h * self.embed_scale
         tables = [r.tables(positions) for r in self.ropes]     # [(cos, sin) [T, 1, d]] per RoPE base

@@ -1,0 +1,81 @@
+"""Quality of the quantized formats on SmolLM2 against bf16 (issue 50): perplexity through the cache
+and the task suite, by ``modelkit eval``, then the summary keys.
+
+    python benchmarks/quant_quality.py [--samples 32] [--task-items 25] [--work DIR] [--no-summary]
+
+Runs (each against the same float32 baseline, the engine's CPU default; every model is the
+embedded SmolLM2, whose safetensors are its Q4_1 GGUF dequantized, so the GGUF's own loss against
+the original bf16 release is the floor and is not in these figures):
+  * ``modelkit quantize --model default`` (no smoothing, and ``--smooth 0.5``) into ``--work``;
+  * ``modelkit eval`` of: bf16 (``dtype=bfloat16``), the Q4_1 GGUF served natively
+    (``load_format=gguf``), the two W8A8 checkpoints; JSON + markdown under results/quant/.
+``q4_ppl_increase_pct`` = 100 (ppl(Q4_1 GGUF) / ppl(bf16) - 1), ``int8_ppl_increase_pct`` the same
+for the better W8A8 checkpoint (lower perplexity); both merged into results/perf/summary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.common import write_json  # noqa: E402
+
+OUT = ROOT / "results" / "quant"
+
+
+def modelkit(*args: str) -> None:
+    cmd = [sys.executable, "-m", "modelkit", *args]
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, cwd=ROOT)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--samples", type=int, default=32)
+    ap.add_argument("--task-items", type=int, default=25)
+    ap.add_argument("--corpus", default=str(Path.home() / ".cache" / "swiftserve" / "corpus" / "smollm2-v2"))
+    ap.add_argument("--work", default=None, help="where the W8A8 checkpoints go (default: a temporary directory)")
+    ap.add_argument("--no-summary", action="store_true")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(args.work or tmp)
+        w8, w8s = work / "smollm2-w8a8", work / "smollm2-w8a8-smooth05"
+        modelkit("quantize", "--model", "default", "--output", str(w8), "--quiet")
+        modelkit("quantize", "--model", "default", "--output", str(w8s), "--smooth", "0.5", "--quiet")
+        common = ["eval", "--corpus", args.corpus, "--baseline", "default", "--samples", str(args.samples),
+                  "--gen-prompts", "0", "--metrics", "ppl,tasks", "--task-items", str(args.task_items)]
+        runs = {"bf16": ["--model", "bf16=default", "--engine-arg", "dtype=bfloat16"],
+                "q4_1_gguf": ["--model", "q4_1_gguf=default", "--engine-arg", "load_format=gguf"],
+                "w8a8": ["--model", f"w8a8={w8}", "--model", f"w8a8_smooth05={w8s}"]}
+        res = {}
+        for name, extra in runs.items():
+            modelkit(*common, *extra, "--out", str(OUT / f"eval_{name}.json"))
+            res.update(json.loads((OUT / f"eval_{name}.json").read_text())["results"])
+
+    ppl = {k: v["ppl"] for k, v in res.items()}
+    best_w8 = min(("w8a8", "w8a8_smooth05"), key=ppl.get)
+    keys = {"q4_ppl_increase_pct": 100 * (ppl["q4_1_gguf"] / ppl["bf16"] - 1),
+            "int8_ppl_increase_pct": 100 * (ppl[best_w8] / ppl["bf16"] - 1)}
+    table = {k: {"ppl": v["ppl"], "ppl_float32": v["ppl_baseline"], "ppl_increase_vs_float32_pct": v["ppl_increase_pct"],
+                 "task_accuracy": v.get("task_accuracy"), "ppl_increase_vs_bf16_pct": 100 * (v["ppl"] / ppl["bf16"] - 1)}
+             for k, v in res.items()}
+    doc = {"command": "python " + " ".join([sys.argv[0], *sys.argv[1:]]), "int8_checkpoint_used": best_w8,
+           **keys, "models": table}
+    print(json.dumps(doc, indent=1))
+    write_json(OUT / "quality.json", doc)
+    if not args.no_summary:
+        path = ROOT / "results" / "perf" / "summary.json"
+        summary = json.loads(path.read_text())
+        summary.update(keys)
+        write_json(path, summary)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,520 @@
+// GGUF weight-only quantized matrices on CPU, read as stored (raw blocks, no dequantized copy):
+//
+//   gguf_dequant(raw [rows, rb] u8, qtype, cols) -> [rows, cols] f32
+//       bit-equal to llama.cpp's reference dequantize_row_* (refengine/quant/formats.py documents
+//       the layouts): the same float32 operations in the same order, never fused into an FMA;
+//   act_quant(x [M, K] f32|bf16) -> (q [M, K] i8, d [M, K/32] f32, ds [M, K/32] f32, s16 [M, K/16] i32)
+//       each row's 32-value blocks as int8 with a float32 scale d (d = max|x| / 127, q = round(x / d),
+//       ties to even), ds = d * sum(q) of the block and s16 the sums of q over each 16 values;
+//   gguf_gemm(q, d, ds, s16, raw [N, rb], qtype, out [M, *] f32|bf16, col0, impl)
+//       out[m, col0 + n] = sum_k x[m, k] * W[n, k] with x the quantized activations above and W the
+//       blocks as stored: per weight block an exact integer dot product of the int8 activations and
+//       the block's integer values, then float32 scaling (weight scale times activation scale).
+//
+// The activations are quantized per row and every output element is computed by the same
+// sequence of operations whatever M is and whichever rows share a tile, so results do not
+// depend on the batch (greedy tokens of a sequence do not change with what runs beside it, and
+// a prefill recomputing a decoded token gets the decode's numbers). This is how llama.cpp runs
+// these formats on CPUs too (int8 activations, integer block dots), which keeps our logits close
+// to its own on the same file.
+//
+// Integer ranges (why no saturation): maddubs multiplies unsigned weight values (Q4: 0..15,
+// Q6_K: 0..63, Q8_0: |w| <= 128 by the sign trick) by int8 activations (|q| <= 127) and adds pairs
+// into int16: at most 2 * 128 * 127 = 32512 < 32767. Block sums stay far inside int32.
+// Q4_0's -8 offset and Q4_1 / Q4_K mins use the activation block sums (s16, ds); Q6_K's -32 is taken
+// off the int16 pair sums (32 * x summed in pairs by the same instruction: |difference| <= 8128).
+//
+// impl: 0 = the AVX2 + FMA kernel (compiled where the CPU has them: AVX-512 CPUs run it too),
+//       1 = the portable scalar kernel (the reference the AVX2 kernel is tested against; it is
+//       also what runs where AVX2 is missing).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define SWIFTSERVE_GGUF_AVX2 1
+#else
+#define SWIFTSERVE_GGUF_AVX2 0
+#endif
+
+namespace {
+
+enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
+
+struct Fmt {
+  int block;        // values per block
+  int bytes;        // bytes per block
+};
+
+Fmt fmt_of(int64_t t) {
+  switch (t) {
+    case Q4_0: return {32, 18};
+    case Q4_1: return {32, 20};
+    case Q8_0: return {32, 34};
+    case Q4_K: return {256, 144};
+    case Q6_K: return {256, 210};
+  }
+  TORCH_CHECK(false, "gguf: unsupported ggml type ", t, " (Q4_0=2, Q4_1=3, Q8_0=8, Q4_K=12, Q6_K=14)");
+  return {0, 0};
+}
+
+inline float f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return c10::detail::fp16_ieee_to_fp32_value(h);
+}
+
+// a * b rounded to float32 before anything is added to it (no FMA contraction), as C code
+// compiled without FMA (llama.cpp's reference dequantization) computes it.
+inline float mul_r(float a, float b) {
+  float t = a * b;
+  __asm__("" : "+x"(t));
+  return t;
+}
+
+// Q4_K: the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes.
+inline void k4_scale_min(int j, const uint8_t* s, int* sc, int* m) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reference dequantization of one row.
+
+void dequant_row(int64_t t, const uint8_t* b, float* y, int64_t cols) {
+  const Fmt f = fmt_of(t);
+  for (int64_t i = 0; i < cols / f.block; ++i, b += f.bytes, y += f.block) {
+    if (t == Q4_0) {
+      const float d = f16(b);
+      for (int j = 0; j < 16; ++j) {
+        y[j] = static_cast<float>((b[2 + j] & 0xF) - 8) * d;
+        y[j + 16] = static_cast<float>((b[2 + j] >> 4) - 8) * d;
+      }
+    } else if (t == Q4_1) {
+      const float d = f16(b), m = f16(b + 2);
+      for (int j = 0; j < 16; ++j) {
+        y[j] = mul_r(static_cast<float>(b[4 + j] & 0xF), d) + m;
+        y[j + 16] = mul_r(static_cast<float>(b[4 + j] >> 4), d) + m;
+      }
+    } else if (t == Q8_0) {
+      const float d = f16(b);
+      for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(static_cast<int8_t>(b[2 + j])) * d;
+    } else if (t == Q4_K) {
+      const float d = f16(b), dmin = f16(b + 2);
+      const uint8_t* q = b + 16;
+      for (int j = 0; j < 4; ++j, q += 32) {
+        int sc, m;
+        k4_scale_min(2 * j, b + 4, &sc, &m);
+        const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
+        k4_scale_min(2 * j + 1, b + 4, &sc, &m);
+        const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
+        for (int l = 0; l < 32; ++l) y[64 * j + l] = mul_r(d1, static_cast<float>(q[l] & 0xF)) - m1;
+        for (int l = 0; l < 32; ++l) y[64 * j + 32 + l] = mul_r(d2, static_cast<float>(q[l] >> 4)) - m2;
+      }
+    } else {  // Q6_K
+      const float d = f16(b + 208);
+      const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* ql = b + 64 * h;
+        const uint8_t* qh = b + 128 + 32 * h;
+        const int8_t* s = sc + 8 * h;
+        float* yh = y + 128 * h;
+        for (int l = 0; l < 32; ++l) {
+          const int is = l / 16;
+          const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+          const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+          const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+          const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+          yh[l] = (d * static_cast<float>(s[is])) * static_cast<float>(q1);
+          yh[l + 32] = (d * static_cast<float>(s[is + 2])) * static_cast<float>(q2);
+          yh[l + 64] = (d * static_cast<float>(s[is + 4])) * static_cast<float>(q3);
+          yh[l + 96] = (d * static_cast<float>(s[is + 6])) * static_cast<float>(q4);
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activation quantization: one row of K values (K a multiple of 32).
+
+template <typename T>
+inline float to_f(T v) { return static_cast<float>(v); }
+
+template <typename T>
+void quant_row(const T* x, int64_t K, int8_t* q, float* d, float* ds, int32_t* s16) {
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const T* xb = x + 32 * b;
+    float amax = 0.f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(to_f(xb[j])));
+    const float db = amax / 127.f;
+    const float id = db != 0.f ? 1.f / db : 0.f;
+    int32_t sum[2] = {0, 0};
+    for (int j = 0; j < 32; ++j) {
+      const int v = static_cast<int>(std::nearbyint(to_f(xb[j]) * id));   // ties to even (default mode)
+      q[32 * b + j] = static_cast<int8_t>(std::max(-127, std::min(127, v)));
+      sum[j / 16] += q[32 * b + j];
+    }
+    d[b] = db;
+    ds[b] = db * static_cast<float>(sum[0] + sum[1]);
+    s16[2 * b] = sum[0];
+    s16[2 * b + 1] = sum[1];
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scalar kernel: one weight row against one activation row.
+
+struct Act {
+  const int8_t* q;
+  const float* d;
+  const float* ds;
+  const int32_t* s16;
+};
+
+float dot_scalar(int64_t t, const uint8_t* w, const Act& a, int64_t K) {
+  const Fmt f = fmt_of(t);
+  float acc = 0.f;
+  for (int64_t i = 0; i < K / f.block; ++i, w += f.bytes) {
+    if (t == Q4_0 || t == Q4_1 || t == Q8_0) {
+      const int8_t* x = a.q + 32 * i;
+      int32_t s = 0;
+      if (t == Q8_0) {
+        for (int j = 0; j < 32; ++j) s += static_cast<int8_t>(w[2 + j]) * x[j];
+        acc = std::fma(f16(w) * a.d[i], static_cast<float>(s), acc);
+      } else {
+        const uint8_t* qs = w + (t == Q4_0 ? 2 : 4);
+        for (int j = 0; j < 16; ++j) s += (qs[j] & 0xF) * x[j] + (qs[j] >> 4) * x[j + 16];
+        if (t == Q4_0) s -= 8 * (a.s16[2 * i] + a.s16[2 * i + 1]);
+        acc = std::fma(f16(w) * a.d[i], static_cast<float>(s), acc);
+        if (t == Q4_1) acc = std::fma(f16(w + 2), a.ds[i], acc);
+      }
+    } else if (t == Q4_K) {
+      const float d = f16(w), dmin = f16(w + 2);
+      for (int j = 0; j < 8; ++j) {
+        int sc, m;
+        k4_scale_min(j, w + 4, &sc, &m);
+        const uint8_t* qs = w + 16 + 32 * (j / 2);
+        const int sh = 4 * (j % 2);
+        const int64_t ab = 8 * i + j;                  // activation block
+        const int8_t* x = a.q + 32 * ab;
+        int32_t s = 0;
+        for (int l = 0; l < 32; ++l) s += ((qs[l] >> sh) & 0xF) * x[l];
+        acc = std::fma((d * static_cast<float>(sc)) * a.d[ab], static_cast<float>(s), acc);
+        acc = std::fma(-(dmin * static_cast<float>(m)), a.ds[ab], acc);
+      }
+    } else {  // Q6_K
+      const float d = f16(w + 208);
+      const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* ql = w + 64 * h;
+        const uint8_t* qh = w + 128 + 32 * h;
+        for (int g = 0; g < 4; ++g) {
+          const int64_t ab = 8 * i + 4 * h + g;
+          const int8_t* x = a.q + 32 * ab;
+          const uint8_t* lo = ql + (g % 2) * 32;
+          const int sh = (g / 2) * 4;
+          int32_t s = 0;
+          for (int l = 0; l < 32; ++l) {
+            const int q = ((lo[l] >> sh) & 0xF) | (((qh[l] >> (2 * g)) & 3) << 4);
+            s += sc[8 * h + 2 * g + l / 16] * (q - 32) * x[l];
+          }
+          acc = std::fma(d * a.d[ab], static_cast<float>(s), acc);
+        }
+      }
+    }
+  }
+  return acc;
+}
+
+#if SWIFTSERVE_GGUF_AVX2
+// ---------------------------------------------------------------------------------------------
+// AVX2 kernel: one weight row against R activation rows (the weight block is unpacked once).
+
+inline __m256i nibbles32(const uint8_t* qs16) {          // 16 bytes -> 32 values: low nibbles, then high
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs16));
+  const __m128i m = _mm_set1_epi8(0xF);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+
+inline __m256i dot_u8s8(__m256i u, __m256i s) {          // 8 int32 lanes, each the sum of 4 products
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+inline float h2f(const uint8_t* p) {                    // fp16 -> float32 in one F16C instruction
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+inline float hsum8(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 s2 = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+
+template <int R>
+void dot_avx2(int64_t t, const uint8_t* w, const Act* a, int64_t K, float* out) {
+  const Fmt f = fmt_of(t);
+  __m256 acc[R];
+  float side[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    side[r] = 0.f;
+  }
+  const __m256i m4 = _mm256_set1_epi8(0xF);
+  for (int64_t i = 0; i < K / f.block; ++i, w += f.bytes) {
+    if (t == Q4_0 || t == Q4_1) {
+      const __m256i wq = nibbles32(w + (t == Q4_0 ? 2 : 4));
+      const float dw = h2f(w);
+      const float mw = t == Q4_1 ? h2f(w + 2) : 0.f;
+      for (int r = 0; r < R; ++r) {
+        __m256i p = dot_u8s8(wq, load32(a[r].q + 32 * i));
+        if (t == Q4_0) p = _mm256_sub_epi32(p, _mm256_set1_epi32(a[r].s16[2 * i] + a[r].s16[2 * i + 1]));
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a[r].d[i]), _mm256_cvtepi32_ps(p), acc[r]);
+        if (t == Q4_1) side[r] = std::fma(mw, a[r].ds[i], side[r]);
+      }
+    } else if (t == Q8_0) {
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2));
+      const __m256i wa = _mm256_sign_epi8(wv, wv);
+      const float dw = h2f(w);
+      for (int r = 0; r < R; ++r) {
+        const __m256i p = dot_u8s8(wa, _mm256_sign_epi8(load32(a[r].q + 32 * i), wv));
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a[r].d[i]), _mm256_cvtepi32_ps(p), acc[r]);
+      }
+    } else if (t == Q4_K) {
+      const float d = h2f(w), dmin = h2f(w + 2);
+      float dsc[8], dm[8];
+      for (int j = 0; j < 8; ++j) {
+        int sc, m;
+        k4_scale_min(j, w + 4, &sc, &m);
+        dsc[j] = d * static_cast<float>(sc);
+        dm[j] = -(dmin * static_cast<float>(m));
+      }
+      for (int j2 = 0; j2 < 4; ++j2) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 + 32 * j2));
+        const __m256i wq[2] = {_mm256_and_si256(raw, m4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4)};
+        for (int h = 0; h < 2; ++h) {
+          const int j = 2 * j2 + h;
+          const int64_t ab = 8 * i + j;
+          for (int r = 0; r < R; ++r) {
+            const __m256i p = dot_u8s8(wq[h], load32(a[r].q + 32 * ab));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dsc[j] * a[r].d[ab]), _mm256_cvtepi32_ps(p), acc[r]);
+            side[r] = std::fma(dm[j], a[r].ds[ab], side[r]);
+          }
+        }
+      }
+    } else {  // Q6_K
+      const float d = h2f(w + 208);
+      const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
+      const __m256i three = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
+      for (int h = 0; h < 2; ++h) {
+        const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * h));
+        const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 128 + 32 * h));
+        for (int g = 0; g < 4; ++g) {
+          const __m256i src = (g % 2) ? hi : lo;
+          const __m256i low4 = (g / 2) ? _mm256_and_si256(_mm256_srli_epi16(src, 4), m4) : _mm256_and_si256(src, m4);
+          const __m256i top2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), three), 4);
+          const __m256i wq = _mm256_or_si256(low4, top2);                   // 0..63
+          const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[8 * h + 2 * g + 1]), _mm_set1_epi16(sc[8 * h + 2 * g]));
+          const int64_t ab = 8 * i + 4 * h + g;
+          for (int r = 0; r < R; ++r) {
+            const __m256i x = load32(a[r].q + 32 * ab);
+            // (q - 32) * x summed in pairs: both int16 pair sums stay within +-16002, their difference too
+            const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(wq, x), _mm256_maddubs_epi16(m32, x));
+            const __m256i p = _mm256_madd_epi16(p16, scv);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[r].d[ab]), _mm256_cvtepi32_ps(p), acc[r]);
+          }
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum8(acc[r]) + side[r];
+}
+
+template <typename T>
+void quant_row_avx2(const T* x, int64_t K, int8_t* q, float* d, float* ds, int32_t* s16) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  for (int64_t b = 0; b < K / 32; ++b) {
+    __m256 v[4];
+    for (int k = 0; k < 4; ++k) {
+      if constexpr (std::is_same_v<T, float>) {
+        v[k] = _mm256_loadu_ps(x + 32 * b + 8 * k);
+      } else {                                            // bf16: the high half of a float32
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 32 * b + 8 * k));
+        v[k] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+      }
+    }
+    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                              _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    __m128 m1 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m1 = _mm_max_ps(m1, _mm_movehl_ps(m1, m1));
+    m1 = _mm_max_ss(m1, _mm_movehdup_ps(m1));
+    const float amax = _mm_cvtss_f32(m1);
+    const float db = amax / 127.f;
+    const float id = db != 0.f ? 1.f / db : 0.f;
+    const __m256 idv = _mm256_set1_ps(id);
+    __m256i iv[4];
+    for (int k = 0; k < 4; ++k)
+      iv[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], idv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    // |x * id| <= 127 up to rounding of id: clamp so that a value never leaves int8's symmetric range
+    const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
+    for (int k = 0; k < 4; ++k) iv[k] = _mm256_max_epi32(_mm256_min_epi32(iv[k], lim), nlim);
+    auto hsum_i = [](__m256i a, __m256i b2) {
+      const __m256i s = _mm256_add_epi32(a, b2);
+      __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+      return _mm_cvtsi128_si32(t);
+    };
+    const int32_t s0 = hsum_i(iv[0], iv[1]), s1 = hsum_i(iv[2], iv[3]);
+    // pack 32 int32 -> 32 int8 in order (packs work per 128-bit lane: fix the order with a permute)
+    const __m256i p01 = _mm256_packs_epi32(iv[0], iv[1]);
+    const __m256i p23 = _mm256_packs_epi32(iv[2], iv[3]);
+    const __m256i p = _mm256_packs_epi16(p01, p23);
+    const __m256i ordered = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * b), ordered);
+    d[b] = db;
+    ds[b] = db * static_cast<float>(s0 + s1);
+    s16[2 * b] = s0;
+    s16[2 * b + 1] = s1;
+  }
+}
+#endif
+
+template <typename T>
+inline void store_out(T* p, float v) { *p = static_cast<T>(v); }
+
+// Output rows of one task: a tile of weight rows (kept in cache) against every activation row.
+int64_t rows_per_tile(int64_t row_bytes) { return std::max<int64_t>(4, std::min<int64_t>(64, 65536 / row_bytes)); }
+
+}  // namespace
+
+torch::Tensor gguf_dequant(torch::Tensor raw, int64_t qtype, int64_t cols) {
+  const Fmt f = fmt_of(qtype);
+  TORCH_CHECK(raw.device().is_cpu() && raw.scalar_type() == at::kByte && raw.dim() == 2, "gguf_dequant: raw u8 [rows, bytes]");
+  TORCH_CHECK(cols % f.block == 0 && raw.size(1) == cols / f.block * f.bytes, "gguf_dequant: ", cols,
+              " columns do not match rows of ", raw.size(1), " bytes");
+  raw = raw.contiguous();
+  const int64_t rows = raw.size(0), rb = raw.size(1);
+  auto out = torch::empty({rows, cols}, raw.options().dtype(at::kFloat));
+  const uint8_t* src = raw.data_ptr<uint8_t>();
+  float* dst = out.data_ptr<float>();
+  at::parallel_for(0, rows, std::max<int64_t>(1, 4096 / cols), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) dequant_row(qtype, src + r * rb, dst + r * cols, cols);
+  });
+  return out;
+}
+
+std::vector<torch::Tensor> act_quant(torch::Tensor x, int64_t impl) {
+  TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "act_quant: CPU float32 or bfloat16");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) % 32 == 0, "act_quant: x [M, K] with K a multiple of 32");
+  x = x.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), nb = K / 32;
+  auto q = torch::empty({M, K}, x.options().dtype(at::kChar));
+  auto d = torch::empty({M, nb}, x.options().dtype(at::kFloat));
+  auto ds = torch::empty({M, nb}, x.options().dtype(at::kFloat));
+  auto s16 = torch::empty({M, 2 * nb}, x.options().dtype(at::kInt));
+  auto run = [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T* xp = reinterpret_cast<const T*>(x.data_ptr());
+    at::parallel_for(0, M, std::max<int64_t>(1, 8192 / K), [&](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; ++m) {
+        int8_t* qm = q.data_ptr<int8_t>() + m * K;
+        float* dm = d.data_ptr<float>() + m * nb;
+        float* dsm = ds.data_ptr<float>() + m * nb;
+        int32_t* sm = s16.data_ptr<int32_t>() + m * 2 * nb;
+#if SWIFTSERVE_GGUF_AVX2
+        if (impl == 0) {
+          quant_row_avx2(xp + m * K, K, qm, dm, dsm, sm);
+          continue;
+        }
+#endif
+        quant_row(xp + m * K, K, qm, dm, dsm, sm);
+      }
+    });
+  };
+  if (x.scalar_type() == at::kBFloat16) {
+    run(static_cast<at::BFloat16*>(nullptr));
+  } else {
+    run(static_cast<float*>(nullptr));
+  }
+  return {q, d, ds, s16};
+}
+
+void gguf_gemm(torch::Tensor q, torch::Tensor d, torch::Tensor ds, torch::Tensor s16, torch::Tensor raw,
+               int64_t qtype, torch::Tensor out, int64_t col0, int64_t impl) {
+  const Fmt f = fmt_of(qtype);
+  TORCH_CHECK(q.scalar_type() == at::kChar && q.dim() == 2 && q.is_contiguous(), "gguf_gemm: q i8 [M, K] (act_quant)");
+  const int64_t M = q.size(0), K = q.size(1), N = raw.size(0);
+  TORCH_CHECK(raw.scalar_type() == at::kByte && raw.dim() == 2 && raw.is_contiguous(), "gguf_gemm: raw u8 [N, bytes]");
+  TORCH_CHECK(K % f.block == 0 && raw.size(1) == K / f.block * f.bytes, "gguf_gemm: weight rows of ", raw.size(1),
+              " bytes do not hold K=", K, " values of ggml type ", qtype);
+  TORCH_CHECK(d.is_contiguous() && ds.is_contiguous() && s16.is_contiguous() && d.size(0) == M && d.size(1) == K / 32,
+              "gguf_gemm: activation scales from act_quant");
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == M && out.stride(1) == 1 && col0 >= 0 && col0 + N <= out.size(1) &&
+              (out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16), "gguf_gemm: out [M, >= col0 + N] "
+              "float32 or bfloat16 with contiguous rows");
+  if (M == 0 || N == 0) return;
+  const int64_t rb = raw.size(1), ld = out.stride(0), nb = K / 32;
+  const uint8_t* wp = raw.data_ptr<uint8_t>();
+  const Act base{q.data_ptr<int8_t>(), d.data_ptr<float>(), ds.data_ptr<float>(), s16.data_ptr<int32_t>()};
+  auto act = [&](int64_t m) { return Act{base.q + m * K, base.d + m * nb, base.ds + m * nb, base.s16 + m * 2 * nb}; };
+  // Small M (decode): at least ~8 tiles per thread, so that 2 threads split rows evenly.
+  const int64_t tile = std::max<int64_t>(4, std::min(rows_per_tile(rb), N / (8 * at::get_num_threads())));
+  auto run = [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    T* op = reinterpret_cast<T*>(out.data_ptr()) + col0;
+    at::parallel_for(0, (N + tile - 1) / tile, 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t n0 = t0 * tile; n0 < std::min(N, t1 * tile); n0 += tile) {
+        const int64_t n1 = std::min(N, n0 + tile);
+        int64_t m = 0;
+#if SWIFTSERVE_GGUF_AVX2
+        if (impl == 0) {
+          for (; m + 4 <= M; m += 4) {
+            const Act a[4] = {act(m), act(m + 1), act(m + 2), act(m + 3)};
+            for (int64_t n = n0; n < n1; ++n) {
+              float r[4];
+              dot_avx2<4>(qtype, wp + n * rb, a, K, r);
+              for (int k = 0; k < 4; ++k) store_out(op + (m + k) * ld + n, r[k]);
+            }
+          }
+          for (; m < M; ++m) {          // the same per-row operations as the 4-row tile above
+            const Act a[1] = {act(m)};
+            for (int64_t n = n0; n < n1; ++n) {
+              float r[1];
+              dot_avx2<1>(qtype, wp + n * rb, a, K, r);
+              store_out(op + m * ld + n, r[0]);
+            }
+          }
+        }
+#endif
+        for (; m < M; ++m) {
+          const Act a = act(m);
+          for (int64_t n = n0; n < n1; ++n) store_out(op + m * ld + n, dot_scalar(qtype, wp + n * rb, a, K));
+        }
+      }
+    });
+  };
+  if (out.scalar_type() == at::kBFloat16) {
+    run(static_cast<at::BFloat16*>(nullptr));
+  } else {
+    run(static_cast<float*>(nullptr));
+  }
+}
+
+bool gguf_has_avx2() { return SWIFTSERVE_GGUF_AVX2 != 0; }

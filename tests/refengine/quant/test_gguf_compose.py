@@ -1,0 +1,78 @@
+"""A quantized SwiftKV model: the SmolLM2 AcrossKV (l=15, g=2) checkpoint served from the base's
+Q4_1 GGUF (``load_format="gguf"``), its SwiftKV projections (absent from the file) quantized to
+Q8_0 at load, the fused K/V projection included. With every registered KV method: it serves, and a
+method's lossless setting (eviction: a budget that evicts nothing) gives the same greedy tokens as the quantized model alone (ZACK folds
+its rotation into V and O, so those weights change: it must serve and mostly agree). SwiftKV off
+(``swiftkv=False``) serves the same file as the plain model."""
+
+import pytest
+
+from refengine.config import EngineConfig
+from refengine.engine import LLMEngine
+from refengine.kv import registry
+from refengine.quant.qlinear import GGUFLinear
+from tests.refengine.kv.test_kv_methods_shared import CASES, GREEDY, NO_EVICTION, PROMPTS, options
+
+pytestmark = [pytest.mark.slow, pytest.mark.model]
+
+
+@pytest.fixture(scope="module")
+def swiftkv_gguf(smollm2_dir, tmp_path_factory):
+    from modelkit.swiftkv import write_swiftkv_checkpoint
+
+    out = write_swiftkv_checkpoint(smollm2_dir, tmp_path_factory.mktemp("q") / "swiftkv-l15-g2", 15, 2)
+    assert list(out.glob("*.gguf")), "the base's GGUF is linked into the SwiftKV checkpoint"
+    return out
+
+
+@pytest.fixture(scope="module")
+def zack_cal(swiftkv_gguf, tmp_path_factory):
+    from tests.refengine.kv.conftest import calibrate_into
+
+    return calibrate_into(swiftkv_gguf, tmp_path_factory.mktemp("q") / "zack")
+
+
+def engine(model, methods=None, **kw):
+    return LLMEngine(EngineConfig(model=str(model), load_format="gguf", dtype="float32", max_model_len=256,
+                                  num_kv_blocks=48, block_size=16, max_num_seqs=8, max_num_batched_tokens=256,
+                                  kv_methods=methods or {}, **kw))
+
+
+@pytest.fixture(scope="module")
+def plain(swiftkv_gguf):
+    eng = engine(swiftkv_gguf)
+    return eng, eng.generate(PROMPTS, GREEDY)
+
+
+def test_swiftkv_projections_quantized(plain):
+    eng, outs = plain
+    m = eng.runner.model
+    assert m.use_swiftkv and m.num_kv_layers == 15 and m.group_size == 2
+    assert isinstance(m.kv_proj_swiftkv, GGUFLinear) and m.kv_proj_swiftkv.formats == ["Q8_0"]
+    assert isinstance(m.layers[20].q_proj, GGUFLinear) and m.layers[20].q_proj.formats == ["Q8_0"]
+    assert m.layers[20].gate_up.formats == ["Q4_1"]                     # the file's own blocks
+    assert all(len(o) == GREEDY.max_tokens for o in outs)
+
+
+@pytest.mark.parametrize("method", sorted(registry.METHODS))
+def test_every_kv_method_composes(plain, swiftkv_gguf, zack_cal, method):
+    _, ref = plain
+    case = CASES[method]
+    # eviction's own "lossless" case evicts (its exactness is tested against restricted attention in
+    # tests/refengine/kv); here a budget above the prompts, which must change nothing
+    lossless = NO_EVICTION if method == "eviction" else case.lossless
+    opts = options(lossless if lossless is not None else case.lossy, zack_cal)
+    outs = engine(swiftkv_gguf, {method: opts}).generate(PROMPTS, GREEDY)
+    assert all(len(o) == GREEDY.max_tokens for o in outs)
+    if method == "zack":                  # V/O refolded (Q8_0 of the rotated weights): close, not equal
+        agree = sum(a == b for o, r in zip(outs, ref) for a, b in zip(o, r))
+        assert agree >= 0.5 * sum(len(r) for r in ref), (outs, ref)
+    elif lossless is not None:
+        assert outs == ref, method
+
+
+def test_fp8_kv_and_swiftkv_off(swiftkv_gguf):
+    assert all(len(o) == GREEDY.max_tokens for o in engine(swiftkv_gguf, kv_cache_dtype="fp8_e4m3").generate(PROMPTS, GREEDY))
+    off = engine(swiftkv_gguf, swiftkv=False)
+    assert not off.runner.model.use_swiftkv and isinstance(off.runner.model.layers[20].qkv_proj, GGUFLinear)
+    assert all(len(o) == GREEDY.max_tokens for o in off.generate(PROMPTS, GREEDY))

@@ -1,0 +1,86 @@
+"""The embedded model served from its own Q4_1 GGUF (``load_format="gguf"``), on the real SmolLM2:
+every linear layer runs on the file's blocks (the tied head on the embedding's Q8_0 bytes), the
+chat answers, the scores stay within int8-activation noise of the dequantized float32 model (the
+same weights), greedy tokens do not depend on the batch, the prefix cache or on a continuation
+being re-prefilled elsewhere (what a migration does), and structured outputs still validate."""
+
+import json
+import math
+
+import jsonschema
+import pytest
+
+from refengine.config import EngineConfig
+from refengine.engine import LLMEngine
+from refengine.quant import find_gguf
+from refengine.quant.qlinear import GGUFEmbedding, GGUFLinear
+from refengine.sampling_params import SamplingParams
+from refengine.structured.spec import StructuredSpec
+
+pytestmark = [pytest.mark.slow, pytest.mark.model]
+GREEDY = SamplingParams(max_tokens=24, temperature=0)
+
+
+@pytest.fixture(scope="module")
+def tok(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+@pytest.fixture(scope="module")
+def eng(smollm2_dir):
+    return LLMEngine(EngineConfig(model=str(smollm2_dir), load_format="gguf", dtype="float32", max_model_len=1024,
+                                  num_kv_blocks=256, max_num_seqs=8))
+
+
+def chat(tok, text):
+    return tok.encode(tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                              add_generation_prompt=True), add_special_tokens=False)
+
+
+def test_the_files_blocks_serve(eng, smollm2_dir):
+    assert find_gguf(smollm2_dir).name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    m = eng.runner.model
+    linears = [mod for layer in m.layers for mod in (layer.qkv_proj, layer.o_proj, layer.gate_up, layer.down)]
+    assert all(isinstance(x, GGUFLinear) and x.formats == ["Q4_1"] for x in linears)
+    assert isinstance(m.embed, GGUFEmbedding) and m.embed.weight.qtype == "Q8_0"
+    assert m.lm_head.runs[0].raw.data_ptr() == m.embed.weight.raw.data_ptr()     # one copy of the table
+    held = sum(b.numel() for b in m.buffers())
+    assert held < 100e6                                        # ~94 MB of blocks, not 538 MB of float32
+
+
+def test_chat_answers(eng, tok):
+    out = eng.generate([chat(tok, "What is the capital of France?")], GREEDY)[0]
+    assert "Paris" in tok.decode(out)
+
+
+def test_scores_within_activation_noise_of_the_dequantized_model(eng, smollm2_dir, tok):
+    text = open("/usr/share/common-licenses/Apache-2.0").read()[:2500]
+    ids = tok(text)["input_ids"][:320]
+    dense = LLMEngine(EngineConfig(model=str(smollm2_dir), dtype="float32", max_model_len=1024, num_kv_blocks=64))
+    ref = dense.score([(ids[:16], ids[16:])])[0]
+    got = eng.score([(ids[:16], ids[16:])])[0]
+    nll_ref = -sum(r[0] for r in ref) / len(ref)
+    nll_got = -sum(g[0] for g in got) / len(got)
+    assert abs(math.exp(nll_got) / math.exp(nll_ref) - 1) < 0.02, (math.exp(nll_ref), math.exp(nll_got))
+    assert sum(abs(r[0] - g[0]) for r, g in zip(ref, got)) / len(ref) < 0.05
+
+
+def test_greedy_does_not_depend_on_batch_cache_or_reprefill(eng, tok):
+    prompts = [chat(tok, "Write a short story about a robot."), chat(tok, "List three fruits."),
+               chat(tok, "Explain what a compiler does.")]
+    alone = [eng.generate([p], GREEDY)[0] for p in prompts]
+    assert eng.generate(prompts, GREEDY) == alone
+    assert eng.generate([prompts[0]], GREEDY)[0] == alone[0]            # its prompt blocks now come from the cache
+    for p, out in zip(prompts, alone):                                  # a continuation re-prefilled elsewhere
+        cont = eng.generate([p + out[:10]], SamplingParams(max_tokens=14, temperature=0))[0]
+        assert cont == out[10:24]
+
+
+def test_structured_output(eng, tok):
+    schema = {"type": "object", "required": ["city"], "additionalProperties": False,
+              "properties": {"city": {"type": "string", "maxLength": 20}}}
+    p = SamplingParams(max_tokens=40, temperature=0, structured=StructuredSpec("json", json.dumps(schema)))
+    out = eng.generate([chat(tok, "Which city is the capital of France? Answer as JSON.")], p)[0]
+    jsonschema.validate(json.loads(tok.decode(out, skip_special_tokens=True)), schema)
