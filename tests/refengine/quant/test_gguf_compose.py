@@ -14,6 +14,7 @@ from refengine.quant.qlinear import GGUFLinear
 from tests.refengine.kv.test_kv_methods_shared import CASES, GREEDY, NO_EVICTION, PROMPTS, options
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
+LOSSLESS_MEAN, LOSSLESS_MAX = 0.05, 0.5   # TBD
 
 
 @pytest.fixture(scope="module")
@@ -38,14 +39,20 @@ def engine(model, methods=None, **kw):
                                   kv_methods=methods or {}, **kw))
 
 
+def true_logprobs(eng, outs) -> list[float]:
+    """Teacher-forced log-probabilities of ``outs`` after ``PROMPTS``, through the KV cache."""
+    return [r[0] for rows in eng.score(list(zip(PROMPTS, outs))) for r in rows]
+
+
 @pytest.fixture(scope="module")
 def plain(swiftkv_gguf):
     eng = engine(swiftkv_gguf)
-    return eng, eng.generate(PROMPTS, GREEDY)
+    outs = eng.generate(PROMPTS, GREEDY)
+    return eng, outs, true_logprobs(eng, outs)
 
 
 def test_swiftkv_projections_quantized(plain):
-    eng, outs = plain
+    eng, outs, _ = plain
     m = eng.runner.model
     assert m.use_swiftkv and m.num_kv_layers == 15 and m.group_size == 2
     assert isinstance(m.kv_proj_swiftkv, GGUFLinear) and m.kv_proj_swiftkv.formats == ["Q8_0"]
@@ -56,19 +63,27 @@ def test_swiftkv_projections_quantized(plain):
 
 @pytest.mark.parametrize("method", sorted(registry.METHODS))
 def test_every_kv_method_composes(plain, swiftkv_gguf, zack_cal, method):
-    _, ref = plain
+    _, ref, ref_lp = plain
     case = CASES[method]
     # eviction's own "lossless" case evicts (its exactness is tested against restricted attention in
     # tests/refengine/kv); here a budget above the prompts, which must change nothing
     lossless = NO_EVICTION if method == "eviction" else case.lossless
     opts = options(lossless if lossless is not None else case.lossy, zack_cal)
-    outs = engine(swiftkv_gguf, {method: opts}).generate(PROMPTS, GREEDY)
+    eng = engine(swiftkv_gguf, {method: opts})
+    outs = eng.generate(PROMPTS, GREEDY)
     assert all(len(o) == GREEDY.max_tokens for o in outs)
     if method == "zack":                  # V/O refolded (Q8_0 of the rotated weights): close, not equal
         agree = sum(a == b for o, r in zip(outs, ref) for a, b in zip(o, r))
         assert agree >= 0.5 * sum(len(r) for r in ref), (outs, ref)
     elif lossless is not None:
-        assert outs == ref, method
+        # A lossless method's own attention path (host V, a 16-bit codec) sums in another order; in
+        # float that changes no greedy token (tests/refengine/kv), but activations quantized to int8
+        # per 32 values turn a last-bit difference into a whole rounding step now and then, which
+        # can flip a near tie. So: the plain model's tokens, teacher-forced through the method's
+        # cache, score as in the plain model within that noise (a method that loses entries or
+        # precision moves them by tenths of a nat and more).
+        diff = [abs(a - b) for a, b in zip(true_logprobs(eng, ref), ref_lp)]
+        assert sum(diff) / len(diff) < LOSSLESS_MEAN and max(diff) < LOSSLESS_MAX, (method, diff)
 
 
 def test_fp8_kv_and_swiftkv_off(swiftkv_gguf):
