@@ -14,7 +14,10 @@ from refengine.quant.qlinear import GGUFLinear
 from tests.refengine.kv.test_kv_methods_shared import CASES, GREEDY, NO_EVICTION, PROMPTS, options
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
-LOSSLESS_MEAN, LOSSLESS_MAX = 0.05, 0.5   # TBD
+# Teacher-forced |log p| differences from the plain quantized model, measured (Zen 3, AVX2): KCache
+# top_n 4096 mean 0.088 / max 0.25 (greedy tokens differ), ZipCache 16/16 bits 0.095 / 0.37 (the
+# same greedy tokens), eviction evicting nothing 0 / 0; KCache's lossy top_n 8: 0.85 / 2.9.
+LOSSLESS_MEAN, LOSSLESS_MAX = 0.2, 1.0
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +87,8 @@ def test_every_kv_method_composes(plain, swiftkv_gguf, zack_cal, method):
         # precision moves them by tenths of a nat and more).
         diff = [abs(a - b) for a, b in zip(true_logprobs(eng, ref), ref_lp)]
         assert sum(diff) / len(diff) < LOSSLESS_MEAN and max(diff) < LOSSLESS_MAX, (method, diff)
+        if method == "eviction":          # nothing evicted: the very same computation
+            assert outs == ref
 
 
 def test_fp8_kv_and_swiftkv_off(swiftkv_gguf):

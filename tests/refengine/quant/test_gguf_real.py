@@ -22,7 +22,11 @@ GREEDY = SamplingParams(max_tokens=24, temperature=0)
 # Measured (Zen 3, AVX2): the France answer's picks sit 0.082 nats below the dense model's best at
 # the first token ("L" against "The"), 0.0 (the dense model's own argmax) at every later one.
 GAP_BOUND = 0.25
-MEAN_DIFF_BOUND = 0.1      # TBD
+# Mean |log p| difference from the dequantized model on the licence text: measured 0.067 (perplexity
+# +0.5%). That is the scale of int8 activation rounding itself: a KV method that changes only the
+# last bits of attention (KCache's host V, ZipCache at 16 bits) moves this model's log-probs by
+# 0.088-0.095 on average (test_gguf_compose's measurement), re-drawing the roundings.
+MEAN_DIFF_BOUND = 0.1
 
 
 @pytest.fixture(scope="module")
