@@ -90,15 +90,36 @@ def test_scores_within_activation_noise_of_the_dequantized_model(eng, dense, tok
     assert sum(abs(r[0] - g[0]) for r, g in zip(ref, got)) / len(ref) < MEAN_DIFF_BOUND
 
 
-def test_greedy_does_not_depend_on_batch_cache_or_reprefill(eng, tok):
+def parting_gap(eng, prompt, ref, other) -> float:
+    """Where two greedy outputs of one quantized model first differ, how far apart (nats) the two
+    tokens are under the reference's context, scored by ``score`` (a third path: prefix prefilled,
+    the token decoded; so either may lead there); 0.0 when the outputs do not differ.
+
+    Activations are rounded to int8 per block of 32: a last-bit difference upstream (SDPA prefill
+    against the paged decode kernel, a row prefilled beside others) can move one rounding step, which
+    flips a near-tie. A broken path (a wrong row, a wrong block) picks tokens whole nats lower."""
+    k = next((i for i, (a, b) in enumerate(zip(ref, other)) if a != b), None)
+    if k is None:
+        return 0.0
+    (_, _, row), = eng.score([(prompt + ref[:k], [ref[k]])], want_dist=True)[0]
+    return float(row[ref[k]] - row[other[k]])
+
+
+def test_greedy_parts_only_at_near_ties_across_batch_cache_and_reprefill(eng, tok):
+    # The GEMM is row-invariant to the bit (test_gguf_kernels); the attention paths are not, and
+    # int8 activations turn their last bits into whole rounding steps now and then. Measured on these
+    # prompts (this AVX2 CPU): the batch parted from one prompt's alone output at a gap of 0.18 nats,
+    # two of three re-prefilled continuations at 0.43 and 0.24; cached prompt blocks changed nothing.
+    # A broken path parts at whole nats (lossy KCache in test_gguf_compose: up to 2.9).
     prompts = [chat(tok, "Write a short story about a robot."), chat(tok, "List three fruits."),
                chat(tok, "Explain what a compiler does.")]
     alone = [eng.generate([p], GREEDY)[0] for p in prompts]
-    assert eng.generate(prompts, GREEDY) == alone
+    gaps = [parting_gap(eng, p, a, b) for p, a, b in zip(prompts, alone, eng.generate(prompts, GREEDY))]
     assert eng.generate([prompts[0]], GREEDY)[0] == alone[0]            # its prompt blocks now come from the cache
     for p, out in zip(prompts, alone):                                  # a continuation re-prefilled elsewhere
         cont = eng.generate([p + out[:10]], SamplingParams(max_tokens=14, temperature=0))[0]
-        assert cont == out[10:24]
+        gaps.append(parting_gap(eng, p + out[:10], out[10:24], cont))
+    assert all(abs(g) < 0.75 for g in gaps), gaps
 
 
 def test_structured_output(eng, tok):
