@@ -55,6 +55,33 @@ inline v8 loadf8_n(const at::BFloat16* p, int n) {
 
 inline void store8_n(float* p, v8 x, int n) { _mm256_maskstore_ps(p, (__m256i)first(n), (__m256)x); }
 
+// Stores of 8 floats into float32 or bfloat16 rows (bf16 rounded to nearest even, as vec.h's storef).
+inline void storef8(float* p, v8 x) { store8(p, x); }
+
+typedef uint32_t u8x32 __attribute__((vector_size(32)));
+
+inline u8x32 bf16_bits8(v8 x) {                     // x rounded at bf16 precision: upper 16 bits
+  u8x32 b;
+  std::memcpy(&b, &x, sizeof(b));
+  return b + 0x7FFFu + ((b >> 16) & 1u);
+}
+
+inline void storef8(at::BFloat16* p, v8 x) {
+  typedef uint16_t u8 __attribute__((vector_size(16)));
+  const u8 h = __builtin_convertvector(bf16_bits8(x) >> 16, u8);
+  std::memcpy(p, &h, sizeof(h));
+}
+
+// What torch's op on element type T rounds an intermediate to (vec.h's as_elem at 8 lanes).
+inline v8 as_elem8(v8 x, const float*) { return x; }
+
+inline v8 as_elem8(v8 x, const at::BFloat16*) {
+  const u8x32 b = bf16_bits8(x) & 0xFFFF0000u;
+  v8 r;
+  std::memcpy(&r, &b, sizeof(r));
+  return r;
+}
+
 inline v8 vexp8(v8 x) { return swiftserve_vec::vexp_t<v8, i8>(x); }
 
 template <typename Op>
