@@ -24,6 +24,8 @@ import orjson
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
+from swiftcommon.gc_pause import gc_paused
+
 
 _timeout = getattr(asyncio, "timeout", None)
 
@@ -105,10 +107,12 @@ def json_text(value, sort_keys: bool = False) -> str:
 
 def parse_body(path: str, raw: bytes) -> dict:
     try:
-        body = orjson.loads(raw)
+        with gc_paused():                       # swiftcommon.gc_pause: collections would cost more than the parse
+            body = orjson.loads(raw)
     except orjson.JSONDecodeError:
         try:                                    # what orjson refuses but Python reads (NaN, deep nesting)
-            body = json.loads(raw, parse_int=_json_int)
+            with gc_paused():
+                body = json.loads(raw, parse_int=_json_int)
         except (ValueError, RecursionError):    # bad JSON, bad UTF-8, nesting too deep
             raise EdgeError(400, "bad_json", "We could not parse the JSON body of your request.") from None
     if not isinstance(body, dict):

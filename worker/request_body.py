@@ -5,7 +5,9 @@ FastAPI does, parses it with orjson (the json module where orjson refuses a docu
 nesting deeper than 1024, lone surrogate escapes, bad JSON; and where it has a run of 19 digits,
 which an integer beyond 64 bits needs: orjson reads such an integer as a float), so every body
 parses to what the json module would give, and bad JSON still gets FastAPI's own error,
-and leaves the result where FastAPI reads it (``Request._json``), so the body is parsed once.
+and leaves the result where FastAPI reads it (``Request._json``), so the body is parsed once; the
+parse runs with the cyclic garbage collector paused (``swiftcommon.gc_pause``: in the worker's
+large heap, collections triggered by a body of many objects cost several times the parse).
 
 Before FastAPI validates any item, ``check_counts`` refuses a list over its limit (``stop``
 over ``--max-stop-strings``, ``tools`` over ``--max-tools``) with the same 400 that the later
@@ -25,6 +27,7 @@ import orjson
 from fastapi import Request
 from fastapi.routing import APIRoute
 
+from swiftcommon.gc_pause import gc_paused
 from worker.limits import RequestLimits, check_count
 
 # (field, limit's attribute, what, flag): the lists counted before validation
@@ -77,7 +80,8 @@ class CountedRoute(APIRoute):
                 raw = await request.body()
                 if raw:
                     try:
-                        body = parse_json(raw)
+                        with gc_paused():
+                            body = parse_json(raw)
                     except (ValueError, RecursionError):
                         body = None             # FastAPI parses it again and answers with its own error
                     else:
