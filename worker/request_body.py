@@ -26,6 +26,7 @@ from typing import Any, Callable
 import orjson
 from fastapi import Request
 from fastapi.routing import APIRoute
+from starlette.requests import ClientDisconnect
 
 from swiftcommon.gc_pause import gc_paused
 from worker.limits import RequestLimits, check_count
@@ -77,7 +78,10 @@ class CountedRoute(APIRoute):
 
         async def counted(request: Request):
             if _json_content(request):
-                raw = await request.body()
+                try:
+                    raw = await request.body()
+                except ClientDisconnect:            # FastAPI's own answer, as without this route class
+                    return await handler(request)
                 if raw:
                     try:
                         with gc_paused():

@@ -3,6 +3,7 @@ refuses) and over-count lists refused before FastAPI validates their items, on t
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -78,3 +79,22 @@ def test_check_counts_leaves_other_shapes_to_validation():
     limits = RequestLimits(max_stop_strings=1, max_tools=1)
     for body in ([1, 2], "x", {"stop": "ab"}, {"tools": {"a": 1, "b": 2}}, {"stop": ["a"], "tools": [{}]}):
         check_counts(body, limits)
+
+
+def test_a_client_gone_while_sending_gets_fastapis_answer(make_app):
+    app, _ = make_app()
+    sent = []
+    messages = iter([{"type": "http.request", "body": b'{"model": "fake-', "more_body": True},
+                     {"type": "http.disconnect"}])
+
+    async def receive():
+        return next(messages)
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "raw_path": b"/v1/completions",
+             "query_string": b"", "headers": [(b"content-type", b"application/json")], "app": app,
+             "http_version": "1.1", "scheme": "http", "server": ("x", 80), "client": ("y", 1), "root_path": ""}
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == 400
