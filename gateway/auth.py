@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import math
 import time
 from pathlib import Path
 
 from gateway.admission import Rejected
+from gateway.edge import json_text
 from swiftcommon.token_limits import DEFAULT_COMPLETION_TOKENS, endpoint_of, requested_limit
 
 
@@ -150,7 +150,7 @@ def _json_chars(value) -> int:
     if not value:
         return 0
     try:
-        return len(json.dumps(value, default=str))
+        return len(json_text(value))
     except (TypeError, ValueError, RecursionError):
         return 0
 

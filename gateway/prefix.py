@@ -26,10 +26,11 @@ Contract:
 
 from __future__ import annotations
 
-import json
 import zlib
 from array import array
 from collections import OrderedDict
+
+from gateway.edge import json_text
 
 
 def _content_text(content) -> str:
@@ -43,9 +44,9 @@ def _content_text(content) -> str:
             if isinstance(part, dict) and isinstance(part.get("text"), str):
                 out.append(part["text"])
             else:
-                out.append(json.dumps(part, sort_keys=True, default=str))
+                out.append(json_text(part, sort_keys=True))
         return "".join(out)
-    return json.dumps(content, sort_keys=True, default=str)
+    return json_text(content, sort_keys=True)
 
 
 def _response_item(item):
@@ -68,13 +69,13 @@ def render_prompt(path: str, body: dict) -> str:
     if path.endswith("/chat/completions") or (path == "/tokenize" and "messages" in body):
         parts = []
         if body.get("tools"):
-            parts.append("<tools>" + json.dumps(body["tools"], sort_keys=True, default=str) + "\n")
+            parts.append("<tools>" + json_text(body["tools"], sort_keys=True) + "\n")
         for m in body.get("messages") or ():
             if not isinstance(m, dict):
                 continue
             parts.append(f"<{m.get('role', '')}>{_content_text(m.get('content'))}")
             if m.get("tool_calls"):
-                parts.append(json.dumps(m["tool_calls"], sort_keys=True, default=str))
+                parts.append(json_text(m["tool_calls"], sort_keys=True))
             parts.append("\n")
         return "".join(parts)
     prompt = body.get("prompt")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -35,6 +35,7 @@ from worker.serving import ServingState
 from worker.serving_chat import create_chat_completion
 from worker.serving_completions import create_completion
 from worker.protocol_responses import ResponsesRequest
+from worker.request_body import CountedRoute
 from worker.serving_responses import create_response
 from worker.serving_tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 
@@ -73,19 +74,23 @@ def _lifespan(engine: EngineClient, state: ServingState):
 
 
 def _add_generation_routes(app: FastAPI) -> None:
-    """The OpenAI routes and vLLM's /tokenize and /detokenize; each reads ``app.state.serving``."""
+    """The OpenAI routes and vLLM's /tokenize and /detokenize; each reads ``app.state.serving``. The OpenAI
+    routes' bodies are parsed once and counted before validation (``worker.request_body``)."""
+    router = APIRouter(route_class=CountedRoute)
 
-    @app.post("/v1/completions", response_model=CompletionResponse)
+    @router.post("/v1/completions", response_model=CompletionResponse)
     async def completions(request: CompletionRequest, raw_request: Request):
         return await create_completion(raw_request.app.state.serving, request, raw_request)
 
-    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse)
+    @router.post("/v1/chat/completions", response_model=ChatCompletionResponse)
     async def chat_completions(request: ChatCompletionRequest, raw_request: Request):
         return await create_chat_completion(raw_request.app.state.serving, request, raw_request)
 
-    @app.post("/v1/responses")
+    @router.post("/v1/responses")
     async def responses(request: ResponsesRequest, raw_request: Request):
         return await create_response(raw_request.app.state.serving, request, raw_request)
+
+    app.include_router(router)
 
     @app.post("/tokenize")
     async def tokenize_route(request: TokenizeRequest, raw_request: Request):

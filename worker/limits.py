@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from starlette.exceptions import HTTPException
 
 from swiftcommon import envs
-from worker.errors import APIError, error_response
+from worker.errors import APIError, bad_request, error_response
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,12 @@ _FLAGS = (  # flag, field, help
      "seconds a constraint may take to compile against the tokenizer (in a child process, with its first token "
      "mask); longer: 400"),
 )
+
+
+def check_count(n: int, limit: int, what: str, flag: str, param: str) -> None:
+    """400 for ``n`` items of a list (``what``: "stop strings", "tools") over ``limit`` (``flag``)."""
+    if n > limit:
+        raise bad_request(f"{n} {what}; this server takes at most {limit} ({flag}).", param)
 
 
 def add_limit_flags(parser: argparse.ArgumentParser) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, ClassVar, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from refengine.sampling_params import SamplingParams
@@ -30,7 +31,7 @@ from swiftcommon.token_limits import DEFAULT_COMPLETION_TOKENS, requested_limit
 from worker.errors import bad_request
 from worker.request_fields import pop_unimplemented
 from worker.continuation import check_continuation
-from worker.limits import RequestLimits
+from worker.limits import RequestLimits, check_count
 from worker.structured import request_constraint, structured_spec
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -39,7 +40,14 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 def _check_text(value: Any, where: str = "body") -> None:
     """JSON may escape lone UTF-16 surrogates ("\\ud800"); they are not text and would fail in
     the tokenizer and the chat template, so they are refused here, naming where. One C-speed
-    encode of the whole body first: only a body that has one is walked (to name the place)."""
+    encode of the whole body first (orjson's, which refuses any such string; where it refuses
+    something else, such as an integer beyond 64 bits, the json module's): only a body that has
+    one is walked (to name the place)."""
+    try:
+        orjson.dumps(value, default=str)
+        return
+    except TypeError:
+        pass
     try:
         json.dumps(value, ensure_ascii=False, allow_nan=True, default=str).encode("utf-8")
         return
@@ -243,9 +251,7 @@ def validate_request(req: AnyRequest, max_logprobs: int = 20, limits: RequestLim
             raise bad_request("min_tokens cannot be combined with structured outputs: the constraint decides "
                               "where the output ends.", "min_tokens")
     stops = req.stop_list()
-    if len(stops) > limits.max_stop_strings:
-        raise bad_request(f"{len(stops)} stop strings; this server takes at most {limits.max_stop_strings} "
-                          "(--max-stop-strings).", "stop")
+    check_count(len(stops), limits.max_stop_strings, "stop strings", "--max-stop-strings", "stop")
     if any(s == "" for s in stops):
         raise bad_request("stop strings must not be empty.", "stop")
     if req.stop_token_ids and any(t < 0 for t in req.stop_token_ids):

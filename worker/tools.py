@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from refengine.structured.spec import StructuredSpec
 from worker.errors import bad_request
-from worker.limits import RequestLimits
+from worker.limits import RequestLimits, check_count
 from worker.structured import check_size
 from worker.tool_parsers import Call, ToolFormat, for_template
 
@@ -53,9 +53,7 @@ class ToolPlan:
 
 def _check_tools(tools: list, limits: RequestLimits) -> tuple[list[dict], list[tuple[str, StructuredSpec]]]:
     """The tools with their parameters filled in, and each one's (field, schema spec)."""
-    if len(tools) > limits.max_tools:
-        raise bad_request(f"{len(tools)} tools; this server takes at most {limits.max_tools} (--max-tools).",
-                          "tools")
+    check_count(len(tools), limits.max_tools, "tools", "--max-tools", "tools")
     out, checks, total = [], [], 0
     for i, t in enumerate(tools):
         where = f"tools.{i}"

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from gateway.auth import estimate_tokens, requested_tokens
-from gateway.edge import EdgeError, parse_body
+from gateway.edge import EdgeError, json_text, parse_body
 from gateway.prefix import render_prompt
 from gateway.streaming import StreamStats, stream_ended
 
@@ -73,6 +73,10 @@ def test_responses_prefix_rendering_and_token_estimate():
     assert requested_tokens(doc) == 10 and estimate_tokens(doc) == len("What is 2+2?") / 4 + 10
 
 
+def compact(value) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
 def test_tools_and_structured_fields_count_and_hash():
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}}}}]
@@ -82,7 +86,7 @@ def test_tools_and_structured_fields_count_and_hash():
     plain = {"messages": msgs[:1], "max_tokens": 10}
     full = {"messages": msgs, "tools": tools, "tool_choice": "required", "max_tokens": 10,
             "response_format": {"type": "json_object"}, "structured_outputs": {"choice": ["a"]}}
-    assert estimate_tokens(full) > estimate_tokens(plain) + (len(json.dumps(tools)) + len(json.dumps(call))) / 4 - 1
+    assert estimate_tokens(full) > estimate_tokens(plain) + (len(compact(tools)) + len(compact(call))) / 4 - 1
     text = render_prompt("/v1/chat/completions", full)
     assert "get_weather" in text and "Paris" in text and "18C" in text
     other = dict(full, tools=[{"type": "function", "function": {"name": "get_time"}}])
@@ -96,8 +100,16 @@ def test_responses_tools_and_call_items_count_and_hash():
              {"type": "function_call_output", "call_id": "c1", "output": "18C"}]
     doc = {"model": "m", "input": items, "tools": [tool], "max_output_tokens": 10}
     bare = {"model": "m", "input": items[:1], "max_output_tokens": 10}
-    assert estimate_tokens(doc) >= estimate_tokens(bare) + (len(json.dumps([tool])) + len(items[1]["arguments"])
+    assert estimate_tokens(doc) >= estimate_tokens(bare) + (len(compact([tool])) + len(items[1]["arguments"])
                                                            + len("18C")) / 4 - 1
     text = render_prompt("/v1/responses", doc)
     assert "get_weather" in text and "Paris" in text and "18C" in text
     assert estimate_tokens({"model": "m", "input": "hi", "tools": [tool]}) > estimate_tokens({"model": "m", "input": "hi"})
+
+
+def test_json_text_is_compact_json_also_where_orjson_refuses():
+    for value in ([{"b": 1, "a": [1.5, None, "é"]}], {"big": 2**70}, ["\ud800"], [{"z": 1, "a": 2}]):
+        text = json_text(value, sort_keys=True)
+        assert json.loads(text) == json.loads(json.dumps(value, sort_keys=True))
+        assert text == json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert json_text({"z": 1, "a": 2}) == '{"z":1,"a":2}'

