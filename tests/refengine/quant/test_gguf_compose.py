@@ -1,8 +1,10 @@
 """A quantized SwiftKV model: the SmolLM2 AcrossKV (l=15, g=2) checkpoint served from the base's
 Q4_1 GGUF (``load_format="gguf"``), its SwiftKV projections (absent from the file) quantized to
 Q8_0 at load, the fused K/V projection included. With every registered KV method: it serves, and a
-method's lossless setting (eviction: a budget that evicts nothing) gives the same greedy tokens as the quantized model alone (ZACK folds
-its rotation into V and O, so those weights change: it must serve and mostly agree). SwiftKV off
+method's lossless setting (eviction: a budget that evicts nothing) scores the quantized model's own
+greedy tokens as the quantized model alone does, within int8-activation noise (ZACK at full rank
+folds its rotation into V and O, quantized again: the same bound); eviction evicting nothing gives
+the very same tokens. SwiftKV off
 (``swiftkv=False``) serves the same file as the plain model."""
 
 import pytest
@@ -17,6 +19,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.model]
 # Teacher-forced |log p| differences from the plain quantized model, measured (Zen 3, AVX2): KCache
 # top_n 4096 mean 0.088 / max 0.25 (greedy tokens differ), ZipCache 16/16 bits 0.095 / 0.37 (the
 # same greedy tokens), eviction evicting nothing 0 / 0; KCache's lossy top_n 8: 0.85 / 2.9.
+# ZACK at full rank (its rotation folded into V and O, which are then quantized to Q8_0 again):
+# 0.147 / 0.445; at its lossy rate 0.5: 3.88 / 15.1. The same bounds hold for it.
 LOSSLESS_MEAN, LOSSLESS_MAX = 0.2, 1.0
 
 
@@ -75,10 +79,7 @@ def test_every_kv_method_composes(plain, swiftkv_gguf, zack_cal, method):
     eng = engine(swiftkv_gguf, {method: opts})
     outs = eng.generate(PROMPTS, GREEDY)
     assert all(len(o) == GREEDY.max_tokens for o in outs)
-    if method == "zack":                  # V/O refolded (Q8_0 of the rotated weights): close, not equal
-        agree = sum(a == b for o, r in zip(outs, ref) for a, b in zip(o, r))
-        assert agree >= 0.5 * sum(len(r) for r in ref), (outs, ref)
-    elif lossless is not None:
+    if lossless is not None:
         # A lossless method's own attention path (host V, a 16-bit codec) sums in another order; in
         # float that changes no greedy token (tests/refengine/kv), but activations quantized to int8
         # per 32 values turn a last-bit difference into a whole rounding step now and then, which
