@@ -46,8 +46,8 @@ def named(name: str):
     profiles), else a no-op: entering a record_function costs ~4 us even with no profiler."""
     return torch.profiler.record_function(name) if torch.autograd.profiler._is_profiler_enabled else _NO_NAME
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = [CSRC / f for f in ("paged_decode.cpp", "paged_prefill.cpp", "paged_prefill_bf16.cpp", "fused_ops.cpp",
-                               "quant_gguf.cpp", "bindings.cpp")]
+SOURCES = [CSRC / f for f in ("paged_decode.cpp", "paged_decode_avx2.cpp", "paged_prefill.cpp", "paged_prefill_bf16.cpp",
+                               "fused_ops.cpp", "quant_gguf.cpp", "bindings.cpp")]
 
 
 def _build_tag() -> str:

@@ -18,10 +18,17 @@
 // ATen's parallel_for (OpenMP). bf16 queries over bf16 pools with d a multiple
 // of 32 take decode_vec's dot-product path (q K^T by vdpbf16ps, where the CPU has it); any other
 // bf16 query is widened to float32 first, which is exact.
+//
+// Builds with AVX2 + FMA and no AVX-512 (SWIFTSERVE_AVX2_PATHS, vec8.h) take a third path at every
+// width instead: decode_avx2 (paged_decode_avx2.cpp), decode_vec's in-place reads on 8-float
+// vectors. decode_vec's 16 accumulators of 16 floats are 32 AVX2 registers (it spilled on every
+// key) and decode_tiles repacks every tile; on a 2-core Zen 3 decode_avx2 took 0.18-0.34x
+// decode_vec's time (SmolLM2's shape, 1 thread; results/perf/README.md).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include "vec.h"
+#include "vec8.h"
 
 // paged_prefill.cpp's vectorised kernels: decode_vec (K and V read in place), decode_tiles (K and V
 // packed per 64-key tile; any d and dv on any build).
@@ -34,6 +41,12 @@ template <typename T>
 void decode_tiles(const float* q, const T* k, const T* v, const int64_t* table, const int64_t* lens,
                   const int64_t* starts, float* out, int64_t B, int64_t kvh, int64_t g, int64_t d, int64_t dv,
                   int64_t bs, int64_t max_blocks, float scale);
+#ifdef SWIFTSERVE_AVX2_PATHS
+template <typename T>
+void decode_avx2(const float* q, const T* k, const T* v, const int64_t* table, const int64_t* lens,
+                 const int64_t* starts, float* out, int64_t B, int64_t kvh, int64_t g, int64_t d, int64_t dv,
+                 int64_t bs, int64_t max_blocks, float scale);
+#endif
 
 namespace {
 
@@ -45,6 +58,11 @@ void run(const torch::Tensor& q, const uint16_t* qb, const torch::Tensor& k, con
          const torch::Tensor& table, const torch::Tensor& lens, const int64_t* starts, torch::Tensor& out, float scale) {
   const int64_t B = out.size(0), kvh = out.size(1), g = out.size(2), d = k.size(3), dv = v.size(3);
   const float* qf = qb ? nullptr : q.data_ptr<float>();
+#ifdef SWIFTSERVE_AVX2_PATHS
+  decode_avx2<T>(qf, k.data_ptr<T>(), v.data_ptr<T>(), table.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), starts,
+                 out.data_ptr<float>(), B, kvh, g, d, dv, k.size(1), table.size(1), scale);
+  return;
+#endif
   if ((dv % 16 == 0 && d % 16 == 0) || swiftserve_vec::kMaskedTails)
     decode_vec<T>(qf, k.data_ptr<T>(), v.data_ptr<T>(), table.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), starts,
                   out.data_ptr<float>(), B, kvh, g, d, dv, k.size(1), table.size(1), scale, qb);

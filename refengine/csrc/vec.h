@@ -27,31 +27,36 @@ inline v16 load(const float* p) {
 
 inline void store(float* p, v16 x) { std::memcpy(p, &x, sizeof(x)); }
 
-// exp(x) for x <= 0 (scores minus their row max); -inf and anything below -87 give 0.
-inline v16 vexp(v16 x) {
-  const v16 lo = splat(-87.0f);
-  const i16 dead = x < lo;
+// exp(x) for x <= 0 (scores minus their row max); -inf and anything below -87 give 0. Any width:
+// V a float vector, I the int32 vector of as many lanes (v16 / i16 here, vec8.h's 8-float one).
+template <typename V, typename I>
+inline V vexp_t(V x) {
+  const auto sp = [](float c) { return c - V{}; };
+  const V lo = sp(-87.0f);
+  const I dead = x < lo;
   x = x < lo ? lo : x;
-  const v16 t = x * splat(1.44269504088896341f);
-  const v16 magic = splat(12582912.0f);                    // 1.5 * 2^23: round to nearest
-  const v16 n = (t + magic) - magic;
-  v16 r = x - n * splat(0.693359375f);                     // Cody-Waite: ln2 = hi + lo
-  r = r - n * splat(-2.12194440e-4f);
-  v16 p = splat(1.9875691500e-4f);
-  p = p * r + splat(1.3981999507e-3f);
-  p = p * r + splat(8.3334519073e-3f);
-  p = p * r + splat(4.1665795894e-2f);
-  p = p * r + splat(1.6666665459e-1f);
-  p = p * r + splat(5.0000001201e-1f);
-  p = p * r * r + r + splat(1.0f);
-  const i16 e = (__builtin_convertvector(n, i16) + 127) << 23;
-  i16 bits;
+  const V t = x * sp(1.44269504088896341f);
+  const V magic = sp(12582912.0f);                         // 1.5 * 2^23: round to nearest
+  const V n = (t + magic) - magic;
+  V r = x - n * sp(0.693359375f);                          // Cody-Waite: ln2 = hi + lo
+  r = r - n * sp(-2.12194440e-4f);
+  V p = sp(1.9875691500e-4f);
+  p = p * r + sp(1.3981999507e-3f);
+  p = p * r + sp(8.3334519073e-3f);
+  p = p * r + sp(4.1665795894e-2f);
+  p = p * r + sp(1.6666665459e-1f);
+  p = p * r + sp(5.0000001201e-1f);
+  p = p * r * r + r + sp(1.0f);
+  const I e = (__builtin_convertvector(n, I) + 127) << 23;
+  I bits;
   std::memcpy(&bits, &p, sizeof(bits));
   bits = bits + e - (127 << 23);
-  v16 out;
+  V out;
   std::memcpy(&out, &bits, sizeof(out));
-  return dead ? splat(0.0f) : out;
+  return dead ? sp(0.0f) : out;
 }
+
+inline v16 vexp(v16 x) { return vexp_t<v16, i16>(x); }
 
 // Horizontal max / sum: halve the vector four times (log-depth shuffles, no scalar loop).
 template <typename Op>
