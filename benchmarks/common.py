@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 
-def command_line(argv: list[str] | None) -> str:
+def command_line(argv: list[str] | None = None) -> str:
     """``python <script> <args>`` as run (``argv``: the arguments main() was given, None = sys.argv)."""
     return "python " + shlex.join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from gateway.admission import Rejected
-from gateway.edge import json_text
+from swiftcommon.json_body import json_text
 from swiftcommon.token_limits import DEFAULT_COMPLETION_TOKENS, endpoint_of, requested_limit
 
 

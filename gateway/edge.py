@@ -17,14 +17,11 @@ input its path needs (``messages``, ``prompt``, ``input`` for /v1/responses, ``p
 from __future__ import annotations
 
 import asyncio
-import json
-
-import orjson
 
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
-from swiftcommon.gc_pause import gc_paused
+from swiftcommon.json_body import parse_json
 
 
 _timeout = getattr(asyncio, "timeout", None)
@@ -88,33 +85,11 @@ async def _disconnected(receive) -> None:
         pass
 
 
-def _json_int(text: str) -> int | float:
-    """An integer as orjson reads one: beyond 64 bits, a float (orjson cannot write a larger int again,
-    and the body is written again when it is forwarded)."""
-    v = int(text)
-    return v if -(1 << 63) <= v < (1 << 64) else float(text)
-
-
-def json_text(value, sort_keys: bool = False) -> str:
-    """``value`` as compact JSON text, for estimates and hashes of a body's parts (tools, tool calls): orjson's
-    (a tenth of the json module's time: 4 ms for 40,000 tools), the json module's where orjson refuses
-    (an integer beyond 64 bits, a lone surrogate). Raises ValueError / RecursionError as json.dumps does."""
-    try:
-        return orjson.dumps(value, default=str, option=orjson.OPT_SORT_KEYS if sort_keys else 0).decode()
-    except TypeError:
-        return json.dumps(value, default=str, sort_keys=sort_keys, separators=(",", ":"), ensure_ascii=False)
-
-
 def parse_body(path: str, raw: bytes) -> dict:
-    try:
-        with gc_paused():                       # swiftcommon.gc_pause: collections would cost more than the parse
-            body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        try:                                    # what orjson refuses but Python reads (NaN, deep nesting)
-            with gc_paused():
-                body = json.loads(raw, parse_int=_json_int)
-        except (ValueError, RecursionError):    # bad JSON, bad UTF-8, nesting too deep
-            raise EdgeError(400, "bad_json", "We could not parse the JSON body of your request.") from None
+    try:                                        # big ints as floats: the body is written again with orjson
+        body = parse_json(raw, big_ints="float")
+    except (ValueError, RecursionError):        # bad JSON, bad UTF-8, nesting too deep
+        raise EdgeError(400, "bad_json", "We could not parse the JSON body of your request.") from None
     if not isinstance(body, dict):
         raise EdgeError(400, "bad_json", "The request body must be a JSON object.")
     tokenizer_path = path in ("/tokenize", "/detokenize")

@@ -30,7 +30,7 @@ import zlib
 from array import array
 from collections import OrderedDict
 
-from gateway.edge import json_text
+from swiftcommon.json_body import json_text
 
 
 def _content_text(content) -> str:

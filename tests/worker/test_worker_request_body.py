@@ -1,15 +1,14 @@
-"""``worker.request_body``: bodies parsed once (orjson, the json module's result where orjson
-refuses) and over-count lists refused before FastAPI validates their items, on the fake engine."""
+"""``worker.request_body``: bodies parsed once (``swiftcommon.json_body``, tested in tests/swiftcommon)
+and over-count lists refused before FastAPI validates their items, on the fake engine."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 
 from worker.limits import RequestLimits
-from worker.request_body import check_counts, parse_json
+from worker.request_body import check_counts
 
 MODEL = "fake-model"
 MSG = [{"role": "user", "content": "hi"}]
@@ -26,22 +25,6 @@ def err(r, status: int, param):
     e = r.json()["error"]
     assert e["param"] == param, e
     return e
-
-
-@pytest.mark.parametrize("doc", ['{"a": NaN}', '{"a": 123456789012345678901234567890}', '{"a": "\\ud800"}',
-                                 '[18446744073709551616, -9223372036854775809, 18446744073709551615]', '[1e400]',
-                                 "[" * 900 + "]" * 900, '{"a": 1.5e300, "b": [true, null, "x"]}'])
-def test_parse_json_gives_what_the_json_module_gives(doc):
-    got, want = parse_json(doc.encode()), json.loads(doc)
-    assert json.dumps(got, allow_nan=True) == json.dumps(want, allow_nan=True)
-
-
-def test_parse_json_refuses_what_the_json_module_refuses():
-    for bad in (b"{", b'{"a": 1', b"\xff\xfe"):
-        with pytest.raises(ValueError):
-            parse_json(bad)
-    with pytest.raises(RecursionError):             # deeper than either parser goes
-        parse_json(b"[" * 5000 + b"]" * 5000)
 
 
 def test_counts_are_checked_before_any_item_is_validated(limited):
