@@ -94,6 +94,12 @@ TIER_fast  := not model and not e2e
 TIER_model := model and not e2e
 TIER_e2e   := e2e
 PYTEST = $(BIN)/python -m pytest --durations=30 $(1) $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+# `make test` (and the model / e2e tiers): whole modules on TEST_JOBS pytest-xdist processes, so one
+# test's process starts, imports, compiles and HTTP waits overlap another's compute (2 on this 2-core
+# machine: results/ci/README.md); TEST_JOBS=0 runs in one process. The fast tier is compute-bound
+# and runs in one process.
+TEST_JOBS ?= 2
+XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder)
 
 # What the model and e2e tiers need before pytest: the model prepared, the CPU kernels built.
 test-setup: install $(if $(filter 1,$(WITH_VLLM)),vllm-env)
@@ -101,13 +107,13 @@ test-setup: install $(if $(filter 1,$(WITH_VLLM)),vllm-env)
 	$(BIN)/python -m refengine.paged_kernel
 
 test: test-setup
-	$(call PYTEST,)
+	$(call PYTEST,$(XDIST))
 
 test-fast: install
 	$(call PYTEST,-m "$(TIER_fast)")
 
 test-model test-e2e: test-%: test-setup
-	$(call PYTEST,-m "$(TIER_$*)")
+	$(call PYTEST,$(XDIST) -m "$(TIER_$*)")
 
 # The offline, air-gapped GPU validation bundle: gpubundle/ (README, "GPU validation bundle"; a
 # maintainer's tool, not in the wheel). Here: `make gpu-park` moves the checkpoint tensors out of the
