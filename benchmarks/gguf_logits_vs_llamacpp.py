@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import command_line, write_json  # noqa: E402
 
 PROGRAM = r"""
-// argv: model.gguf in.bin out.bin threads. in.bin: int32 mode, n_seq, then per sequence int32 n, n ids
+// argv: model.gguf in.bin out.bin threads kv (kv: 0 llama.cpp's default f16 cache, 1 float32). in.bin: int32 mode, n_seq, then per sequence int32 n, n ids
 // (mode 0: all-position logits out, float32 [n, V] per sequence; mode 1: int32 gen, greedy ids out).
 #include "llama.h"
 #include <cstdio>
@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = n + gen + 8; cp.n_batch = cp.n_ubatch = n + 8;
     cp.n_threads = cp.n_threads_batch = atoi(argv[4]);
+    if (atoi(argv[5]) == 1) { cp.type_k = GGML_TYPE_F32; cp.type_v = GGML_TYPE_F32; }
     llama_context* ctx = llama_init_from_model(model, cp);
     llama_batch b = llama_batch_init(n, 0, 1);
     for (int32_t i = 0; i < n; ++i) {
@@ -102,13 +103,13 @@ def build(llamacpp: Path, work: Path) -> Path:
 
 
 def run_llamacpp(exe: Path, gguf: Path, work: Path, mode: int, seqs: list[list[int]], gen: int,
-                 threads: int) -> bytes:
+                 threads: int, kv: str) -> bytes:
     inp, out = work / f"in{mode}.bin", work / f"out{mode}.bin"
     data = struct.pack("<3i", mode, len(seqs), gen)
     for s in seqs:
         data += struct.pack(f"<{len(s) + 1}i", len(s), *s)
     inp.write_bytes(data)
-    subprocess.run([str(exe), str(gguf), str(inp), str(out), str(threads)], check=True,
+    subprocess.run([str(exe), str(gguf), str(inp), str(out), str(threads), "1" if kv == "f32" else "0"], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return out.read_bytes()
 
@@ -122,6 +123,8 @@ def main() -> None:
     ap.add_argument("--prefix", type=int, default=8, help="positions not compared at the start of each")
     ap.add_argument("--gen", type=int, default=32, help="greedy tokens per chat prompt")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--llamacpp-kv", choices=["f16", "f32"], default="f16",
+                    help="llama.cpp's KV cache type (f16: its default; f32: as ours, float32)")
     ap.add_argument("--no-summary", action="store_true", help="print only, merge nothing")
     args = ap.parse_args()
 
@@ -160,13 +163,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         exe = build(args.llamacpp, work)
-        raw = run_llamacpp(exe, gguf, work, 0, seqs, 0, args.threads)
-        theirs_gen_raw = run_llamacpp(exe, gguf, work, 1, chats, args.gen, args.threads)
+        raw = run_llamacpp(exe, gguf, work, 0, seqs, 0, args.threads, args.llamacpp_kv)
+        theirs_gen_raw = run_llamacpp(exe, gguf, work, 1, chats, args.gen, args.threads, args.llamacpp_kv)
     V = len(raw) // 4 // (args.len * args.prompts)
     theirs = torch.frombuffer(bytearray(raw), dtype=torch.float32).reshape(args.prompts, args.len, V)
     theirs_gen = torch.frombuffer(bytearray(theirs_gen_raw), dtype=torch.int32).reshape(args.prompts, args.gen).tolist()
 
-    max_diff, agree, total, ours_vs_dense, theirs_vs_dense = 0.0, 0, 0, 0.0, 0.0
+    max_diff, agree, total, ours_vs_dense, theirs_vs_dense, ours_vs_theirs = 0.0, 0, 0, 0.0, 0.0, 0.0
     for s, rows in enumerate(ours_rows):
         ref = torch.log_softmax(theirs[s, args.prefix - 1:args.len - 1].double(), dim=-1)   # predicts s[prefix:]
         got = torch.stack([r[2] for r in rows]).double()[:, :V]
@@ -174,14 +177,16 @@ def main() -> None:
         dense = torch.tensor([r[0] for r in dense_rows[s]], dtype=torch.float64)
         ours_vs_dense += float((got.gather(1, true).squeeze(1) - dense).abs().sum())
         theirs_vs_dense += float((ref.gather(1, true).squeeze(1) - dense).abs().sum())
+        ours_vs_theirs += float((got.gather(1, true) - ref.gather(1, true)).abs().sum())
         max_diff = max(max_diff, (got - ref).abs().max().item())
         agree += int((got.argmax(-1) == ref.argmax(-1)).sum())
         total += ref.shape[0]
     same_gen = [a == b for a, b in zip(ours_gen, theirs_gen)]
     parity = all(same_gen) and agree == total
-    res = {"command": command_line(), "gguf": gguf.name, "sequences": args.prompts, "tokens_per_sequence": args.len,
+    res = {"command": command_line(), "gguf": gguf.name, "llamacpp_kv_cache": args.llamacpp_kv, "sequences": args.prompts, "tokens_per_sequence": args.len,
            "compared_positions": total, "argmax_agreement": agree / total,
            "logprob_max_abs_diff": max_diff,
+           "true_logprob_mean_abs_diff": ours_vs_theirs / total,
            # mean |log p(true token)| difference from the dequantized float32 model (the same weights)
            "ours_true_logprob_mean_abs_diff_vs_dense": ours_vs_dense / total,
            "llamacpp_true_logprob_mean_abs_diff_vs_dense": theirs_vs_dense / total, "greedy_prompts": args.prompts, "greedy_tokens": args.gen,

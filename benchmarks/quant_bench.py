@@ -4,6 +4,7 @@ W8A8 against our bf16 on batched prefill.
     python benchmarks/quant_bench.py prepare          # files, once (~10 min): see below
     python benchmarks/quant_bench.py tpot             # single stream: ours Q4_K_M vs llama.cpp Q4_K_M
     python benchmarks/quant_bench.py prefill          # 1024/32 x N at once: ours W8A8 vs ours bf16 (and float32)
+    python benchmarks/quant_bench.py smol             # single stream on SmolLM2: ours vs llama.cpp, bf16 and Q4_1
 
 ``prepare`` writes, under ``--work`` (default ``<cache>/models/llama-1b-quant``): random bf16 weights of
 benchmarks/model_shapes.py's LLAMA_1B (refengine's dummy weights, seed 0, N(0, 0.02^2)) as an HF
@@ -23,6 +24,15 @@ median TPOT (and TTFT) per server; ratio ours / llama.cpp -> ``q4_single_stream_
 ``prefill``: ours with the W8A8 checkpoint against ours with ``hf/`` in bfloat16 (and in float32, this
 CPU's default where bf16 is emulated), ``--prefill-prompts`` prompts of 1024 tokens, 32 out, all at
 once; total tokens/s; ratio W8A8 / bf16 -> ``int8_prefill_ratio_vs_bf16`` (W8A8 / float32 beside it).
+
+``smol`` (issue 46's single-stream figures): the embedded SmolLM2, ``--smol-prompts`` (8) prompts of 256
+tokens, 128 out, one at a time, ``--repeats`` rounds; five servers: ours in bf16, ours as users run it
+by default (``--dtype auto``: float32 on a CPU without native bf16 arithmetic, where one decode step
+reads twice the bytes; recorded, not in a key) and ours served from the model's own Q4_1 GGUF
+(``--load-format gguf``), llama.cpp on a bf16 GGUF of the same weights (its ``convert_hf_to_gguf.py
+--outtype bf16`` of the prepared model, made once under ``--work``) and on the Q4_1 GGUF itself.
+Ratios ours / llama.cpp -> ``single_stream_tpot_ms_ratio_vs_llamacpp`` (ours bf16 against its bf16 GGUF) and ``single_stream_tpot_ms_ratio_vs_llamacpp_q4`` (Q4_1 against Q4_1); written to
+``results/perf/llamacpp_single_stream.json``.
 
 Both write ``results/perf/quant_1b.json`` (merged per mode) and merge their keys into
 ``results/perf/summary.json``.
@@ -149,8 +159,24 @@ def compare(servers: dict[str, list[str]], args, workload: tuple[int, int, int, 
             for name, rs in runs.items()}
 
 
+def smol_servers(work: Path, llamacpp: Path) -> dict[str, list[str]]:
+    """The five single-stream servers of ``smol`` (the bf16 GGUF made first if missing)."""
+    from modelkit.models import resolve_model
+
+    model = resolve_model("default")
+    q41 = next(model.glob("*.Q4_1.gguf"))
+    bf16 = work / "smollm2-135m-bf16.gguf"
+    if not bf16.is_file():
+        work.mkdir(parents=True, exist_ok=True)
+        run([sys.executable, llamacpp / "convert_hf_to_gguf.py", model, "--outtype", "bf16", "--outfile", bf16],
+            env={"PYTHONPATH": str(llamacpp / "gguf-py")})
+    return {"ours_bf16": ours(model, "bfloat16", []), "ours_auto": ours(model, "auto", []),
+            "ours_q4_1": ours(model, "auto", ["--load-format", "gguf"]),
+            "llamacpp_bf16": llama_server(llamacpp, bf16), "llamacpp_q4_1": llama_server(llamacpp, q41)}
+
+
 def merge_outputs(mode: str, record: dict, keys: dict) -> None:
-    path = OUT / "quant_1b.json"
+    path = OUT / ("llamacpp_single_stream.json" if mode == "smol" else "quant_1b.json")
     doc = json.loads(path.read_text()) if path.is_file() else {}
     doc[mode] = record
     write_json(path, doc)
@@ -163,11 +189,12 @@ def merge_outputs(mode: str, record: dict, keys: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["prepare", "tpot", "prefill"])
+    ap.add_argument("mode", choices=["prepare", "tpot", "prefill", "smol"])
     ap.add_argument("--work", type=Path, default=None, help="files folder (default: <cache>/models/llama-1b-quant)")
     ap.add_argument("--llamacpp", type=Path, default=Path("/work/peers/llama.cpp"))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=4, help="tpot: prompts per run (one at a time)")
+    ap.add_argument("--smol-prompts", type=int, default=8, help="smol: prompts per run (one at a time)")
     ap.add_argument("--prefill-prompts", type=int, default=16, help="prefill: prompts of 1024 tokens per run")
     ap.add_argument("--no-float32", action="store_true", help="prefill: skip the float32 server")
     ap.add_argument("--port", type=int, default=18531)
@@ -181,7 +208,13 @@ def main(argv: list[str] | None = None) -> int:
 
     record = {"command": command_line(argv), "machine_start": machine_info(ROOT, ".venv-vllm"),
               "loadavg_start": os.getloadavg(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    if args.mode == "tpot":
+    if args.mode == "smol":
+        res = compare(smol_servers(work, args.llamacpp), args, (args.smol_prompts, 256, 128, 1), "median_tpot_ms")
+        keys = {"single_stream_tpot_ms_ratio_vs_llamacpp":
+                round(res["ours_bf16"]["median"] / res["llamacpp_bf16"]["median"], 4),
+                "single_stream_tpot_ms_ratio_vs_llamacpp_q4":
+                round(res["ours_q4_1"]["median"] / res["llamacpp_q4_1"]["median"], 4)}
+    elif args.mode == "tpot":
         servers = {"ours_q4_k_m": ours(work / "q4km", "auto", ["--load-format", "gguf"]),
                    "llamacpp_q4_k_m": llama_server(args.llamacpp, work / "llama-1b-Q4_K_M.gguf")}
         res = compare(servers, args, (args.prompts, 256, 64, 1), "median_tpot_ms")
