@@ -94,11 +94,12 @@ TIER_fast  := not model and not e2e
 TIER_model := model and not e2e
 TIER_e2e   := e2e
 PYTEST = $(BIN)/python -m pytest --durations=30 $(1) $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
-# `make test` (and the model / e2e tiers): whole modules on TEST_JOBS pytest-xdist processes, so one
-# test's process starts, imports, compiles and HTTP waits overlap another's compute (2 on this 2-core
-# machine: results/ci/README.md); TEST_JOBS=0 runs in one process. The fast tier is compute-bound
-# and runs in one process.
-TEST_JOBS ?= 2
+# TEST_JOBS=N (N > 0): `make test` and the model / e2e tiers run whole modules on N pytest-xdist
+# processes, the longest first (tests/tier_support.LONG_FIRST), for machines with cores to spare.
+# Default 0, one process: on the 2-core CI machine two processes took longer than one (3132 s against
+# ~2800 s of tests: each process's torch threads and vLLM's compete for the same two cores;
+# results/ci/README.md). The fast tier always runs in one process.
+TEST_JOBS ?= 0
 XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder)
 
 # What the model and e2e tiers need before pytest: the model prepared, the CPU kernels built.

@@ -38,7 +38,7 @@ def tier_of(item: pytest.Item) -> str:
 
 
 # Modules that take minutes each (a clean-clone run's slowest, results/ci/README.md). With several
-# pytest-xdist workers (``make test``), each module goes whole to one worker (``--dist loadfile``)
+# pytest-xdist workers (``make test TEST_JOBS=N``), each module goes whole to one worker (``--dist loadfile``)
 # in collection order: these first, so the longest are not left to run alone at the end.
 LONG_FIRST = ("tests/swiftserve_vllm/test_vllm_engine.py", "tests/swiftserve_vllm/test_vllm_speculative.py",
               "tests/swiftserve_vllm/test_vllm_api.py", "tests/refengine/kv/test_kv_methods_shared.py",
