@@ -7,8 +7,9 @@ Runs (each against the same float32 baseline, the engine's CPU default; every mo
 embedded SmolLM2, whose safetensors are its Q4_1 GGUF dequantized, so the GGUF's own loss against
 the original bf16 release is the floor and is not in these figures):
   * ``modelkit quantize --model default`` (no smoothing, and ``--smooth 0.5``) into ``--work``;
-  * ``modelkit eval`` of: bf16 (``dtype=bfloat16``), the Q4_1 GGUF served natively
-    (``load_format=gguf``), the two W8A8 checkpoints; JSON + markdown under results/quant/.
+  * one ``modelkit eval`` of: bf16 (``--model-arg bf16:dtype=bfloat16``), the Q4_1 GGUF served natively
+    (``load_format=gguf``), the two W8A8 checkpoints; ``results/quant/eval.json`` + ``.md``, and
+    ``quality.json`` with the keys.
 ``q4_ppl_increase_pct`` = 100 (ppl(Q4_1 GGUF) / ppl(bf16) - 1), ``int8_ppl_increase_pct`` the same
 for the better W8A8 checkpoint (lower perplexity); both merged into results/perf/summary.json.
 """
@@ -49,15 +50,13 @@ def main() -> None:
         w8, w8s = work / "smollm2-w8a8", work / "smollm2-w8a8-smooth05"
         modelkit("quantize", "--model", "default", "--output", str(w8), "--quiet")
         modelkit("quantize", "--model", "default", "--output", str(w8s), "--smooth", "0.5", "--quiet")
-        common = ["eval", "--corpus", args.corpus, "--baseline", "default", "--samples", str(args.samples),
-                  "--gen-prompts", "0", "--metrics", "ppl,tasks", "--task-items", str(args.task_items)]
-        runs = {"bf16": ["--model", "bf16=default", "--engine-arg", "dtype=bfloat16"],
-                "q4_1_gguf": ["--model", "q4_1_gguf=default", "--engine-arg", "load_format=gguf"],
-                "w8a8": ["--model", f"w8a8={w8}", "--model", f"w8a8_smooth05={w8s}"]}
-        res = {}
-        for name, extra in runs.items():
-            modelkit(*common, *extra, "--out", str(OUT / f"eval_{name}.json"))
-            res.update(json.loads((OUT / f"eval_{name}.json").read_text())["results"])
+        # one run, so the float32 baseline is measured once; each model's own settings by --model-arg
+        modelkit("eval", "--corpus", args.corpus, "--baseline", "default", "--samples", str(args.samples),
+                 "--gen-prompts", "0", "--metrics", "ppl,tasks", "--task-items", str(args.task_items),
+                 "--model", "bf16=default", "--model-arg", "bf16:dtype=bfloat16",
+                 "--model", "q4_1_gguf=default", "--model-arg", "q4_1_gguf:load_format=gguf",
+                 "--model", f"w8a8={w8}", "--model", f"w8a8_smooth05={w8s}", "--out", str(OUT / "eval.json"))
+        res = json.loads((OUT / "eval.json").read_text())["results"]
 
     ppl = {k: v["ppl"] for k, v in res.items()}
     best_w8 = min(("w8a8", "w8a8_smooth05"), key=ppl.get)

@@ -1,4 +1,5 @@
-"""``modelkit eval``: the command (its flags, ``--kv-methods`` sweeps, ``--engine-arg`` overrides).
+"""``modelkit eval``: the command (its flags, ``--kv-methods`` sweeps, ``--engine-arg`` overrides for every
+evaluated model, ``--model-arg LABEL:KEY=VALUE`` for one).
 
 What it measures and how is ``modelkit.evaluate`` (``Evaluation``); this module turns the
 command line into the runs, validates every KV combination before any model loads, and writes
@@ -56,6 +57,19 @@ def parse_overrides(pairs: list[str]) -> dict:
     return out
 
 
+def model_args(pairs: list[str], labels: list[str]) -> dict[str, dict]:
+    """``--model-arg LABEL:KEY=VALUE`` items -> {label: overrides}; a label no ``--model`` has is refused."""
+    out: dict[str, list[str]] = {}
+    for p in pairs:
+        label, sep, kv = p.partition(":")
+        if not sep or "=" not in kv:
+            raise SystemExit(f"--model-arg expects LABEL:KEY=VALUE, got {p!r}")
+        if label not in labels:
+            raise SystemExit(f"--model-arg {p!r}: no --model is labelled {label!r} (labels: {', '.join(labels)})")
+        out.setdefault(label, []).append(kv)
+    return {label: parse_overrides(kvs) for label, kvs in out.items()}
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="compare transformed models with the original (ppl through cache, KL, "
                                     "greedy agreement, tasks)", description=evaluate.__doc__.split("\n\n")[0])
@@ -66,6 +80,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="EngineConfig override for the evaluated models, e.g. kv_cache_dtype=fp8_e4m3 (resource "
                         "sizes kv_cache_memory_gb, max_num_seqs, torch_threads apply to the baseline too)")
+    p.add_argument("--model-arg", action="append", default=[], metavar="LABEL:KEY=VALUE",
+                   help="EngineConfig override for one evaluated model (its LABEL, or its MODEL without one) on top "
+                        "of --engine-arg, e.g. bf16:dtype=bfloat16: models that need different settings share one "
+                        "run, so the baseline is measured once")
     p.add_argument("--kv-methods", default=None, metavar="JSON",
                    help='KV methods for the evaluated models (see swiftserve-worker --help); an option given '
                         'as a list is swept, e.g. \'{"zack": {"rate": [0.3, 0.5], "mode": ["adaptive", "uniform"]}}\'')
@@ -117,16 +135,18 @@ def run(args: argparse.Namespace) -> int:
 
     from refengine.kv import registry
 
+    per_model = model_args(args.model_arg, [spec.rpartition("=")[0] or spec for spec in args.model])
     runs = []
     for spec in args.model:                          # validate every combination before loading anything
         label, _, name = spec.rpartition("=")
         model = resolve_model(name)
+        own = dict(overrides, **per_model.get(label or name, {}))
         for suffix, methods in combos:
-            reason = registry.check(methods, model, overrides.get("swiftkv", True),
-                                    overrides.get("kv_cache_dtype", "auto"), overrides.get("block_size"))
+            reason = registry.check(methods, model, own.get("swiftkv", True),
+                                    own.get("kv_cache_dtype", "auto"), own.get("block_size"))
             if reason:
                 raise SystemExit(f"modelkit eval: {label or name}{suffix}: --kv-methods: {reason}")
-            runs.append(((label or name) + suffix, model, dict(overrides, kv_methods=methods)))
+            runs.append(((label or name) + suffix, model, dict(own, kv_methods=methods)))
     results, t0 = {}, time.time()
     # Resource sizes (not the model or its KV methods) apply to the baseline's engine too.
     sizes = {k: v for k, v in overrides.items() if k in ("kv_cache_memory_gb", "max_num_seqs", "torch_threads")}

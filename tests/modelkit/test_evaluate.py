@@ -131,3 +131,14 @@ def test_needle_items_hide_one_answer_among_distractors(smollm2_dir, tmp_path):
         assert text.count(f"The pass key of {name} is {it.answer}.") == 1          # the needle, once
         assert text.count("The pass key of ") == 5                                # + 3 distractors + the question
         assert text.count(f" is {it.answer}.") == 1                                # no distractor shares the key
+
+
+def test_model_args_are_per_label_and_refuse_unknown_labels():
+    from modelkit.evaluate_cli import model_args
+
+    got = model_args(["bf16:dtype=bfloat16", "q4:load_format=gguf", "bf16:max_num_seqs=4"], ["bf16", "q4", "other"])
+    assert got == {"bf16": {"dtype": "bfloat16", "max_num_seqs": 4}, "q4": {"load_format": "gguf"}}
+    with pytest.raises(SystemExit, match="no --model is labelled 'q8'"):
+        model_args(["q8:dtype=float32"], ["bf16"])
+    with pytest.raises(SystemExit, match="LABEL:KEY=VALUE"):
+        model_args(["dtype=float32"], ["bf16"])
