@@ -94,13 +94,6 @@ TIER_fast  := not model and not e2e
 TIER_model := model and not e2e
 TIER_e2e   := e2e
 PYTEST = $(BIN)/python -m pytest --durations=30 $(1) $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
-# TEST_JOBS=N (N > 0): `make test` and the model / e2e tiers run whole modules on N pytest-xdist
-# processes, the longest first (tests/tier_support.LONG_FIRST), for machines with cores to spare.
-# Default 0, one process: on the 2-core CI machine two processes took longer than one (3132 s against
-# ~2800 s of tests: each process's torch threads and vLLM's compete for the same two cores;
-# results/ci/README.md). The fast tier always runs in one process.
-TEST_JOBS ?= 0
-XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder)
 
 # What the model and e2e tiers need before pytest: the model prepared, the CPU kernels built.
 test-setup: install $(if $(filter 1,$(WITH_VLLM)),vllm-env)
@@ -108,13 +101,13 @@ test-setup: install $(if $(filter 1,$(WITH_VLLM)),vllm-env)
 	$(BIN)/python -m refengine.paged_kernel
 
 test: test-setup
-	$(call PYTEST,$(XDIST))
+	$(call PYTEST,)
 
 test-fast: install
 	$(call PYTEST,-m "$(TIER_fast)")
 
 test-model test-e2e: test-%: test-setup
-	$(call PYTEST,$(XDIST) -m "$(TIER_$*)")
+	$(call PYTEST,-m "$(TIER_$*)")
 
 # The offline, air-gapped GPU validation bundle: gpubundle/ (README, "GPU validation bundle"; a
 # maintainer's tool, not in the wheel). Here: `make gpu-park` moves the checkpoint tensors out of the

@@ -43,8 +43,6 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     tier_support.classify(items)
-    if hasattr(config, "workerinput"):              # a pytest-xdist worker (make test): long modules first
-        tier_support.long_first(items)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -37,21 +37,6 @@ def tier_of(item: pytest.Item) -> str:
     return "fast"
 
 
-# Modules that take minutes each (a clean-clone run's slowest, results/ci/README.md). With several
-# pytest-xdist workers (``make test TEST_JOBS=N``), each module goes whole to one worker (``--dist loadfile``)
-# in collection order: these first, so the longest are not left to run alone at the end.
-LONG_FIRST = ("tests/swiftserve_vllm/test_vllm_engine.py", "tests/swiftserve_vllm/test_vllm_speculative.py",
-              "tests/swiftserve_vllm/test_vllm_api.py", "tests/refengine/kv/test_kv_methods_shared.py",
-              "tests/swiftserve/test_stack_e2e.py", "tests/worker/test_worker_api_real.py")
-
-
-def long_first(items: list[pytest.Item]) -> None:
-    """Reorder ``items`` in place: LONG_FIRST's modules first (in that order), the rest as collected."""
-    rank = {m: i for i, m in enumerate(LONG_FIRST)}
-    key = {id(it): rank.get(it.nodeid.split("::", 1)[0], len(rank)) for it in items}
-    items.sort(key=lambda it: key[id(it)])
-
-
 def classify(items: list[pytest.Item]) -> None:
     """Mark ``model`` every test whose fixture closure holds a model fixture (and no e2e mark). The
     session keeps pytest's order (tests that share a module's fixtures stay together)."""
