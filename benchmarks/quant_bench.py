@@ -116,6 +116,11 @@ def llama_server(llamacpp: Path, gguf: Path) -> list[str]:
             "--parallel", "16", "-cb", "--alias", SERVED, "--host", "127.0.0.1"]
 
 
+# A run's per-request and per-token lists (loadtest's records): what the summaries above are computed
+# from, kept out of the committed JSON (each run's statistics stay).
+PER_REQUEST = ("requests", "input_lens", "output_lens", "ttfts", "itls", "generated_texts")
+
+
 def drive(port: int, n: int, n_in: int, n_out: int, concurrency: int | None, seed: int) -> dict:
     from loadtest.datasets import random_prompts
     from loadtest.runner import RunConfig, run as run_load
@@ -123,7 +128,8 @@ def drive(port: int, n: int, n_in: int, n_out: int, concurrency: int | None, see
     cfg = RunConfig(base_url=f"http://127.0.0.1:{port}", model=SERVED, rate=float("inf"), num_requests=n, warmup=0,
                     seed=seed, label=f"{n_in}/{n_out}", max_concurrency=concurrency)
     res = asyncio.run(run_load(cfg, random_prompts(n, n_in, n_out, seed=seed), progress=False))
-    res.pop("requests", None)
+    for key in PER_REQUEST:
+        res.pop(key, None)
     if res.get("completed", 0) < n:
         raise RuntimeError(f"port {port}: {res.get('completed')} of {n} completed")
     return res
