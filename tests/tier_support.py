@@ -82,9 +82,10 @@ _popen_init = subprocess.Popen.__init__
 # Processes every tier may start: the worker's constraint compiler children (``python -m
 # worker.constraints``: part of the worker app under test, no model, about a second to start), and
 # libraries' own probes of the machine (the openai SDK's ``uname -p``; torch's ``c++ -dumpversion`` and
-# ``ninja -v``, which finds the kernel build that ``make test`` made up to date, before loading it).
+# ``ninja -v``, which finds the kernel build that ``make test`` made up to date, before loading it;
+# matplotlib's ``fc-list``, which it runs once to build its font cache on a machine that has none).
 PART_OF_THE_APP = (("-m", "worker.constraints"),)
-LIBRARY_PROBES = frozenset({"uname", "ninja", "ldconfig", "which", "lscpu"})
+LIBRARY_PROBES = frozenset({"uname", "ninja", "ldconfig", "which", "lscpu", "fc-list"})
 VERSION_FLAGS = frozenset({"--version", "-dumpversion", "-dumpfullversion"})
 
 

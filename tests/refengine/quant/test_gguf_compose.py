@@ -16,12 +16,18 @@ from refengine.quant.qlinear import GGUFLinear
 from tests.refengine.kv.test_kv_methods_shared import CASES, GREEDY, NO_EVICTION, PROMPTS, options
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
-# Teacher-forced |log p| differences from the plain quantized model, measured (Zen 3, AVX2): KCache
-# top_n 4096 mean 0.088 / max 0.25 (greedy tokens differ), ZipCache 16/16 bits 0.095 / 0.37 (the
-# same greedy tokens), eviction evicting nothing 0 / 0; KCache's lossy top_n 8: 0.85 / 2.9.
-# ZACK at full rank (its rotation folded into V and O, which are then quantized to Q8_0 again):
-# 0.147 / 0.445; at its lossy rate 0.5: 3.88 / 15.1. The same bounds hold for it.
-LOSSLESS_MEAN, LOSSLESS_MAX = 0.2, 1.0
+# Teacher-forced |log p| differences from the plain quantized model over its 24 greedy tokens, as
+# mean / max, measured (Zen 3, AVX2): KCache top_n 4096 0.088 / 0.25 (greedy tokens differ), ZipCache
+# 16/16 bits 0.095 / 0.37 (the same greedy tokens), eviction evicting nothing 0 / 0; KCache's lossy
+# top_n 8: 0.85 / 2.9. ZACK at full rank (its rotation folded into V and O, which are then quantized
+# to Q8_0 again): 0.147 / 0.445; at its lossy rate 0.5: 3.88 / 15.1. On a Zen 4 (AVX-512: the C++
+# prefill kernel instead of SDPA, so other greedy tokens) KCache's differences were as small except
+# one token of 6.47 (mean 0.41), ZACK's 0.24 / 0.53: the prompts are random ids, whose continuations
+# are flat distributions where one rounding step can move a token's log p by nats. Hence the bounds
+# are on the median and the 90th percentile, which one such token does not move (there, median / p90:
+# KCache 0.115 / 0.353, ZACK 0.09 / 0.234, ZipCache 0.085 / 0.394; the lossy settings: KCache top_n 8
+# 0.62 / 1.77, ZACK rate 0.5 2.77 / 5.56).
+LOSSLESS_MEDIAN, LOSSLESS_P90 = 0.2, 1.0
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +92,9 @@ def test_every_kv_method_composes(plain, swiftkv_gguf, zack_cal, method):
         # can flip a near tie. So: the plain model's tokens, teacher-forced through the method's
         # cache, score as in the plain model within that noise (a method that loses entries or
         # precision moves them by tenths of a nat and more).
-        diff = [abs(a - b) for a, b in zip(true_logprobs(eng, ref), ref_lp)]
-        assert sum(diff) / len(diff) < LOSSLESS_MEAN and max(diff) < LOSSLESS_MAX, (method, diff)
+        diff = sorted(abs(a - b) for a, b in zip(true_logprobs(eng, ref), ref_lp))
+        median, p90 = diff[len(diff) // 2], diff[int(0.9 * (len(diff) - 1))]
+        assert median < LOSSLESS_MEDIAN and p90 < LOSSLESS_P90, (method, median, p90, diff)
         if method == "eviction":          # nothing evicted: the very same computation
             assert outs == ref
 

@@ -20,8 +20,10 @@ from refengine.structured.spec import StructuredSpec
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 GREEDY = SamplingParams(max_tokens=24, temperature=0)
 # Measured (Zen 3, AVX2): the France answer's picks sit 0.082 nats below the dense model's best at
-# the first token ("L" against "The"), 0.0 (the dense model's own argmax) at every later one.
-GAP_BOUND = 0.25
+# the first token ("L" against "The"), 0.0 (the dense model's own argmax) at every later one. On a
+# Zen 4 (AVX-512 kernels): 0.082 at the first, 0.284 and 0.002 at the 16th and 17th ("la femme au
+# mart|yre"), 0.0 at the other 21. A wrong kernel or weight layout picks tokens nats below the best.
+GAP_BOUND = 0.5
 # Mean |log p| difference from the dequantized model on the licence text: measured 0.067 (perplexity
 # +0.5%). That is the scale of int8 activation rounding itself: a KV method that changes only the
 # last bits of attention (KCache's host V, ZipCache at 16 bits) moves this model's log-probs by
