@@ -61,7 +61,10 @@ def _build_tag() -> str:
     checkouts of different versions sharing one cache directory would otherwise rebuild over
     each other's build at every start. So is the sources' folder: ninja's rules name the sources
     by absolute path, and two checkouts of the same version (worktrees, a CI clone) sharing one
-    build directory rebuilt it over each other (minutes each time)."""
+    build directory rebuilt it over each other (minutes each time). So is the torch installation:
+    the build's include and library paths are the environment's, so two venvs (``make test``'s
+    .venv and .venv-vllm, whose probes run the reference engine too) sharing one build directory
+    rebuilt it whenever the other had loaded it (~2 minutes each, twice per test suite)."""
     try:
         flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
     except OSError:
@@ -69,6 +72,7 @@ def _build_tag() -> str:
     h = hashlib.sha1(flags.encode())
     h.update(" ".join(CFLAGS).encode())
     h.update(str(CSRC.resolve()).encode())
+    h.update(str(Path(torch.__file__).resolve().parent).encode())
     for f in sorted(CSRC.glob("*.h")) + sorted(CSRC.glob("*.cpp")):
         h.update(f.read_bytes())
     return h.hexdigest()[:8]

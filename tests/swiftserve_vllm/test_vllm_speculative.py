@@ -3,7 +3,7 @@
 One probe process (``python -m swiftserve_vllm.probe`` in .venv-vllm, the worker's engine settings,
 eager to keep the start short) serves the shipped 50% SwiftKV checkpoint with vLLM's ``ngram``
 speculation on prompts that repeat themselves: the greedy tokens equal the reference engine's
-without speculation (float32), and vLLM accepted drafted tokens, so the drafted rows ran SwiftKV's
+without speculation (float32, its kernels as torch ops), and vLLM accepted drafted tokens, so the drafted rows ran SwiftKV's
 later layers with the right KV. Without vLLM: what is refused before vLLM starts, with the reason."""
 
 import json
@@ -33,7 +33,8 @@ def test_ngram_speculation_on_the_swiftkv_model_keeps_greedy_tokens(smollm2_dir,
     out = tmp_path / "probe.json"
     cmd = [str(VLLM_PY), "-m", "swiftserve_vllm.probe", "--model", str(resolve_model(G1)), "--dtype", "float32",
            "--max-tokens", str(MAX_TOKENS), "--prefill-len", "64", "--kv-gb", "0.5", "--enforce-eager", "--in-process",
-           "--compare",
+           # the reference engine with its kernels as torch ops: no C++ extension build for .venv-vllm (~2 minutes)
+           "--compare", "--ref-kernels", "torch",
            "--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}),
            "--out", str(out)]
     for p in PROMPTS:
