@@ -1,7 +1,7 @@
 """Quantized serving at the ~1B Llama shape: ours against llama.cpp on the same Q4_K_M file, and our
 W8A8 against our bf16 on batched prefill.
 
-    python benchmarks/quant_bench.py prepare          # files, once (~10 min): see below
+    python benchmarks/quant_bench.py prepare          # files, once (~10 min): see below (--prefill-only: no llama.cpp)
     python benchmarks/quant_bench.py tpot             # single stream: ours Q4_K_M vs llama.cpp Q4_K_M
     python benchmarks/quant_bench.py prefill          # 1024/32 x N at once: ours W8A8 vs ours bf16 (and float32)
     python benchmarks/quant_bench.py smol             # single stream on SmolLM2: ours vs llama.cpp, bf16 and Q4_1
@@ -71,7 +71,7 @@ def run(cmd: list[str], env: dict | None = None) -> None:
     subprocess.run([str(c) for c in cmd], check=True, env={**os.environ, **(env or {})})
 
 
-def prepare(work: Path, llamacpp: Path) -> None:
+def prepare(work: Path, llamacpp: Path, prefill_only: bool = False) -> None:
     import torch
     from safetensors.torch import save_file
 
@@ -89,6 +89,14 @@ def prepare(work: Path, llamacpp: Path) -> None:
         save_file({n: w.get(n, torch.bfloat16).contiguous() for n in w.names()}, str(hf / "model.safetensors"))
         for f in shape_dir.iterdir():
             shutil.copy2(f, hf / f.name)
+    if not prefill_only:
+        prepare_gguf(work, llamacpp, hf, shape_dir)
+    if not (work / "w8a8" / "model.safetensors").is_file():
+        run([sys.executable, "-m", "modelkit", "quantize", "--model", hf, "--output", work / "w8a8", "--quiet"])
+
+
+def prepare_gguf(work: Path, llamacpp: Path, hf: Path, shape_dir: Path) -> None:
+    """The bf16 and Q4_K_M GGUFs of ``hf`` by llama.cpp's own tools, and ``q4km/`` serving the latter."""
     bf16, q4 = work / "llama-1b-bf16.gguf", work / "llama-1b-Q4_K_M.gguf"
     if not bf16.is_file():
         run([sys.executable, llamacpp / "convert_hf_to_gguf.py", hf, "--outtype", "bf16", "--outfile", bf16],
@@ -101,8 +109,6 @@ def prepare(work: Path, llamacpp: Path) -> None:
         shutil.copy2(f, q4dir / f.name)
     if not (q4dir / q4.name).exists():
         os.link(q4, q4dir / q4.name)
-    if not (work / "w8a8" / "model.safetensors").is_file():
-        run([sys.executable, "-m", "modelkit", "quantize", "--model", hf, "--output", work / "w8a8", "--quiet"])
 
 
 def ours(model: Path, dtype: str, extra: list[str]) -> list[str]:
@@ -203,12 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smol-prompts", type=int, default=8, help="smol: prompts per run (one at a time)")
     ap.add_argument("--prefill-prompts", type=int, default=16, help="prefill: prompts of 1024 tokens per run")
     ap.add_argument("--no-float32", action="store_true", help="prefill: skip the float32 server")
+    ap.add_argument("--prefill-only", action="store_true",
+                    help="prepare: only what prefill needs (hf/ and w8a8/; no llama.cpp)")
     ap.add_argument("--port", type=int, default=18531)
     ap.add_argument("--start-timeout", type=float, default=900)
     args = ap.parse_args(argv)
     work = args.work or default_work()
     if args.mode == "prepare":
-        prepare(work, args.llamacpp)
+        prepare(work, args.llamacpp, args.prefill_only)
         return 0
     from benchmarks.perf_report import machine_info
 
