@@ -44,10 +44,10 @@ def main() -> None:
     ap.add_argument("--work", default=None, help="where the W8A8 checkpoints go (default: a temporary directory)")
     ap.add_argument("--no-summary", action="store_true")
     args = ap.parse_args()
-    if not (Path(args.corpus) / "docs.jsonl").is_file():     # before minutes of quantizing, not after
-        sys.exit(f"quant_quality: no corpus at {args.corpus} (its held-out documents are what perplexity is "
-                 f"measured on): build it as docs/swiftkv.md does (`modelkit build-corpus --output {args.corpus} "
-                 f"--chat-train 768 --chat-heldout 32 --max-answer-tokens 128`, ~26 min), or pass --corpus")
+    from modelkit.corpus import missing
+
+    if why := missing(Path(args.corpus)):                  # before minutes of quantizing, not after
+        sys.exit(f"quant_quality: {why}; or pass --corpus")
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work or tmp)

@@ -109,6 +109,15 @@ def collect(out_dir: Path, heldout_fraction: float = 0.05, max_doc_chars: int = 
     return {"sources": entries, "heldout_fraction": heldout_fraction}
 
 
+def missing(corpus_dir: Path) -> str | None:
+    """Why ``corpus_dir`` cannot be read as a corpus (it has no docs.jsonl), naming how to build one;
+    None when it can. For commands to ask before minutes of other work, not at the first read."""
+    if (Path(corpus_dir) / "docs.jsonl").is_file():
+        return None
+    return (f"no corpus at {corpus_dir} (no docs.jsonl): build one with `modelkit build-corpus --output "
+            f"{corpus_dir}` (docs/swiftkv.md gives the settings of the corpora the shipped checkpoints used)")
+
+
 def iter_docs(corpus_dir: Path, split: str | None = None) -> Iterator[dict]:
     with open(corpus_dir / "docs.jsonl") as f:
         for line in f:

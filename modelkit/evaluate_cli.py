@@ -131,6 +131,11 @@ def run(args: argparse.Namespace) -> int:
     bad = [m for m in metrics if m not in METRICS]
     if bad:
         raise SystemExit(f"modelkit eval: unknown --metrics {', '.join(bad)} (known: {', '.join(METRICS)})")
+    if {"ppl", "greedy", "needle"} & set(metrics):       # the metrics that read the corpus's held-out split
+        from modelkit.corpus import missing
+
+        if why := missing(Path(args.corpus)):
+            raise SystemExit(f"modelkit eval: {why}")
     from tqdm import tqdm
 
     from refengine.kv import registry

@@ -142,3 +142,10 @@ def test_model_args_are_per_label_and_refuse_unknown_labels():
         model_args(["q8:dtype=float32"], ["bf16"])
     with pytest.raises(SystemExit, match="LABEL:KEY=VALUE"):
         model_args(["dtype=float32"], ["bf16"])
+
+
+def test_eval_names_a_missing_corpus_before_loading_anything(tmp_path):
+    from modelkit.cli import main
+
+    with pytest.raises(SystemExit, match=r"no corpus at .*build-corpus --output"):
+        main(["eval", "--corpus", str(tmp_path / "none"), "--model", "not-a-model", "--metrics", "ppl"])
