@@ -29,10 +29,13 @@ from starlette.responses import Response
 
 TEXT = re.compile(rb'"(?:text|content|delta)"\s*:\s*"(?!")')
 USAGE = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
-DONE_EVENTS = (b"data: [DONE]\n\n", b"data: [DONE]\r\n\r\n")
+DONE = b"data: [DONE]\n\n"
+DONE_EVENTS = (DONE, b"data: [DONE]\r\n\r\n")
 _BLOCKS = re.compile(rb"(?<=\n\n)|(?<=\r\n\r\n)")
-# The Responses API ends a stream with its terminal event instead of [DONE].
-TERMINAL = re.compile(rb"event: response\.(?:completed|incomplete|failed)\r?\n")
+# The Responses API ends a stream with one of its terminal events instead of [DONE] (the one list of them).
+RESPONSES_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+_TERMINAL = re.compile(rb"event: (?:" + rb"|".join(re.escape(e.encode()) for e in sorted(RESPONSES_TERMINAL))
+                       + rb")\r?\n")
 
 
 def stream_ended(events: bytes) -> bool:
@@ -42,12 +45,12 @@ def stream_ended(events: bytes) -> bool:
     body = events.rstrip(b"\r\n")
     lf, crlf = body.rfind(b"\n\n"), body.rfind(b"\r\n\r\n")
     start = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
-    return TERMINAL.match(body, start) is not None
+    return _TERMINAL.match(body, start) is not None
 
 
 def error_event(message: str, code: str) -> bytes:
     body = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
-    return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"     # the worker's own format
+    return b"data: " + json.dumps(body).encode() + b"\n\n" + DONE     # the worker's own format
 
 
 def event_end(buf: bytes) -> int:

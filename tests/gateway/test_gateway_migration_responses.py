@@ -1,4 +1,4 @@
-"""Stream migration of ``/v1/responses`` streams (gateway.migration_responses), with and without processes.
+"""Stream migration of ``/v1/responses`` streams (gateway.migration.responses), with and without processes.
 
 Unit: the tracker keeps one response id, one message item id and one ``sequence_number``
 count across workers, strips the ids it asked for, migrates on a retryable
@@ -21,8 +21,7 @@ from fault_support import gateway, gateway_in_flight, request, run_requests  # n
 from test_gateway_migration import migrated_metric, procs, relay, worker  # noqa: E402,F401 - fixtures
 from test_gateway_migration_constrained import WEATHER  # noqa: E402
 
-from gateway.migration import rewrite  # noqa: E402
-from gateway.migration_responses import ResponsesTracker  # noqa: E402
+from gateway.migration import ResponsesTracker, rewrite  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 

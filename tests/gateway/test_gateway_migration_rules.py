@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gateway.migration import StreamTracker, migratable, rewrite, summed_usage
+from gateway.migration import StreamTracker, migratable, rewrite
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 
@@ -129,7 +129,7 @@ def test_an_n2_stream_resumes_each_unfinished_choice_as_a_leg_of_its_own():
     assert ended and only["id"] == "a" and only["choices"][0]["index"] == 2
     assert only["choices"][0]["logprobs"]["text_offset"] == [3]      # after choice 2's "Hi!"
     legs[0].usage = {**usage, "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}}
-    summed = parsed(summed_usage(t, legs))[0]
+    summed = parsed(t.summed_usage(legs))[0]
     assert summed["id"] == "a" and summed["usage"] == {"prompt_tokens": 3, "completion_tokens": 5 + 2 + 4,
                                                         "total_tokens": 14}
 
