@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 
 
 class Failover(RelayedStream):
+    """The relayed stream of one migratable request (``tracker``), able to move to another of ``workers``."""
+
     def __init__(self, dispatcher, session, path: str, choose, tried: set[str], tracker: ResumableStream,
                  lease, resp, first: bytes, stats, workers) -> None:
         super().__init__(dispatcher, lease, resp, first, stats)

@@ -1,20 +1,20 @@
-"""SSE pass-through: the bytes of a worker's event stream to the client, unchanged.
+"""SSE bytes: how events are framed and checked, what they say, and the ASGI response that carries them.
 
-``SSEStream`` is a raw ASGI response. Its pump sends each complete event (a run of
-bytes ending in a blank line) as soon as it has arrived, after a cheap check that
-every ``data:`` payload is JSON (orjson) or ``[DONE]``; nothing is decoded or
-re-serialised. A watcher task waits for the client's ``http.disconnect`` and cancels
-the pump (the response's own task) at once (also during a long silence such as a prefill), so the upstream is
-closed and the worker aborts. ``on_close()`` runs exactly once however it ends.
+Owns the byte-level rules every relay uses (gateway.relay, gateway.failover): ``event_end``
+(complete events end in a blank line), ``valid_prefix`` / ``is_json`` (every ``data:``
+payload is JSON, orjson first, or ``[DONE]``), ``stream_ended`` (a stream ends with
+``data: [DONE]``, or for the Responses API with one of ``RESPONSES_TERMINAL``, the one list of
+its terminal events), ``error_event`` (the in-band error and ``[DONE]`` that end a failed
+stream, in the worker's own format).
 
-Failures after the first byte (the pump raises ``StreamFailure``-like exceptions given
-by the caller) become one in-band error event followed by ``data: [DONE]``.
+``SSEStream`` is a raw ASGI response around a pump (``pump(send)`` sends the events) and an
+``on_close()`` that runs exactly once however it ends. A watcher task waits for the client's
+``http.disconnect`` and cancels the pump (the response's own task) at once (also during a
+long silence such as a prefill), so the upstream is closed and the worker aborts.
 
-``StreamStats`` looks for markers in the raw bytes as they pass: the first event
-carrying generated text (TTFT), the last one (TPOT), ``usage.completion_tokens`` (or the
-Responses API's ``output_tokens``). A stream ends with ``data: [DONE]``, or for the
-Responses API with its terminal ``response.completed|incomplete|failed`` event
-(``stream_ended``).
+``StreamStats`` looks for markers in the bytes sent as they pass: the first event carrying
+generated text (TTFT), the last one (TPOT), ``usage.completion_tokens`` (or the Responses
+API's ``output_tokens``).
 """
 
 from __future__ import annotations
