@@ -4,15 +4,20 @@ n > 1 legs, Responses, a refused continuation)."""
 
 import asyncio
 import json
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import aiohttp
 
-from gateway.admission import Rejected
-from gateway.failover import Failover
-from gateway.migration import ResponsesTracker, StreamTracker
-from gateway.relay import RelayedStream
-from gateway.streaming import StreamStats
+sys.path.insert(0, str(Path(__file__).parent))
+from test_gateway_migration_rules import responses_events, sse  # noqa: E402
+
+from gateway.admission import Rejected  # noqa: E402
+from gateway.failover import Failover  # noqa: E402
+from gateway.migration import ResponsesTracker, StreamTracker  # noqa: E402
+from gateway.relay import RelayedStream  # noqa: E402
+from gateway.streaming import StreamStats  # noqa: E402
 
 
 class Body:
@@ -178,10 +183,6 @@ def test_an_n2_stream_resumes_as_legs_and_ends_with_one_usage_chunk():
     assert [lease.outcome for lease in d.leases] == [True, True] and not fo.failed
 
 
-def sse(kind: str, **data) -> bytes:
-    return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
-
-
 def test_a_responses_stream_resumes_through_the_same_protocol():
     t = ResponsesTracker({"input": "x", "stream": True}, max_migrations=2)
     first = Resp([sse("response.created", sequence_number=0, response={"id": "resp_a", "created_at": 1})
@@ -194,7 +195,7 @@ def test_a_responses_stream_resumes_through_the_same_protocol():
     _, fo = failover(d, t, first)
     out = run(fo)
     assert b"[DONE]" not in out and t.finished and d.bodies[0]["continuation_token_ids"] == [1, 2]
-    events = [json.loads(block.split(b"\n")[1][6:]) for block in out.split(b"\n\n") if block]
+    events = responses_events(out)
     assert [e["sequence_number"] for e in events] == [0, 1, 2, 3] and events[-1]["response"]["id"] == "resp_a"
 
 
