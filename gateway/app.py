@@ -44,8 +44,7 @@ from gateway.edge import EdgeError, parse_body, read_body, until_client_gone
 from gateway.errors import error
 from gateway.health import Health
 from gateway.metrics import GatewayMetrics
-from gateway.migration import StreamTracker
-from gateway.migration_responses import RESPONSES, ResponsesTracker
+from gateway.migration import tracker_for
 from gateway.model_routing import ModelError, ModelRouter
 from gateway.pools import ModelDirectory
 from gateway.prefix import PrefixIndex, block_hashes, prompt_bytes
@@ -205,8 +204,7 @@ def _proxy_handler(app: FastAPI, p: _Parts):
         async def send(routed) -> Response:
             p.shadow.client_request()       # --shadow-yield all: running comparisons give way
             sent, upstream = routed.body, routed.raw
-            tracker = (ResponsesTracker if path == RESPONSES else StreamTracker).for_request(path, sent,
-                                                                                           config.max_migrations)
+            tracker = tracker_for(path, sent, config.max_migrations)
             if tracker is not None:         # the worker sends token ids, so that the stream can resume elsewhere
                 upstream = tracker.upstream()
             watch = p.shadow.plan(routed, path)

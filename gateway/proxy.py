@@ -15,113 +15,96 @@ OpenAI-style error, and the worker's in-flight count returns to zero.
   most ``max_response_bytes``, before anything is sent: a worker that dies mid-body or
   answers 200 with something that is not JSON becomes a retry or a 502, never a
   truncated body.
-* An SSE stream passes through event by event, bytes unchanged (an event is sent once
-  its blank line has arrived, and only if its ``data:`` is JSON or ``[DONE]``). If the
-  worker fails after the first byte (connection lost, no byte for ``stall_timeout``,
-  an event that is not JSON, the stream ends without ``data: [DONE]`` (or, for
-  /v1/responses, without its terminal ``response.completed|incomplete|failed`` event), or it exceeds
-  ``max_response_bytes``), the client gets one error event
-  ``data: {"error": {...}}`` and ``data: [DONE]``, and the stream ends cleanly (the
-  same in-band form the worker uses for its own errors). Such a stream is never
-  re-sent, so an answer is never duplicated.
-* A *migratable* stream (gateway.migration: one streamed completion or chat choice) is
-  relayed by ``gateway.failover.Failover`` instead: the same failures, a stall of
-  ``stall_timeout`` seconds, a retryable worker error event or a drain abort move it to
-  another worker with the tokens already sent as a continuation, and the client's stream
+* An SSE stream passes through event by event, bytes unchanged (``RelayedStream``,
+  gateway.relay); a failure after the first byte ends it with one in-band error event and
+  ``data: [DONE]`` (the same form the worker uses for its own errors), never a re-send.
+* A *migratable* stream (gateway.migration: completions, chat or Responses, when the request
+  has a tracker) is relayed by ``gateway.failover.Failover`` instead: the same failures, a
+  stall of ``stall_timeout`` seconds, a retryable worker error event or a drain abort move it
+  to another worker with the tokens already sent as a continuation, and the client's stream
   goes on (same ``id``, nothing repeated or missing); only when no migration is possible
   does it end with the error event above.
 
-Upstream I/O is aiohttp (C HTTP parser, pooled keep-alive connections, no
-decompression: the bytes read are the bytes of the answer; gateway.upstream); SSE
-pass-through lives in gateway.streaming, stream migration in gateway.failover.
+Roles: ``Forwarder`` (here) decides attempts and answers and records the request's metrics;
+dispatching to a worker is gateway.dispatch (shared with failover), reading and relaying the
+answer gateway.relay, SSE bytes and the ASGI response gateway.streaming, the upstream client
+and ``Lease`` gateway.upstream (aiohttp: C HTTP parser, pooled keep-alive connections, no
+decompression: the bytes read are the bytes of the answer).
 
-Accounting: ``Lease`` (gateway.upstream) holds one dispatch; its ``finish(ok)`` runs exactly once however
-the attempt ends (in the response's cleanup for streams) and reports the outcome to
-the circuit breaker. A client that goes away is not the worker's fault. Closing the
-upstream response is what tells the worker to abort.
+Accounting: ``Lease`` holds one dispatch; its ``finish(ok)`` runs exactly once however the
+attempt ends (in the response's cleanup for streams) and reports the outcome to the circuit
+breaker. A client that goes away is not the worker's fault. Closing the upstream response is
+what tells the worker to abort.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
 import aiohttp
 from fastapi.responses import Response
-from yarl import URL
 
 from gateway.admission import Rejected
+from gateway.dispatch import Dispatcher
 from gateway.errors import error
 from gateway.failover import Failover
-from gateway.migration import CONTINUATION_HEADER, StreamTracker
-from gateway.upstream import (RETRYABLE, UPSTREAM_HEADERS, AttemptFailed, Lease, close_upstream as _close,
-                              transport_failure as _transport_failure, worker_neutral)
-from gateway.streaming import SSEStream, StreamStats, error_event, event_end, is_json, stream_ended, valid_prefix
+from gateway.migration import CONTINUATION_HEADER, ResumableStream
+from gateway.relay import RelayedStream, read_whole
+from gateway.streaming import SSEStream, StreamStats, is_json
+from gateway.upstream import AttemptFailed, Lease, worker_neutral
 
 log = logging.getLogger(__name__)
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding", "date",
                "server"}
 
 
-def _headers(resp: aiohttp.ClientResponse) -> dict[str, str]:
-    return {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
+def _headers(resp: aiohttp.ClientResponse, drop: tuple[str, ...] = ()) -> dict[str, str]:
+    return {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS and k.lower() not in drop}
 
 
 class Forwarder:
     def __init__(self, config, pool, health, admission, metrics, choose, rejected) -> None:
-        self.cfg, self.pool, self.health, self.admission = config, pool, health, admission
-        self.m, self.choose, self.rejected = metrics, choose, rejected
-        self._urls: dict[tuple[str, str], URL] = {}       # parsed once per (worker, path)
-
-    def _url(self, base: str, path: str) -> URL:
-        url = self._urls.get((base, path))
-        if url is None:
-            if len(self._urls) > 4096:
-                self._urls.clear()
-            url = self._urls[(base, path)] = URL(base + path)
-        return url
+        self.cfg, self.pool, self.m, self.choose, self.rejected = config, pool, metrics, choose, rejected
+        self.dispatcher = Dispatcher(config, pool, health, admission, metrics)
 
     async def forward(self, session: aiohttp.ClientSession, path: str, raw: bytes, on_usage, route=None,
-                      tracker: StreamTracker | None = None, pool=None):
+                      tracker: ResumableStream | None = None, pool=None):
         """Send ``raw`` to a worker's ``path``; ``on_usage(completion_tokens)`` once a stream's usage is seen;
         ``route`` (a RouteRequest or None) is what the routing policy may know about the request;
         ``tracker``: the request's stream may migrate after the first byte (gateway.failover);
         ``pool``: the workers it may go to, retries and migrations included (gateway.pools; default all)."""
         workers = self.pool if pool is None else pool
-        t0, tried, last = time.monotonic(), set(), None
+        d, t0, tried, last = self.dispatcher, time.monotonic(), set(), None
         endpoint = path.rsplit("/", 1)[-1]
         choose = (lambda cands: self.choose(cands, route)) if route is not None else self.choose
         for attempt in range(self.cfg.max_attempts):
             try:
-                worker = await self.admission.acquire(lambda: workers, choose, tried)
+                lease = await d.lease(lambda: workers, choose, tried)
             except Rejected as exc:
                 if attempt and exc.reason == "no_worker":
                     break
                 return self.rejected(exc)
-            tried.add(worker.url)
-            self.m.routed.labels(self.cfg.policy, worker.url).inc()
             if route is not None and route.cached_fraction is not None:
                 self.m.prefix_cached.observe(route.cached_fraction)
-            lease = Lease(worker, self.health, self.admission, self.pool)
             last_try = attempt + 1 >= self.cfg.max_attempts
             try:
-                resp = await self.until_silent(session.post(self._url(worker.url, path), data=raw,
-                                                            headers=UPSTREAM_HEADERS), worker)
-            except (AttemptFailed, *RETRYABLE) as exc:
-                lease.finish(False)
-                last = self._failed(worker, exc if isinstance(exc, AttemptFailed) else _transport_failure(exc))
+                resp = await d.post(lease, session, path, raw)
+            except AttemptFailed as exc:
+                last = self._failed(lease, exc)
                 continue
-            except BaseException:
-                lease.finish(None)
-                raise
             try:
                 if resp.headers.get("content-type", "").startswith("text/event-stream") and resp.status < 400:
-                    failover = (session, path, choose, tried, tracker) if tracker is not None else None
-                    return await self._stream(resp, lease, t0, endpoint, on_usage, failover, workers)
-                return await self._buffered(resp, lease, t0, endpoint, last_try)
+                    first = await d.first_bytes(lease, resp)
+                    if tracker is None:
+                        relayed = RelayedStream(d, lease, resp, first, StreamStats(t0))
+                    else:
+                        relayed = Failover(d, session, path, choose, tried, tracker, lease, resp, first,
+                                           StreamStats(t0), workers)
+                    return self._stream(relayed, t0, endpoint, on_usage)
+                return await self._whole(resp, lease, t0, endpoint, last_try)
             except AttemptFailed as exc:
-                last = self._failed(worker, exc)
+                last = self._failed(lease, exc)
                 continue
             except BaseException:           # cancelled (shutdown): release, and close the upstream
                 lease.finish(None)
@@ -135,51 +118,23 @@ class Forwarder:
         return error(last.status, f"No worker could answer the request: {last}", "upstream_error", code=last.reason,
                      headers={"Retry-After": "1"})
 
-    async def until_silent(self, aw, worker):
-        """Await ``aw`` (a request to ``worker``, or a read of its answer) unless the worker shows no sign of
-        life (no byte here, no passed health probe, no metrics scrape) for ``stall_timeout`` seconds: then
-        AttemptFailed ``stalled`` (504). A worker that answers its probes may take as long as it needs
-        (``first_byte_timeout`` bounds that)."""
-        task = asyncio.ensure_future(aw)
-        stall, since = self.cfg.stall_timeout, time.monotonic()
-        try:
-            while True:
-                done, _ = await asyncio.wait((task,), timeout=stall / 4)
-                if done:
-                    return task.result()
-                now = time.monotonic()
-                alive = max(since, self.health.last_ok.get(worker.url, 0.0), worker.scraped_at or 0.0)
-                if now - alive > stall:
-                    raise AttemptFailed("stalled", f"no answer and no sign of life from the worker for {stall:g} s",
-                                        504)
-        finally:
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-
-    def _failed(self, worker, exc: AttemptFailed) -> AttemptFailed:
+    def _failed(self, lease: Lease, exc: AttemptFailed) -> AttemptFailed:
         self.m.retries.labels(exc.reason).inc()
-        log.warning("worker %s failed before the first byte (%s): %s", worker.url, exc.reason, exc)
+        log.warning("worker %s failed before the first byte (%s): %s", lease.worker.url, exc.reason, exc)
         return exc
 
-    async def _buffered(self, resp: aiohttp.ClientResponse, lease: Lease, t0: float, endpoint: str, last_try: bool):
-        """Read a whole (non-SSE) answer; a failure here is retried, since nothing was sent yet."""
-        size, parts = 0, []
+    async def _whole(self, resp: aiohttp.ClientResponse, lease: Lease, t0: float, endpoint: str, last_try: bool):
+        """A whole (non-SSE) answer, judged before anything is sent: a failure here is retried."""
         try:
-            async for chunk in resp.content.iter_any():
-                size += len(chunk)
-                if size > self.cfg.max_response_bytes:
-                    lease.finish(True)
-                    self.m.requests.labels(endpoint, "502").inc()
-                    return error(502, f"The worker's answer exceeds {self.cfg.max_response_bytes} bytes.",
-                                 "upstream_error", code="response_too_large")
-                parts.append(chunk)
-        except RETRYABLE as exc:
+            content = await read_whole(resp, self.cfg.max_response_bytes)
+        except AttemptFailed:
             lease.finish(False)
-            raise _transport_failure(exc) from None
-        finally:
-            _close(resp)
-        content = b"".join(parts)
+            raise
+        if content is None:
+            lease.finish(True)
+            self.m.requests.labels(endpoint, "502").inc()
+            return error(502, f"The worker's answer exceeds {self.cfg.max_response_bytes} bytes.",
+                         "upstream_error", code="response_too_large")
         status = resp.status
         neutral = worker_neutral(resp)          # a 4xx or a request's own 5xx: never counted against the worker
         if status >= 500 and not last_try and not neutral:
@@ -200,85 +155,22 @@ class Forwarder:
         self.m.e2e.observe(time.monotonic() - t0)
         return Response(content, status_code=status, headers=_headers(resp))
 
-    async def _stream(self, resp: aiohttp.ClientResponse, lease: Lease, t0: float, endpoint: str, on_usage,
-                      failover=None, workers=None):
-        """The SSE response: events passed through as they are, or (``failover``: the session, path, choose,
-        tried and tracker of a migratable request) relayed by a ``Failover`` that can change workers."""
-        try:
-            first = await self.until_silent(resp.content.readany(), lease.worker)
-        except RETRYABLE as exc:
-            resp.close()
-            lease.finish(False)
-            raise _transport_failure(exc) from None
-        except AttemptFailed:
-            resp.close()
-            lease.finish(False)
-            raise
-        if not first:
-            resp.close()
-            lease.finish(False)
-            raise AttemptFailed("empty_stream", "the worker ended the stream before any event")
-        stats = StreamStats(t0)
-        outcome = {"failed": False}
-        limit, url, stall = self.cfg.max_response_bytes, lease.worker.url, self.cfg.stall_timeout
-        if failover is not None:
-            fo = Failover(self, *failover, lease, resp, first, stats, workers)
-            return self._failover_stream(resp, fo, t0, endpoint, on_usage, stats)
-
-        async def pump(send):
-            pending, sent, ended, chunk = b"", 0, False, first
-            try:
-                while chunk:
-                    stats.feed(chunk)
-                    pending += chunk
-                    cut = event_end(pending)
-                    if cut:
-                        out, pending = pending[:cut], pending[cut:]
-                        sent += len(out)
-                        if sent > limit:
-                            raise AttemptFailed("response_too_large", f"the stream exceeds {limit} bytes")
-                        good = valid_prefix(out)
-                        if good < len(out):
-                            if good:
-                                await send({"type": "http.response.body", "body": out[:good], "more_body": True})
-                            raise AttemptFailed("bad_event", "the worker sent an event that is not JSON")
-                        ended = stream_ended(out)
-                        await send({"type": "http.response.body", "body": out, "more_body": True})
-                    chunk = await asyncio.wait_for(resp.content.readany(), stall)
-                if not ended:
-                    raise AttemptFailed("truncated_stream", "the worker ended the stream without [DONE]")
-            except (AttemptFailed, *RETRYABLE) as exc:
-                failure = exc if isinstance(exc, AttemptFailed) else _transport_failure(exc)
-                outcome["failed"] = True
-                self.m.retries.labels("after_first_byte_" + failure.reason).inc()
-                log.warning("stream from %s failed after the first byte (%s): %s", url, failure.reason, failure)
-                await send({"type": "http.response.body", "body": error_event(
-                    f"The worker failed during the stream: {failure}", failure.reason), "more_body": True})
+    def _stream(self, relayed: RelayedStream, t0: float, endpoint: str, on_usage) -> SSEStream:
+        """The SSE response of ``relayed``; once it is over, its dispatch released and its metrics and usage."""
+        resp, stats = relayed.resp, relayed.stats
+        status = str(resp.status)
 
         async def on_close():
-            lease.finish(not outcome["failed"])
-            self._stream_ended(endpoint, "502" if outcome["failed"] else str(resp.status), t0, stats, on_usage)
-            _close(resp)          # closing a stream cut short makes the worker abort
+            relayed.close()
+            self.m.requests.labels(endpoint, "502" if relayed.failed else status).inc()
+            self.m.e2e.observe(time.monotonic() - t0)
+            if stats.ttft is not None:
+                self.m.ttft.observe(stats.ttft)
+            if stats.tpot is not None:
+                self.m.tpot.observe(stats.tpot)
+            if stats.completion_tokens is not None:
+                on_usage(stats.completion_tokens)
 
-        headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in _headers(resp).items()]
-        return SSEStream(resp.status, headers, pump, on_close)
-
-    def _stream_ended(self, endpoint: str, status: str, t0: float, stats: StreamStats, on_usage) -> None:
-        """A proxied stream's metrics and usage, once it is over (plain or with failover)."""
-        self.m.requests.labels(endpoint, status).inc()
-        self.m.e2e.observe(time.monotonic() - t0)
-        if stats.ttft is not None:
-            self.m.ttft.observe(stats.ttft)
-        if stats.tpot is not None:
-            self.m.tpot.observe(stats.tpot)
-        if stats.completion_tokens is not None:
-            on_usage(stats.completion_tokens)
-
-    def _failover_stream(self, resp, fo: Failover, t0: float, endpoint: str, on_usage, stats: StreamStats):
-        async def on_close():
-            fo.close()
-            self._stream_ended(endpoint, "502" if fo.failed else "200", t0, stats, on_usage)
-
-        headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in _headers(resp).items()
-                   if k.lower() != CONTINUATION_HEADER]
-        return SSEStream(resp.status, headers, fo.pump, on_close)
+        drop = (CONTINUATION_HEADER,) if isinstance(relayed, Failover) else ()
+        headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in _headers(resp, drop).items()]
+        return SSEStream(resp.status, headers, relayed.pump, on_close)

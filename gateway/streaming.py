@@ -1,20 +1,20 @@
-"""SSE pass-through: the bytes of a worker's event stream to the client, unchanged.
+"""SSE bytes: how events are framed and checked, what they say, and the ASGI response that carries them.
 
-``SSEStream`` is a raw ASGI response. Its pump sends each complete event (a run of
-bytes ending in a blank line) as soon as it has arrived, after a cheap check that
-every ``data:`` payload is JSON (orjson) or ``[DONE]``; nothing is decoded or
-re-serialised. A watcher task waits for the client's ``http.disconnect`` and cancels
-the pump (the response's own task) at once (also during a long silence such as a prefill), so the upstream is
-closed and the worker aborts. ``on_close()`` runs exactly once however it ends.
+Owns the byte-level rules every relay uses (gateway.relay, gateway.failover): ``event_end``
+(complete events end in a blank line), ``valid_prefix`` / ``is_json`` (every ``data:``
+payload is JSON, orjson first, or ``[DONE]``), ``stream_ended`` (a stream ends with
+``data: [DONE]``, or for the Responses API with one of ``RESPONSES_TERMINAL``, the one list of
+its terminal events), ``error_event`` (the in-band error and ``[DONE]`` that end a failed
+stream, in the worker's own format).
 
-Failures after the first byte (the pump raises ``StreamFailure``-like exceptions given
-by the caller) become one in-band error event followed by ``data: [DONE]``.
+``SSEStream`` is a raw ASGI response around a pump (``pump(send)`` sends the events) and an
+``on_close()`` that runs exactly once however it ends. A watcher task waits for the client's
+``http.disconnect`` and cancels the pump (the response's own task) at once (also during a
+long silence such as a prefill), so the upstream is closed and the worker aborts.
 
-``StreamStats`` looks for markers in the raw bytes as they pass: the first event
-carrying generated text (TTFT), the last one (TPOT), ``usage.completion_tokens`` (or the
-Responses API's ``output_tokens``). A stream ends with ``data: [DONE]``, or for the
-Responses API with its terminal ``response.completed|incomplete|failed`` event
-(``stream_ended``).
+``StreamStats`` looks for markers in the bytes sent as they pass: the first event carrying
+generated text (TTFT), the last one (TPOT), ``usage.completion_tokens`` (or the Responses
+API's ``output_tokens``).
 """
 
 from __future__ import annotations
@@ -29,10 +29,13 @@ from starlette.responses import Response
 
 TEXT = re.compile(rb'"(?:text|content|delta)"\s*:\s*"(?!")')
 USAGE = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
-DONE_EVENTS = (b"data: [DONE]\n\n", b"data: [DONE]\r\n\r\n")
+DONE = b"data: [DONE]\n\n"
+DONE_EVENTS = (DONE, b"data: [DONE]\r\n\r\n")
 _BLOCKS = re.compile(rb"(?<=\n\n)|(?<=\r\n\r\n)")
-# The Responses API ends a stream with its terminal event instead of [DONE].
-TERMINAL = re.compile(rb"event: response\.(?:completed|incomplete|failed)\r?\n")
+# The Responses API ends a stream with one of its terminal events instead of [DONE] (the one list of them).
+RESPONSES_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+_TERMINAL = re.compile(rb"event: (?:" + rb"|".join(re.escape(e.encode()) for e in sorted(RESPONSES_TERMINAL))
+                       + rb")\r?\n")
 
 
 def stream_ended(events: bytes) -> bool:
@@ -42,12 +45,12 @@ def stream_ended(events: bytes) -> bool:
     body = events.rstrip(b"\r\n")
     lf, crlf = body.rfind(b"\n\n"), body.rfind(b"\r\n\r\n")
     start = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
-    return TERMINAL.match(body, start) is not None
+    return _TERMINAL.match(body, start) is not None
 
 
 def error_event(message: str, code: str) -> bytes:
     body = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
-    return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"     # the worker's own format
+    return b"data: " + json.dumps(body).encode() + b"\n\n" + DONE     # the worker's own format
 
 
 def event_end(buf: bytes) -> int:

@@ -1,6 +1,6 @@
-"""One dispatch to one worker, shared by the forwarder (gateway.proxy) and stream failover
-(gateway.failover): the upstream client, ``Lease`` (released exactly once), ``AttemptFailed``
-(one worker could not answer) and how a transport error becomes one.
+"""The upstream side of one dispatch (gateway.dispatch, gateway.relay, gateway.failover): the
+upstream client, ``Lease`` (released exactly once), ``AttemptFailed`` (one worker could not
+answer) and how a transport error becomes one.
 
 Accounting: ``Lease.finish(ok)`` reports the outcome to the circuit breaker (None: not the
 worker's doing, e.g. the client left; ``worker_neutral``: a 4xx, or a 5xx the worker marks as the

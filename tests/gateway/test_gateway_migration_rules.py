@@ -1,10 +1,11 @@
-"""gateway.migration without processes: which requests may migrate, and how events are rewritten."""
+"""gateway.migration without processes: which requests may migrate, and how events are rewritten (completions,
+chat and Responses trackers)."""
 
 import json
 
 import pytest
 
-from gateway.migration import StreamTracker, migratable, rewrite, summed_usage
+from gateway.migration import ResponsesTracker, StreamTracker, migratable, rewrite
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 
@@ -129,7 +130,7 @@ def test_an_n2_stream_resumes_each_unfinished_choice_as_a_leg_of_its_own():
     assert ended and only["id"] == "a" and only["choices"][0]["index"] == 2
     assert only["choices"][0]["logprobs"]["text_offset"] == [3]      # after choice 2's "Hi!"
     legs[0].usage = {**usage, "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}}
-    summed = parsed(summed_usage(t, legs))[0]
+    summed = parsed(t.summed_usage(legs))[0]
     assert summed["id"] == "a" and summed["usage"] == {"prompt_tokens": 3, "completion_tokens": 5 + 2 + 4,
                                                         "total_tokens": 14}
 
@@ -140,3 +141,53 @@ def test_an_n2_stream_with_an_unresumable_choice_does_not_move():
                                     "token_ids": []}]}
     rewrite(t, ev({"id": "a", "choices": [{"index": 0, "delta": {"content": "x"}, "token_ids": [1]}]}) + ev(call))
     assert not t.can_migrate()
+
+
+def sse(kind: str, **data) -> bytes:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
+
+
+def responses_events(out: bytes) -> list:
+    """A Responses stream's events (each block's ``event:`` name checked against its ``type``)."""
+    blocks = [b.split("\n") for b in out.decode().split("\n\n") if b]
+    assert all(b[0] == "event: " + json.loads(b[1][6:])["type"] for b in blocks)       # event names kept
+    return [json.loads(b[1][6:]) for b in blocks]
+
+
+def test_the_tracker_keeps_one_response_and_one_sequence_across_workers():
+    t = ResponsesTracker({"input": "x", "stream": True}, max_migrations=2)
+    first = (sse("response.created", sequence_number=0, response={"id": "resp_a", "created_at": 1, "output": []})
+             + sse("response.output_item.added", sequence_number=1, item={"type": "message", "id": "msg_a"})
+             + sse("response.output_text.delta", sequence_number=2, item_id="msg_a", delta="He", token_ids=[1, 2])
+             + sse("swiftserve.token_ids", token_ids=[3]))
+    out, migrate, ended = rewrite(t, first)
+    assert [e["type"] for e in responses_events(out)] == ["response.created", "response.output_item.added",
+                                                "response.output_text.delta"]
+    assert "token_ids" not in responses_events(out)[2] and t.token_ids == [1, 2, 3] and t.can_migrate() and not ended
+    out, migrate, _ = rewrite(t, sse("response.failed", sequence_number=3, response={"error": {
+        "code": "shutting_down", "message": "drained"}}))
+    assert out == b"" and migrate.reason == "worker_error"
+    t.migrations = 1
+    body, n = t.resume()
+    assert n == 3 and json.loads(body)["continuation_token_ids"] == [1, 2, 3]
+    rest = (sse("response.output_text.delta", sequence_number=0, item_id="msg_b", delta="llo", token_ids=[4])
+            + sse("swiftserve.token_ids", token_ids=[5], finish_reason="stop")
+            + sse("response.output_text.done", sequence_number=1, item_id="msg_b", text="Hello")
+            + sse("response.completed", sequence_number=2, response={
+                "id": "resp_b", "created_at": 2, "output": [{"type": "message", "id": "msg_b"}]}))
+    out, _, ended = rewrite(t, rest)
+    events = responses_events(out)
+    assert ended and [e["sequence_number"] for e in events] == [3, 4, 5]
+    assert {e.get("item_id") for e in events[:2]} == {"msg_a"}
+    assert events[-1]["response"]["id"] == "resp_a" and events[-1]["response"]["output"][0]["id"] == "msg_a"
+    assert not t.can_migrate()
+
+
+def test_a_responses_stream_past_its_generation_or_without_ids_does_not_move():
+    t = ResponsesTracker({"input": "x", "stream": True}, max_migrations=2)
+    rewrite(t, sse("swiftserve.token_ids", token_ids=[5], finish_reason="stop"))
+    assert not t.can_migrate()                  # only the closing burst was left
+    t = ResponsesTracker({"input": "x", "stream": True}, max_migrations=2)
+    rewrite(t, sse("response.output_text.delta", sequence_number=0, item_id="m", delta="x"))
+    assert not t.can_migrate()
+    assert ResponsesTracker.for_request("/v1/responses", {"input": "x"}, 2) is None       # not streamed

@@ -1,6 +1,6 @@
 """Stream migration of ``/v1/responses`` streams: what the client has been sent, and how a resumed one continues.
 
-A streamed Responses request is migratable as a chat one is (``gateway.migration``): the
+A streamed Responses request is migratable as a chat one is (gateway.migration): the
 gateway asks the worker for ``return_token_ids`` (the worker then adds ``swiftserve.token_ids``
 events, stripped unless the client asked for them) and, when the worker fails after the first
 byte, re-sends the request with ``continuation_token_ids`` to another worker
@@ -26,30 +26,21 @@ carries the ids of its text as ``token_ids``).
 
 from __future__ import annotations
 
-import orjson
-
-from gateway.migration import RETRYABLE_CODES, Migrate
+from gateway.migration.protocol import Migrate, ResumableStream, worker_failed
+from gateway.streaming import RESPONSES_TERMINAL
 
 RESPONSES = "/v1/responses"
 IDS_EVENT = "swiftserve.token_ids"
-TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
-class ResponsesTracker:
-    """What one migratable Responses stream has sent; builds the bodies sent upstream."""
-
-    index = None                 # one generation: never split into legs (gateway.failover)
-    choices = {0: None}
+class ResponsesTracker(ResumableStream):
+    """What one migratable Responses stream (one generation: it resumes whole) has sent."""
 
     def __init__(self, body: dict, max_migrations: int) -> None:
-        self.body, self.max_migrations = body, max_migrations
-        self.want_ids = body.get("return_token_ids") is True
+        super().__init__(body, max_migrations)
         self.token_ids: list[int] = []
         self.ids_complete = True         # every event with text carried its ids
-        self.ended = False               # the worker said its generation ended: the closing burst follows
-        self.terminal = False            # the terminal event went out
-        self.closed = False              # not resumable at all (the answer itself is too large)
-        self.migrations = 0
+        self.generated = False           # the worker said its generation ended: the closing burst follows
         self.seq = 0                     # the next sequence_number the client gets
         self.response = None             # (id, created_at) of the first worker's response
         self.msg_id = None               # the first message item's id
@@ -61,20 +52,14 @@ class ResponsesTracker:
 
     @property
     def finished(self) -> bool:
-        return self.terminal
-
-    def upstream(self) -> bytes:
-        return orjson.dumps({**self.body, "return_token_ids": True})
+        return self.ended                # its terminal event went out
 
     def resume(self) -> tuple[bytes, int]:
-        body = {**self.body, "return_token_ids": True}
-        if self.token_ids:
-            body["continuation_token_ids"] = self.token_ids
-        return orjson.dumps(body), len(self.token_ids)
+        return self._resumed(self.body, self.token_ids)
 
     def can_migrate(self) -> bool:
         return (self.migrations < self.max_migrations and self.ids_complete
-                and not (self.ended or self.terminal or self.closed))
+                and not (self.generated or self.ended))
 
     def _same_ids(self, data: dict) -> None:
         resp = data.get("response")
@@ -101,20 +86,20 @@ class ResponsesTracker:
         kind = data.get("type")
         if kind == IDS_EVENT:
             self.token_ids.extend(data.get("token_ids") or ())
-            self.ended = self.ended or data.get("finish_reason") is not None
+            self.generated = self.generated or data.get("finish_reason") is not None
             return (data if self.want_ids else None), None
         if kind == "response.failed":
-            err = (data.get("response") or {}).get("error") or {}
-            if isinstance(err, dict) and err.get("code") in RETRYABLE_CODES:
-                return None, Migrate("worker_error", f"the worker reported {err.get('code')}: {err.get('message')}")
+            migrate = worker_failed((data.get("response") or {}).get("error"))
+            if migrate is not None:
+                return None, migrate
         if kind == "response.output_text.delta":
             ids = data.get("token_ids") if self.want_ids else data.pop("token_ids", None)
             if ids is not None:
                 self.token_ids.extend(ids)
-            elif data.get("delta") and not self.ended:
+            elif data.get("delta") and not self.generated:
                 self.ids_complete = False
         self._same_ids(data)
         if "sequence_number" in data:
             data["sequence_number"], self.seq = self.seq, self.seq + 1
-        self.terminal = self.terminal or kind in TERMINAL
+        self.ended = self.ended or kind in RESPONSES_TERMINAL
         return data, None

@@ -1,19 +1,11 @@
-"""Stream migration: which streams may move to another worker, and what the client sees of them.
+"""Stream migration of completions and chat completions streams: ``StreamTracker``, per choice.
 
 A streamed ``/v1/completions`` or ``/v1/chat/completions`` request (no ``echo``, a single
-prompt, any ``n``, structured outputs and tools included) is *migratable*. The gateway then
-asks the worker for the generated token ids (``return_token_ids``, vLLM's field) and parses
-every SSE event. ``StreamTracker`` keeps what the client has been sent, per choice: the
-token ids, whether the choice has finished; and the stream's ``id`` and ``created``. When the
-worker fails after the first byte (connection lost, stream cut without ``[DONE]``, no byte
-for ``--stall-timeout``, an in-band error whose code says the engine or worker failed, or a
-choice aborted by the worker's drain: ``finish_reason "abort"`` with ``stop_reason
-"worker_shutdown"``), the request is re-sent to another worker with
-``continuation_token_ids`` = those ids (``worker.continuation``): that worker resumes exactly
-after them (advancing a constraint's grammar and replaying the tool-call holding through
-them), and its events continue the same stream. A worker whose engine cannot rebuild a
-grammar (the vLLM engine) refuses a constrained continuation with a 400; the gateway then
-tries another worker, and ends the stream with the explicit error when none resumes it.
+prompt, any ``n``, structured outputs and tools included) is *migratable* (``migratable``).
+``StreamTracker`` keeps what the client has been sent, per choice: the token ids, whether the
+choice has finished; and the stream's ``id`` and ``created``. Besides the failures every
+migratable stream moves on (gateway.migration), a choice aborted by the worker's drain
+(``finish_reason "abort"`` with ``stop_reason "worker_shutdown"``) migrates.
 
 n > 1: when the worker fails, each unfinished choice is resumed as a *leg*, an n = 1
 continuation with its own ids (``StreamTracker.legs``, run side by side by
@@ -32,31 +24,18 @@ only if the client asked for them, tool calls with the ids, names and arguments 
 worker that ended the choice (a chat choice's ``tool_calls`` deltas come in one burst at its
 end). A migration is only made when, for every unfinished choice, every event with text
 also carried its ids and no ``tool_calls`` delta has been sent (a worker lost inside that
-burst is not resumed: its calls would come twice); otherwise the failure ends the stream
-with an error event as before. A resuming worker must confirm the continuation with its
-``x-swiftserve-continuation`` header (a server that would ignore the field, such as stock
-vLLM, is not trusted with it).
+burst is not resumed: its calls would come twice).
 """
 
 from __future__ import annotations
 
-import json
-
 import orjson
 
+from gateway.migration.protocol import Migrate, ResumableStream, worker_failed
+from gateway.streaming import DONE
+
 MIGRATABLE_PATHS = ("/v1/completions", "/v1/chat/completions")
-CONTINUATION_HEADER = "x-swiftserve-continuation"       # worker.continuation
 DRAIN_ABORT = "worker_shutdown"                          # worker.continuation: a drain aborted the choice
-# In-band worker errors that say the worker or its engine failed, not the request.
-RETRYABLE_CODES = frozenset({"engine_error", "engine_unavailable", "shutting_down"})
-
-
-class Migrate(Exception):
-    """The worker failed after the first byte in a way another worker can resume from."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 def migratable(path: str, body: dict) -> bool:
@@ -89,8 +68,8 @@ class ChoiceState:
         self.offset_base = 0             # where the current worker's text starts (its text_offset 0)
 
 
-class StreamTracker:
-    """What one migratable stream has sent to the client; builds the bodies sent upstream.
+class StreamTracker(ResumableStream):
+    """What one migratable completions or chat stream has sent to the client, per choice.
 
     ``index`` set: a *leg*, choice ``index`` of an n > 1 stream resumed as an n = 1 request of its
     own (``legs``): its events' ``index`` 0 becomes ``index``, its usage chunk is kept for the
@@ -98,14 +77,11 @@ class StreamTracker:
 
     def __init__(self, body: dict, max_migrations: int, index: int | None = None,
                  choice: ChoiceState | None = None) -> None:
-        self.body, self.max_migrations, self.index = body, max_migrations, index
-        self.want_ids = body.get("return_token_ids") is True
+        super().__init__(body, max_migrations)
+        self.index = index
         n = 1 if index is not None else body.get("n") or 1
         self.choices = {index: choice or ChoiceState()} if index is not None else {i: ChoiceState() for i in range(n)}
         self.id = self.created = None
-        self.migrations = 0
-        self.closed = False              # not resumable at all (the answer itself is too large)
-        self.terminal = False            # (a Responses stream's terminal event: gateway.migration_responses)
         self.usage: dict | None = None   # a leg's usage chunk
 
     @classmethod
@@ -122,29 +98,29 @@ class StreamTracker:
     def finished(self) -> bool:
         return all(ch.finished for ch in self.choices.values())
 
-    def upstream(self) -> bytes:
-        """The first worker's body: the client's, asking for token ids."""
-        return orjson.dumps({**self.body, "return_token_ids": True})
-
     def resume(self) -> tuple[bytes, int]:
         """The next worker's body for a one-choice stream or a leg, and how many continuation tokens it
         must confirm (0: a plain re-run, when no token was generated yet)."""
         (ch,) = self.choices.values()
-        body = {**self.body, "return_token_ids": True}
         ch.offset_base = ch.text_len
-        if ch.token_ids:
-            body["continuation_token_ids"] = ch.token_ids
-        return orjson.dumps(body), len(ch.token_ids)
+        return self._resumed(self.body, ch.token_ids)
 
     def can_migrate(self) -> bool:
         left = [ch for ch in self.choices.values() if not ch.finished]
-        return (self.migrations < self.max_migrations and not self.closed and bool(left)
+        return (self.migrations < self.max_migrations and bool(left)
                 and all(ch.ids_complete and not ch.calls_sent for ch in left))
 
-    def legs(self) -> list["StreamTracker"]:
-        """An n > 1 stream's unfinished choices, each as an n = 1 request of its own. Choice ``i`` > 0 of a
-        seeded request gets the seed ``seed + i`` (the first worker derived its own; either way the
-        random generator restarts at the continuation)."""
+    def done(self) -> bytes:
+        """A leg's ``[DONE]`` is not the client's: gateway.failover ends the stream once every leg is over."""
+        super().done()
+        return b"" if self.index is not None else DONE
+
+    def legs(self) -> list["StreamTracker"] | None:
+        """An n > 1 stream's unfinished choices, each as an n = 1 request of its own (None for one choice,
+        or a leg: it resumes whole). Choice ``i`` > 0 of a seeded request gets the seed ``seed + i`` (the
+        first worker derived its own; either way the random generator restarts at the continuation)."""
+        if len(self.choices) == 1:
+            return None
         out = []
         for i, ch in self.choices.items():
             if ch.finished:
@@ -161,9 +137,8 @@ class StreamTracker:
         """One parsed ``data:`` object -> (what the client gets, or None; a Migrate to act on after it)."""
         err = data.get("error")
         if err is not None:
-            if isinstance(err, dict) and err.get("code") in RETRYABLE_CODES:
-                return None, Migrate("worker_error", f"the worker reported {err.get('code')}: {err.get('message')}")
-            return data, None
+            migrate = worker_failed(err)
+            return (None, migrate) if migrate is not None else (data, None)
         if self.id is None:
             self.id, self.created = data.get("id"), data.get("created")
         elif self.migrations:
@@ -209,57 +184,18 @@ class StreamTracker:
             ch.started = ch.started or keep
         return (data if keep else None), migrate
 
-
-def summed_usage(stream: StreamTracker, legs: list[StreamTracker]) -> bytes:
-    """The usage chunk that ends an n > 1 stream whose choices were resumed as legs: the prompt once, and
-    every choice's completion tokens (a leg's from its last worker, which counts its continuation; a
-    choice that had finished before, its token ids). b"" when no leg reported usage (not asked for)."""
-    reported = [leg.usage for leg in legs if leg.usage]
-    if not reported:
-        return b""
-    resumed = {leg.index for leg in legs}
-    done = sum(len(ch.token_ids) for i, ch in stream.choices.items() if i not in resumed)
-    completion = done + sum(u["usage"].get("completion_tokens") or 0 for u in reported)
-    prompt = reported[0]["usage"].get("prompt_tokens") or 0
-    chunk = {**reported[0], "id": stream.id, "created": stream.created,
-             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
-    return b"data: " + orjson.dumps(chunk) + b"\n\n"
-
-
-def _py_dumps(obj) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
-
-
-def rewrite(tracker: StreamTracker, events: bytes) -> tuple[bytes, Migrate | None, bool]:
-    """Complete SSE events from a worker -> (bytes for the client, a Migrate to act on, [DONE] seen).
-
-    Events after a Migrate are dropped (the next worker regenerates them). A ``data:`` line that is
-    not JSON raises ``ValueError``."""
-    out, ended = [], False
-    for block in events.replace(b"\r\n", b"\n").split(b"\n\n"):
-        if not block.strip():
-            continue
-        lines = block.split(b"\n")
-        data = [ln[5:].strip() for ln in lines if ln.startswith(b"data:")]
-        if len(data) != 1:
-            out.append(block + b"\n\n")          # comments, or several data lines: passed as they are
-            continue
-        if data[0] == b"[DONE]":
-            ended = True
-            if tracker.index is None:            # a leg's is not the client's (gateway.failover ends it)
-                out.append(b"data: [DONE]\n\n")
-            continue
-        try:
-            obj, dumps = orjson.loads(data[0]), orjson.dumps
-        except orjson.JSONDecodeError:           # what orjson refuses but Python emits (-Infinity logprobs)
-            obj, dumps = json.loads(data[0]), _py_dumps
-        if not isinstance(obj, dict):
-            raise ValueError("an event that is not a JSON object")
-        obj, migrate = tracker.event(obj)
-        if obj is not None:
-            head = [ln + b"\n" for ln in lines if ln.startswith(b"event:")][:1]     # Responses' event names
-            out.append(b"".join(head) + b"data: " + dumps(obj) + b"\n\n")
-        if migrate is not None:
-            return b"".join(out), migrate, False
-        ended = ended or tracker.terminal        # a Responses stream ends with its terminal event, no [DONE]
-    return b"".join(out), None, ended
+    def summed_usage(self, legs: list["StreamTracker"]) -> bytes:
+        """The usage chunk that ends an n > 1 stream whose choices were resumed as legs: the prompt once, and
+        every choice's completion tokens (a leg's from its last worker, which counts its continuation; a
+        choice that had finished before, its token ids). b"" when no leg reported usage (not asked for)."""
+        reported = [leg.usage for leg in legs if leg.usage]
+        if not reported:
+            return b""
+        resumed = {leg.index for leg in legs}
+        done = sum(len(ch.token_ids) for i, ch in self.choices.items() if i not in resumed)
+        completion = done + sum(u["usage"].get("completion_tokens") or 0 for u in reported)
+        prompt = reported[0]["usage"].get("prompt_tokens") or 0
+        chunk = {**reported[0], "id": self.id, "created": self.created,
+                 "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                           "total_tokens": prompt + completion}}
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
