@@ -20,7 +20,7 @@ import math
 from functools import lru_cache
 
 from refengine.outputs import TokenLogprob
-from worker.response_models import ChatLogprobToken, CompletionLogprobs, PromptLogprob, PromptLogprobs, TopLogprob
+from worker.api.choice_models import ChatLogprobToken, CompletionLogprobs, PromptLogprob, PromptLogprobs, TopLogprob
 
 MIN_LOGPROB = -9999.0
 
