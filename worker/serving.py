@@ -24,7 +24,7 @@ Cancelling it (client disconnect, error) cancels every task synchronously; each
 task's ``finally`` aborts its engine request. Keeping engine consumption in
 separate tasks means cleanup never depends on awaits inside a cancelled scope.
 The HTTP side of a request (admission, streaming or not, disconnects) is
-``worker.serving_driver``.
+``worker.api.driver``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from worker.continuation import DRAIN_ABORT
 from worker.detokenizer import OutputText
 from worker.engine_client import EngineClient
 from worker.errors import APIError, bad_request, model_not_found
-from worker.logprobs import TokenTexts
+from worker.token_texts import TokenTexts
 from worker.metrics import RequestTracker, WorkerMetrics
 
 BIG_PROMPT_BYTES = 64 * 1024        # prompts longer than this tokenise on their own thread

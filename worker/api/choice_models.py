@@ -3,7 +3,7 @@
 ``extra="forbid"``: a field an answer carries is one declared here, so a typo in a formatter
 fails its test instead of reaching a client. Chat and completions, whole answers with usage
 and logprobs (OpenAI's shape; ``prompt_logprobs`` and ``token_ids`` in vLLM's); a stream's
-chunks carry the same choice fields (``worker.serving_driver.ChoicesFormatter.chunk``). Their
+chunks carry the same choice fields (``worker.api.driver.ChoicesFormatter.chunk``). Their
 requests are ``worker.api.completions.protocol`` and ``worker.api.chat.protocol``; the Responses
 API's output is ``worker.api.responses.models``.
 """

@@ -27,7 +27,7 @@ a drain abort sends none of the held text (the resuming worker holds it again).
 ``create_chat_completion`` runs this API's checks (``worker.api.chat.protocol``), the messages and
 tools (``worker.api.chat.prompt``) and the shared preparation (``worker.api.prepare``: request id,
 constraints compiled once, engine parameters) before admission;
-``worker.serving_driver.serve`` runs the choices; ``ChatFormatter`` writes the chunks or the response.
+``worker.api.driver.serve`` runs the choices; ``ChatFormatter`` writes the chunks or the response.
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ from worker import tools as tool_calls
 from worker.api.chat.prompt import conversation, messages_bytes, prompt_ids, with_tools
 from worker.api.chat.protocol import ChatCompletionRequest, validate_chat
 from worker.api.choice_models import ChatChoice, ChatChoiceLogprobs, ChatCompletionResponse, ChatMessageOut
+from worker.api.driver import ChoicesFormatter, seeded, serve
+from worker.api.logprobs import chat_logprobs, prompt_logprobs_out
 from worker.api.prepare import Preparation
 from worker.continuation import DRAIN_ABORT, response_headers
-from worker.logprobs import chat_logprobs, prompt_logprobs_out
 from worker.serving import ChoiceEvent, ChoiceSpec, ServingState
-from worker.serving_driver import ChoicesFormatter, seeded, serve
 
 
 async def create_chat_completion(state: ServingState, req: ChatCompletionRequest, raw: Request) -> Response:

@@ -18,7 +18,7 @@ admission slot -> tokenise in the executor -> engine parameters per prompt ->
 one engine request per choice. ``create_completion`` runs this API's checks
 (``worker.api.completions.protocol``) and the shared preparation (``worker.api.prepare``: request
 id, constraint compiled once, engine parameters per prompt) and builds the choices;
-``worker.serving_driver.serve`` runs them; ``CompletionFormatter`` writes the chunks or the response.
+``worker.api.driver.serve`` runs them; ``CompletionFormatter`` writes the chunks or the response.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from fastapi import Request, Response
 
 from worker.api.choice_models import CompletionChoice, CompletionLogprobs, CompletionResponse
 from worker.api.completions.protocol import CompletionRequest, validate_completion
+from worker.api.driver import ChoicesFormatter, seeded, serve
+from worker.api.logprobs import completion_logprobs, echo_logprobs, extend_logprobs, prompt_logprobs_out
 from worker.api.prepare import Preparation
 from worker.continuation import response_headers
 from worker.errors import bad_request
-from worker.logprobs import completion_logprobs, echo_logprobs, extend_logprobs, prompt_logprobs_out
 from worker.serving import ChoiceEvent, ChoiceSpec, ServingState
-from worker.serving_driver import ChoicesFormatter, seeded, serve
 
 
 def _tokenize(tokenizer, prompt, add_special_tokens: bool, truncate: int | None, echo: bool, vocab_size: int):

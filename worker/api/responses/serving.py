@@ -4,7 +4,7 @@ Flow: this API's checks under its own field names (``worker.api.responses.protoc
 input items and tools (``worker.api.responses.items``) -> the tool plan and the chat template's
 messages (``worker.api.chat.prompt``) -> the shared preparation (``worker.api.prepare``: request
 id, constraints compiled once) -> admission -> the chat template in the executor -> the engine
-parameters once -> one engine request, run by ``worker.serving_driver.serve`` with
+parameters once -> one engine request, run by ``worker.api.driver.serve`` with
 ``ResponsesFormatter`` writing the events or the Response object (``ResponseView`` builds it and
 its output items as the typed models of ``worker.api.responses.models``). The answer is one assistant
 ``message`` output item holding one ``output_text`` part, or, with tools, the calls the
@@ -44,6 +44,7 @@ from pydantic import BaseModel
 from worker import tools as tool_calls
 from worker.api.chat.prompt import TemplateOptions, messages_bytes, prompt_ids, with_tools
 from worker.api.choice_models import now
+from worker.api.driver import serve
 from worker.api.prepare import Preparation
 from worker.api.responses import items as input_items
 from worker.api.responses.models import (FunctionCallItem, IncompleteDetails, MessageItem, OutputText,
@@ -52,7 +53,6 @@ from worker.api.responses.protocol import ResponsesRequest, check_generation, ec
 from worker.continuation import DRAIN_ABORT, response_headers
 from worker.errors import APIError
 from worker.serving import ChoiceSpec, ServingState, new_id
-from worker.serving_driver import serve
 
 TEMPLATE = TemplateOptions()        # the Responses API has no template fields: vLLM's defaults
 
@@ -136,7 +136,7 @@ async def create_response(state: ServingState, req: ResponsesRequest, raw: Reque
 
 
 class ResponsesFormatter:
-    """The Responses API's wire format for the driver (``worker.serving_driver.Formatter``):
+    """The Responses API's wire format for the driver (``worker.api.driver.Formatter``):
     the event sequence of the module docstring, or one Response object.
 
     ``text`` is the whole output so far, ``n`` its token count, ``finish`` the finish reason
