@@ -262,7 +262,7 @@ def test_a_drain_abort_ends_a_responses_stream_as_a_resumable_failure():
     from worker.continuation import DRAIN_ABORT
     from worker.api.responses.protocol import ResponsesRequest
     from worker.api.responses.serving import ResponsesFormatter, ResponseView
-    from worker.serving import ChoiceEvent
+    from worker.choices import ChoiceEvent
 
     fmt = ResponsesFormatter(ResponseView(ResponsesRequest(input="x", stream=True), "m", 3), report_ids=True)
     out = list(fmt.opening()) + list(fmt.stream_event(ChoiceEvent(0, "Hi", token_ids=[1], num_output_tokens=1)))

@@ -12,7 +12,8 @@ from refengine.config import EngineConfig
 from refengine.sampling_params import SamplingParams
 from worker.config import WorkerConfig
 from worker.errors import APIError, bad_request
-from worker.serving import ChoiceSpec, ServingState
+from worker.choices import ChoiceSpec
+from worker.serving import ServingState
 from worker.api.driver import serve
 from worker_test_fakes import FakeEngineClient, make_tokenizer
 

@@ -41,8 +41,9 @@ from worker.api.choice_models import ChatChoice, ChatChoiceLogprobs, ChatComplet
 from worker.api.driver import ChoicesFormatter, seeded, serve
 from worker.api.logprobs import chat_logprobs, prompt_logprobs_out
 from worker.api.prepare import Preparation
+from worker.choices import ChoiceEvent, ChoiceSpec
 from worker.continuation import DRAIN_ABORT, response_headers
-from worker.serving import ChoiceEvent, ChoiceSpec, ServingState
+from worker.serving import ServingState
 
 
 async def create_chat_completion(state: ServingState, req: ChatCompletionRequest, raw: Request) -> Response:

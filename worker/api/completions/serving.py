@@ -30,9 +30,10 @@ from worker.api.completions.protocol import CompletionRequest, validate_completi
 from worker.api.driver import ChoicesFormatter, seeded, serve
 from worker.api.logprobs import completion_logprobs, echo_logprobs, extend_logprobs, prompt_logprobs_out
 from worker.api.prepare import Preparation
+from worker.choices import ChoiceEvent, ChoiceSpec
 from worker.continuation import response_headers
 from worker.errors import bad_request
-from worker.serving import ChoiceEvent, ChoiceSpec, ServingState
+from worker.serving import ServingState
 
 
 def _tokenize(tokenizer, prompt, add_special_tokens: bool, truncate: int | None, echo: bool, vocab_size: int):

@@ -50,9 +50,10 @@ from worker.api.responses import items as input_items
 from worker.api.responses.models import (FunctionCallItem, IncompleteDetails, MessageItem, OutputText,
                                          ResponseError, ResponseObject, ResponseUsage)
 from worker.api.responses.protocol import ResponsesRequest, check_generation, echo_format, validate
+from worker.choices import ChoiceSpec
 from worker.continuation import DRAIN_ABORT, response_headers
 from worker.errors import APIError
-from worker.serving import ChoiceSpec, ServingState, new_id
+from worker.serving import ServingState, new_id
 
 TEMPLATE = TemplateOptions()        # the Responses API has no template fields: vLLM's defaults
 
