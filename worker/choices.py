@@ -1,14 +1,13 @@
 """A request's choices: one *choice* is one engine request, its events made by ``run_choice``.
 
-``run_choice`` turns its ``RequestOutput``
-stream into ``ChoiceEvent``s: a continuation's replayed text first (``replayed``: not
-output, formatters only update their state with it), text deltas (``OutputText``: incremental
-detokenisation + stop strings), logprobs, prompt logprobs (first event), and exactly
-one final event carrying ``finish_reason``. A ``score_only`` choice (echo with
-``max_tokens: 0``) reports no generated text or token and ``finish_reason="length"``. On a
-stop-string hit it closes the engine stream and aborts the engine request, reporting ``finish_reason="stop"`` and ``stop_reason=<the string>``.
-The engine's EOS / stop token is not part of the text unless
-``include_stop_str_in_output`` (as vLLM).
+``run_choice`` turns its ``RequestOutput`` stream into ``ChoiceEvent``s: a continuation's
+replayed text first (``replayed``: not output, formatters only update their state with it), text
+deltas (``OutputText``: incremental detokenisation + stop strings), logprobs, prompt logprobs
+(first event), and exactly one final event carrying ``finish_reason``. A ``score_only`` choice
+(echo with ``max_tokens: 0``) reports no generated text or token and ``finish_reason="length"``.
+On a stop-string hit it closes the engine stream and aborts the engine request, reporting
+``finish_reason="stop"`` and ``stop_reason=<the string>``. The engine's EOS / stop token is not
+part of the text unless ``include_stop_str_in_output`` (as vLLM).
 
 ``ChoiceStreams`` runs each choice in its own asyncio task and merges the events.
 Cancelling it (client disconnect, error) cancels every task synchronously; each

@@ -15,8 +15,8 @@ CASES = [
     ("/v1/completions", {"prompt": "x", "max_tokens": 2, "guided_regex": "[0-9]{3}"}, ["guided_*"]),
     ("/v1/completions", {"prompt": ["x", "y"], "n": 2, "max_tokens": 2, "structured_outputs": {"json": SCHEMA}},
      ["structured_outputs"]),
-    ("/v1/chat/completions", {"messages": MSG, "max_tokens": 2, "tools": [TOOL],
-                              "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}},
+    ("/v1/chat/completions", {"messages": MSG, "max_tokens": 2, "tools": [TOOL], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}},
      ["response_format", "tools.0.function.parameters"]),
     ("/v1/chat/completions", {"messages": MSG, "max_tokens": 2, "tools": [TOOL], "tool_choice": "required"},
      ["tools.0.function.parameters", "tool_choice"]),

@@ -5,11 +5,11 @@ input items and tools (``worker.api.responses.items``) -> the tool plan and the 
 messages (``worker.api.chat.prompt``) -> the shared preparation (``worker.api.prepare``: request
 id, constraints compiled once) -> admission -> the chat template in the executor -> the engine
 parameters once -> one engine request, run by ``worker.api.driver.serve`` with
-``ResponsesFormatter`` writing the events or the Response object (``ResponseView`` builds it and
-its output items as the typed models of ``worker.api.responses.models``). The answer is one assistant
-``message`` output item holding one ``output_text`` part, or, with tools, the calls the
-output holds (``worker.tools.calls``) as ``function_call`` items (after a ``message``
-item for any text before them); ``usage`` counts input and output tokens.
+``ResponsesFormatter`` writing the events or the Response object (``ResponseView`` builds it
+and its output items as the typed models of ``worker.api.responses.models``). The answer is
+one assistant ``message`` output item holding one ``output_text`` part, or, with tools, the
+calls the output holds (``worker.tools.calls``) as ``function_call`` items (after a
+``message`` item for any text before them); ``usage`` counts input and output tokens.
 ``finish_reason == "length"`` makes the response ``incomplete`` with
 ``incomplete_details.reason = "max_output_tokens"``.
 

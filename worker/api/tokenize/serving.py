@@ -8,7 +8,8 @@
 token_strs}``; ``token_strs`` (the tokenizer's own pieces, as vLLM) only with
 ``return_token_strs``. /detokenize takes ``tokens`` and answers ``{prompt}`` (special
 tokens kept). ``model`` is optional, as in vLLM; when given it must be served here.
-Tokenisation runs in the serving state's tokenizer thread, never on the event loop.
+Tokenisation runs in the serving state's tokenizer thread, never on the event loop. The requests
+are ``worker.api.tokenize.protocol``; messages render through ``worker.api.chat.prompt``.
 """
 
 from __future__ import annotations
