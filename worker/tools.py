@@ -1,15 +1,15 @@
-"""Tool calling on /v1/chat/completions and /v1/responses: ``tools``, ``tool_choice``, ``parallel_tool_calls``,
-tool history.
+"""Tool calling on /v1/chat/completions and /v1/responses: ``tools``, ``tool_choice``,
+``parallel_tool_calls``, tool history.
 
-``plan(tools, choice, parallel, template, limits, function_of)`` checks the request's tools, each
-read in its API's own shape by ``function_of`` (chat's ``chat_function`` by default; the Responses
-API's flat tools: ``worker.api.responses.items``), (400s name the API's own field: at most
-``--max-tools``, each a function with a name and a ``parameters`` object, every schema and
-all of them together within ``--max-constraint-bytes``) and returns a ``ToolPlan`` (None
-without tools, or with ``tool_choice: "none"``: then the tools are not shown to the model and
-nothing is parsed). ``ToolPlan.checks`` lists the schemas to compile before admission
-(``worker.constraints``: each tool's, then the constraint of "required" or a named tool);
-nothing is compiled here:
+``plan(tools, choice, parallel, template, limits, function_of)`` checks the request's tools (400s
+name the field: at most ``--max-tools``, each a function with a name and a ``parameters``
+object, every schema and all of them together within ``--max-constraint-bytes``), each read in
+its API's own shape by ``function_of`` so that the field named is that API's (chat's
+``chat_function`` by default; the Responses API's flat tools: ``worker.api.responses.items``),
+and returns a ``ToolPlan`` (None without tools, or with ``tool_choice: "none"``: then the tools
+are not shown to the model and nothing is parsed). ``ToolPlan.checks`` lists the schemas to
+compile before admission (``worker.constraints``: each tool's, then the constraint of
+"required" or a named tool); nothing is compiled here:
 
 - ``required``: the output is constrained (a grammar, as structured outputs) to a JSON
   array of ``{"name": <one of the tools>, "arguments": <that tool's parameters schema>}``,
