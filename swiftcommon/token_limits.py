@@ -6,8 +6,9 @@ Which field limits the output, per endpoint (OpenAI's API; the worker serves by 
 - completions: ``max_tokens`` only (default ``DEFAULT_COMPLETION_TOKENS``; an explicit null:
   the rest of the context); ``max_completion_tokens`` is not a completions field;
 - responses: ``max_output_tokens`` only.
-``worker.protocol`` applies it to validated requests and ``gateway.auth`` to raw bodies for its
-admission estimate, so a client's token budget is charged for what the worker generates.
+The worker's request models (``worker.api``) apply it to validated requests and ``gateway.auth``
+to raw bodies for its admission estimate, so a client's token budget is charged for what the
+worker generates.
 
 Contract: pure functions of plain values; imports nothing of the project.
 """

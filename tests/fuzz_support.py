@@ -24,8 +24,9 @@ import json
 
 from hypothesis import strategies as st
 
-from worker.protocol import ChatCompletionRequest, CompletionRequest
-from worker.protocol_responses import ResponsesRequest
+from worker.api.chat.protocol import ChatCompletionRequest
+from worker.api.completions.protocol import CompletionRequest
+from worker.api.responses.protocol import ResponsesRequest
 
 CMPL, CHAT, RESP = "/v1/completions", "/v1/chat/completions", "/v1/responses"
 VALID = {CMPL: {"model": "fake-model", "prompt": "Hello", "max_tokens": 4},

@@ -29,15 +29,17 @@ from worker.config import WorkerConfig
 from worker.engine_client import EngineClient
 from worker.errors import APIError, error_response, install_error_handlers
 from worker.limits import BodyLimit
-from worker.protocol import ChatCompletionRequest, CompletionRequest
-from worker.response_models import ChatCompletionResponse, CompletionResponse
-from worker.serving import ServingState
-from worker.serving_chat import create_chat_completion
-from worker.serving_completions import create_completion
-from worker.protocol_responses import ResponsesRequest
+from worker.api.chat.protocol import ChatCompletionRequest
+from worker.api.chat.serving import create_chat_completion
+from worker.api.choice_models import ChatCompletionResponse, CompletionResponse
+from worker.api.completions.protocol import CompletionRequest
+from worker.api.completions.serving import create_completion
+from worker.api.responses.protocol import ResponsesRequest
+from worker.api.responses.serving import create_response
+from worker.api.tokenize.protocol import DetokenizeRequest, TokenizeRequest
+from worker.api.tokenize.serving import detokenize, tokenize
 from worker.request_body import CountedRoute
-from worker.serving_responses import create_response
-from worker.serving_tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
+from worker.serving import ServingState
 
 
 def build_app(config: WorkerConfig, engine: EngineClient, tokenizer) -> FastAPI:

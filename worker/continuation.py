@@ -20,13 +20,13 @@ The worker then
   token (``SamplingParams.structured_prefix``), so the constraint is where the first
   worker left it, never restarted;
 * with a tool plan, replays the continuation's text through the chat stream's tool-call
-  holding (``worker.serving_chat``) without reporting it: a call the first worker was
+  holding (``worker.api.chat.serving``) without reporting it: a call the first worker was
   holding back is held here too and sent whole (ids, names, arguments) at the end, and
   text it had already released as content is not sent again;
 * in a chat stream, sends no ``role`` chunk (the client has it from the first worker); in a
   ``/v1/responses`` stream (streams only) no ``response.created`` / ``in_progress`` and no
   message item the first worker had opened, while its closing events and terminal response
-  hold the whole text (``worker.serving_responses``);
+  hold the whole text (``worker.api.responses.serving``);
 * answers with the header ``x-swiftserve-continuation: <n>`` (n continuation tokens
   applied), so a gateway can tell a worker that honours the field from one that would
   silently ignore it (a stock vLLM server).
@@ -78,7 +78,7 @@ def check_continuation(req) -> None:
         raise bad_request("continuation_token_ids must not be empty (leave it out to start a generation).", param)
     if any(t < 0 for t in ids):
         raise bad_request("continuation_token_ids must be non-negative token ids.", param)
-    if req.n != 1:
+    if getattr(req, "n", 1) != 1:
         raise bad_request("continuation_token_ids needs n = 1 (one generation to resume).", param)
     if getattr(req, "echo", False):
         raise bad_request("continuation_token_ids cannot be combined with echo.", param)

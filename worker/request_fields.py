@@ -2,8 +2,9 @@
 
 Three kinds of field reach the worker:
 
-1. Fields declared in ``worker.protocol``: each takes effect or is refused with a 400
-   naming it (``validate_request``).
+1. Fields declared in the API's request model (``worker.api.<api>.protocol``): each takes
+   effect or is refused with a 400 naming it (``worker.api.sampling.validate_sampling`` and
+   the API's own checks).
 2. vLLM's request fields (its completion and chat protocol, vLLM 0.32) that we have not
    built: listed in ``VLLM_UNIMPLEMENTED`` with the value that means "off". A request
    that sets one to anything else gets a 400 naming it, because a client switching from

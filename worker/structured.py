@@ -15,12 +15,13 @@ Accepted, on /v1/completions and /v1/chat/completions (as vLLM 0.32):
   (+ ``guided_whitespace_pattern``).
 
 At most one of the three families may be given. ``request_constraint`` builds the one
-``StructuredSpec`` (memoised on the request) and refuses one larger than
-``--max-constraint-bytes``; it compiles nothing. The compile (against the model's tokenizer,
-with its first token mask, in a child process with a time limit) is ``worker.constraints``,
-awaited by the endpoints before admission: a malformed regex or grammar, an unsupported
-schema feature, a constraint that allows no output or that takes too long are 400s naming
-the field.
+``StructuredSpec`` and refuses one larger than ``--max-constraint-bytes``; it compiles nothing.
+The Responses API's ``text.format`` is built with the same ``json_schema_spec`` and ``check_size``
+(``worker.api.responses.protocol``). The compile (against the model's tokenizer, with its
+first token mask, in a child process with a time limit) is ``worker.constraints``, awaited once
+per request by the preparation step (``worker.api.prepare``) before admission: a malformed regex
+or grammar, an unsupported schema feature, a constraint that allows no output or that takes too
+long are 400s naming the field.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from worker.limits import RequestLimits
 
 _SO_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 _SO_OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern")
-_ANY_OBJECT = '{"type":"object"}'
+ANY_OBJECT = '{"type":"object"}'
 
 
 def _schema_text(value: Any, param: str) -> str:
@@ -71,19 +72,24 @@ def _from_response_format(rf: dict) -> StructuredSpec | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return StructuredSpec("json", _ANY_OBJECT)
+        return StructuredSpec("json", ANY_OBJECT)
     if kind == "json_schema":
         js = rf.get("json_schema")
         if not isinstance(js, dict):
             raise bad_request("response_format json_schema needs a 'json_schema' object with a 'schema'.",
                               "response_format.json_schema")
-        if "strict" in js and js["strict"] is not None and not isinstance(js["strict"], bool):
-            raise bad_request("response_format.json_schema.strict must be a boolean.", "response_format.json_schema")
-        schema = js.get("schema")
-        return StructuredSpec("json", _ANY_OBJECT if schema is None else
-                              _schema_text(schema, "response_format.json_schema.schema"))
+        return json_schema_spec(js, "response_format.json_schema")
     raise bad_request(f"response_format type {kind!r} is not supported (text, json_object, json_schema).",
                       "response_format")
+
+
+def json_schema_spec(js: dict, where: str) -> StructuredSpec:
+    """The spec of a ``json_schema`` format whose ``schema`` and ``strict`` sit in ``js``, the field ``where``
+    (chat's ``response_format.json_schema``, the Responses API's ``text.format``)."""
+    if "strict" in js and js["strict"] is not None and not isinstance(js["strict"], bool):
+        raise bad_request(f"{where}.strict must be a boolean.", where)
+    schema = js.get("schema")
+    return StructuredSpec("json", ANY_OBJECT if schema is None else _schema_text(schema, f"{where}.schema"))
 
 
 def _from_structured_outputs(so: dict) -> StructuredSpec:
@@ -101,7 +107,7 @@ def _from_structured_outputs(so: dict) -> StructuredSpec:
     if kind == "structural_tag":
         raise bad_request("structured_outputs.structural_tag is not supported.", "structured_outputs.structural_tag")
     if kind == "json_object":
-        return StructuredSpec("json", _ANY_OBJECT, ws)
+        return StructuredSpec("json", ANY_OBJECT, ws)
     if kind == "json":
         if so.get("disable_additional_properties"):
             value = _close_objects(json.loads(value) if isinstance(value, str) else value)
@@ -140,11 +146,9 @@ def check_size(spec: StructuredSpec, param: str, limits: RequestLimits) -> Struc
 
 
 def request_constraint(req, limits: RequestLimits | None = None) -> tuple[str, StructuredSpec] | None:
-    """(field, spec) of the request's output constraint (None: free text), built once per request.
-    400 on a malformed, unsupported or oversized one; nothing is compiled here."""
-    memo = req._constraint          # (result,) once built (a PrivateAttr of the request model)
-    if memo is not None:
-        return memo[0]
+    """(field, spec) of a completions or chat request's output constraint (None: free text). 400 on a
+    malformed, unsupported or oversized one; nothing is compiled here. Called once per request, by
+    ``worker.api.sampling.validate_sampling``."""
     limits = limits or RequestLimits()
     found = []
     try:
@@ -161,12 +165,4 @@ def request_constraint(req, limits: RequestLimits | None = None) -> tuple[str, S
         raise bad_request("The output constraint is nested too deeply.", "response_format") from None
     if len(found) > 1:
         raise bad_request(f"Give one structured-output constraint, not {[n for n, _ in found]}.", found[1][0])
-    result = (found[0][0], check_size(found[0][1], found[0][0], limits)) if found else None
-    req._constraint = (result,)
-    return result
-
-
-def structured_spec(req) -> StructuredSpec | None:
-    """The request's output constraint (None: free text); see ``request_constraint``."""
-    found = request_constraint(req)
-    return found[1] if found else None
+    return (found[0][0], check_size(found[0][1], found[0][0], limits)) if found else None

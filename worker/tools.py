@@ -1,12 +1,15 @@
-"""Tool calling on /v1/chat/completions: ``tools``, ``tool_choice``, ``parallel_tool_calls``, tool history.
+"""Tool calling on /v1/chat/completions and /v1/responses: ``tools``, ``tool_choice``,
+``parallel_tool_calls``, tool history.
 
-``plan(req, template, limits)`` checks the request's tools (400s name the field: at most
-``--max-tools``, each a function with a name and a ``parameters`` object, every schema and
-all of them together within ``--max-constraint-bytes``) and returns a ``ToolPlan`` (None
-without tools, or with ``tool_choice: "none"``: then the tools are not shown to the model and
-nothing is parsed). ``ToolPlan.checks`` lists the schemas to compile before admission
-(``worker.constraints``: each tool's, then the constraint of "required" or a named tool);
-nothing is compiled here:
+``plan(tools, choice, parallel, template, limits, function_of)`` checks the request's tools (400s
+name the field: at most ``--max-tools``, each a function with a name and a ``parameters``
+object, every schema and all of them together within ``--max-constraint-bytes``), each read in
+its API's own shape by ``function_of`` so that the field named is that API's (chat's
+``chat_function`` by default; the Responses API's flat tools: ``worker.api.responses.items``),
+and returns a ``ToolPlan`` (None without tools, or with ``tool_choice: "none"``: then the tools
+are not shown to the model and nothing is parsed). ``ToolPlan.checks`` lists the schemas to
+compile before admission (``worker.constraints``: each tool's, then the constraint of
+"required" or a named tool); nothing is compiled here:
 
 - ``required``: the output is constrained (a grammar, as structured outputs) to a JSON
   array of ``{"name": <one of the tools>, "arguments": <that tool's parameters schema>}``,
@@ -29,6 +32,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from refengine.structured.spec import StructuredSpec
 from worker.errors import bad_request
@@ -36,6 +40,7 @@ from worker.limits import RequestLimits, check_count
 from worker.structured import check_size
 from worker.tool_parsers import Call, ToolFormat, for_template
 
+FunctionOf = Callable[[int, Any], tuple[str, dict]]
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _EMPTY_PARAMS = {"type": "object", "properties": {}}
 
@@ -51,27 +56,35 @@ class ToolPlan:
     checks: list[tuple[str, StructuredSpec]]    # (field, schema) to compile before admission
 
 
-def _check_tools(tools: list, limits: RequestLimits) -> tuple[list[dict], list[tuple[str, StructuredSpec]]]:
+def chat_function(i: int, t) -> tuple[str, dict]:
+    """Tool ``i`` of a chat request (OpenAI's ``{"type": "function", "function": {...}}``) -> (the field of its
+    function object, the function object)."""
+    if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(t.get("function"), dict):
+        raise bad_request("Each tool must be {'type': 'function', 'function': {...}}.", f"tools.{i}")
+    return f"tools.{i}.function", t["function"]
+
+
+def _check_tools(tools: list, limits: RequestLimits,
+                 function_of: FunctionOf) -> tuple[list[dict], list[tuple[str, StructuredSpec]]]:
     """The tools with their parameters filled in, and each one's (field, schema spec)."""
     check_count(len(tools), limits.max_tools, "tools", "--max-tools", "tools")
     out, checks, total = [], [], 0
     for i, t in enumerate(tools):
         where = f"tools.{i}"
-        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(t.get("function"), dict):
-            raise bad_request("Each tool must be {'type': 'function', 'function': {...}}.", where)
-        fn = dict(t["function"])
+        field, fn = function_of(i, t)
+        fn = dict(fn)
         if not isinstance(fn.get("name"), str) or not _NAME.match(fn["name"]):
-            raise bad_request("A function name must be 1-64 letters, digits, '_', '.' or '-'.", f"{where}.function.name")
+            raise bad_request("A function name must be 1-64 letters, digits, '_', '.' or '-'.", f"{field}.name")
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):         # [] or "" is no schema, not an empty one
-            raise bad_request("function.parameters must be a JSON schema object.", f"{where}.function.parameters")
+            raise bad_request("function.parameters must be a JSON schema object.", f"{field}.parameters")
         params = params or _EMPTY_PARAMS
         try:
             spec = StructuredSpec("json", json.dumps(params, ensure_ascii=False, separators=(",", ":")))
         except (TypeError, ValueError, RecursionError):
-            raise bad_request("function.parameters must be a JSON schema object.", f"{where}.function.parameters") \
+            raise bad_request("function.parameters must be a JSON schema object.", f"{field}.parameters") \
                 from None
-        checks.append((f"{where}.function.parameters", check_size(spec, f"{where}.function.parameters", limits)))
+        checks.append((f"{field}.parameters", check_size(spec, f"{field}.parameters", limits)))
         total += len(spec.text)
         if total > limits.max_constraint_bytes:
             raise bad_request(f"The tools' parameters schemas are {total}+ bytes together; this server takes at most "
@@ -121,17 +134,19 @@ def _required_schema(tools: list[dict], parallel: bool) -> dict:
     return schema
 
 
-def plan(req, template: str | None, limits: RequestLimits | None = None) -> ToolPlan | None:
-    choice = getattr(req, "tool_choice", None)          # /tokenize's request has tools only: "auto"
-    if not req.tools:
+def plan(tools: list | None, choice, parallel_calls: bool | None, template: str | None,
+         limits: RequestLimits | None = None, function_of: FunctionOf = chat_function) -> ToolPlan | None:
+    """The request's tool plan. ``function_of(i, tool)`` reads tool ``i`` in the API's own shape (chat's by
+    default); ``choice`` is in chat's form."""
+    if not tools:
         if choice not in (None, "none", "auto"):
             raise bad_request("tool_choice needs tools.", "tool_choice")
         return None
     limits = limits or RequestLimits()
-    tools, checks = _check_tools(req.tools, limits)
+    tools, checks = _check_tools(tools, limits, function_of)
     if choice == "none":
         return None
-    parallel = getattr(req, "parallel_tool_calls", None) is not False
+    parallel = parallel_calls is not False
     fmt = for_template(template)
     if choice in (None, "auto"):
         return ToolPlan(tools, "auto", None, parallel, fmt, None, checks)

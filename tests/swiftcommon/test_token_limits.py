@@ -5,7 +5,9 @@ import pytest
 
 from gateway.auth import requested_tokens
 from swiftcommon.token_limits import requested_limit
-from worker.protocol import ChatCompletionRequest, CompletionRequest, to_sampling_params
+from worker.api.chat.protocol import ChatCompletionRequest
+from worker.api.completions.protocol import CompletionRequest
+from worker.api.sampling import to_sampling_params
 
 MSGS = [{"role": "user", "content": "hi"}]
 

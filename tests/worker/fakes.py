@@ -66,7 +66,7 @@ def make_tokenizer():
 
 def byte_tokens(tokenizer, text: str) -> list[int]:
     """One token per UTF-8 byte of ``text`` (splits multi-byte characters)."""
-    from worker.logprobs import _BYTE_DECODER
+    from worker.token_texts import _BYTE_DECODER
 
     enc = {b: c for c, b in _BYTE_DECODER.items()}
     return tokenizer.convert_tokens_to_ids([enc[b] for b in text.encode("utf-8")])

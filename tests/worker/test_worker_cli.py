@@ -6,10 +6,12 @@ import sys
 
 import pytest
 
+from worker.api.base_request import INT64_MAX, INT64_MIN
+from worker.api.chat.protocol import ChatCompletionRequest
+from worker.api.sampling import child_seed, to_sampling_params
 from worker.args import build_parser, config_from_args
 from worker.cli import main
 from worker.errors import APIError
-from worker.protocol import INT64_MAX, INT64_MIN, ChatCompletionRequest, child_seed, to_sampling_params
 
 pytestmark = pytest.mark.e2e
 

@@ -260,9 +260,9 @@ def test_a_stream_resumed_after_any_event_joins_into_the_uninterrupted_one(clien
 
 def test_a_drain_abort_ends_a_responses_stream_as_a_resumable_failure():
     from worker.continuation import DRAIN_ABORT
-    from worker.protocol_responses import ResponsesRequest
-    from worker.serving import ChoiceEvent
-    from worker.serving_responses import ResponsesFormatter, ResponseView
+    from worker.api.responses.protocol import ResponsesRequest
+    from worker.api.responses.serving import ResponsesFormatter, ResponseView
+    from worker.choices import ChoiceEvent
 
     fmt = ResponsesFormatter(ResponseView(ResponsesRequest(input="x", stream=True), "m", 3), report_ids=True)
     out = list(fmt.opening()) + list(fmt.stream_event(ChoiceEvent(0, "Hi", token_ids=[1], num_output_tokens=1)))
@@ -271,3 +271,50 @@ def test_a_drain_abort_ends_a_responses_stream_as_a_resumable_failure():
     events = sse_events("".join(out) + "".join(fmt.closing()))
     assert events[-2] == ("swiftserve.token_ids", {"type": "swiftserve.token_ids", "token_ids": [2]})
     assert events[-1][0] == "response.failed" and events[-1][1]["response"]["error"]["code"] == "shutting_down"
+
+
+@pytest.mark.parametrize("extra, param, named", [
+    ({"input": [{"role": "user", "content": "hi"},
+                {"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]}, "input.1", None),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}, "strict": "yes"}}}, "text.format",
+     "text.format.strict"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": "{not json"}}}, "text.format.schema",
+     "text.format.schema"),
+    ({"tools": [{"type": "function", "name": "f", "parameters": []}]}, "tools.0.parameters", None),
+    ({"tools": [dict(WEATHER, parameters={"type": "object", "uniqueItems": 3})]}, "tools.0.parameters",
+     "tools.0.parameters"),
+    ({"tools": [WEATHER], "tool_choice": "required", "text": {"format": {"type": "json_object"}}}, "tool_choice",
+     None),
+    ({"input": "hi " * 400}, "input", None),
+    ({"input": [{"role": "user", "content": "hi " * 400}]}, "input", None),
+])
+def test_errors_name_the_responses_own_fields(client, extra, param, named):
+    """Validated as a Responses request: the parameter (and any field the message quotes) is the Responses
+    API's own, never a chat field such as ``messages.0`` or ``response_format``."""
+    r = client.post("/v1/responses", json={"model": "fake-model", "input": "hi", **extra})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param, err
+    assert not any(chat in err["message"] for chat in ("messages", "response_format", ".function.",
+                                                         "max_completion_tokens")), err
+    if named:
+        assert named in err["message"], err
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_response_is_the_typed_model(client_for, stream):
+    """Every Response the endpoint returns (whole, or in the stream's events) is an instance of the typed
+    output model, to the field (extra fields are refused by it)."""
+    from worker.api.responses.models import FunctionCallItem, MessageItem, ResponseObject
+
+    client, _ = client_for(scripted(CALL))
+    r = client.post("/v1/responses", json={"model": "fake-model", "input": "Weather?", "tools": [WEATHER],
+                                           "tool_choice": "required", "stream": stream})
+    bodies = [d["response"] for _, d in sse_events(r.text) if "response" in d] if stream else [r.json()]
+    for body in bodies:
+        assert ResponseObject.model_validate(body).model_dump(mode="json") == body
+    (item,) = ResponseObject.model_validate(bodies[-1]).output
+    assert isinstance(item, FunctionCallItem) and item.name == "get_weather"
+    client, _ = client_for()
+    out = ResponseObject.model_validate(client.post("/v1/responses", json={"input": "hi"}).json()).output
+    assert isinstance(out[0], MessageItem) and out[0].content[0].type == "output_text"

@@ -1,4 +1,4 @@
-"""worker.serving_driver.serve against a recording formatter: the contract every endpoint
+"""worker.api.driver.serve against a recording formatter: the contract every endpoint
 relies on (call order, in-band failure, the admission slot released on every path),
 without an endpoint's wire format in the way."""
 
@@ -12,8 +12,9 @@ from refengine.config import EngineConfig
 from refengine.sampling_params import SamplingParams
 from worker.config import WorkerConfig
 from worker.errors import APIError, bad_request
-from worker.serving import ChoiceSpec, ServingState
-from worker.serving_driver import serve
+from worker.choices import ChoiceSpec
+from worker.serving import ServingState
+from worker.api.driver import serve
 from worker_test_fakes import FakeEngineClient, make_tokenizer
 
 

@@ -96,7 +96,7 @@ def test_the_field_reaches_the_engine_and_what_cannot_be_honoured_is_refused(cli
     from refengine.config import EngineConfig
     from worker.config import WorkerConfig
     from worker.errors import APIError
-    from worker.protocol import CompletionRequest
+    from worker.api.completions.protocol import CompletionRequest
     from worker.serving import ServingState
 
     state = SimpleNamespace(config=WorkerConfig(EngineConfig(model="/m"), engine="vllm",

@@ -1,9 +1,11 @@
-"""The OpenAI wire format, responses: the exact models of what the worker returns.
+"""The output models of the choice-based APIs, completions and chat: what those endpoints return.
 
-``extra="forbid"``: a field a response carries is one declared here, so a typo in a formatter
-fails its test instead of reaching a client. Chat and completions, whole and streamed, with
-usage and logprobs (OpenAI's shape; ``prompt_logprobs`` and ``token_ids`` in vLLM's).
-Requests and their conversion to ``SamplingParams`` are ``worker.protocol``.
+``extra="forbid"``: a field an answer carries is one declared here, so a typo in a formatter
+fails its test instead of reaching a client. Chat and completions, whole answers with usage
+and logprobs (OpenAI's shape; ``prompt_logprobs`` and ``token_ids`` in vLLM's); a stream's
+chunks carry the same choice fields (``worker.api.driver.ChoicesFormatter.chunk``). Their
+requests are ``worker.api.completions.protocol`` and ``worker.api.chat.protocol``; the Responses
+API's output is ``worker.api.responses.models``.
 """
 
 from __future__ import annotations
@@ -66,23 +68,21 @@ class CompletionChoice(_TokenIdsChoice):
     prompt_logprobs: PromptLogprobs | None = None
 
 
-class CompletionResponse(_Response):
+class _Answer(_Response):
+    """The envelope of a whole answer; a subclass narrows ``object`` and ``choices`` (the fields keep this
+    order on the wire)."""
     id: str
-    object: Literal["text_completion"] = "text_completion"
+    object: str
     created: int = Field(default_factory=now)
     model: str
-    choices: list[CompletionChoice]
+    choices: list[Any]
     usage: UsageInfo
     system_fingerprint: str | None = None
 
 
-class CompletionStreamResponse(_Response):
-    id: str
+class CompletionResponse(_Answer):
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
     choices: list[CompletionChoice]
-    usage: UsageInfo | None = None
 
 
 class TopLogprob(_Response):
@@ -115,34 +115,7 @@ class ChatChoice(_TokenIdsChoice):
     stop_reason: int | str | None = None
 
 
-class ChatCompletionResponse(_Response):
-    id: str
+class ChatCompletionResponse(_Answer):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=now)
-    model: str
     choices: list[ChatChoice]
-    usage: UsageInfo
-    system_fingerprint: str | None = None
     prompt_logprobs: PromptLogprobs | None = None
-
-
-class DeltaMessage(_Response):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
-
-class ChatStreamChoice(_Response):
-    index: int
-    delta: DeltaMessage
-    logprobs: ChatChoiceLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-class ChatCompletionStreamResponse(_Response):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatStreamChoice]
-    usage: UsageInfo | None = None

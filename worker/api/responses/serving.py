@@ -1,12 +1,15 @@
-"""``POST /v1/responses``: the Responses API over the chat path, without server-side state.
+"""``POST /v1/responses``: the Responses API, without server-side state.
 
-Flow: checks (``protocol_responses.validate``) -> ``to_chat`` -> the chat request's own
-checks -> admission -> chat template in the executor -> ``to_sampling_params`` once ->
-one engine request (as a chat choice), run by ``worker.serving_driver.serve`` with
-``ResponsesFormatter`` writing the events or the Response object. The answer is one assistant
-``message`` output item holding one ``output_text`` part, or, with tools, the calls the
-output holds (``worker.tools.calls``) as ``function_call`` items (after a ``message``
-item for any text before them); ``usage`` counts input and output tokens.
+Flow: this API's checks under its own field names (``worker.api.responses.protocol``), its
+input items and tools (``worker.api.responses.items``) -> the tool plan and the chat template's
+messages (``worker.api.chat.prompt``) -> the shared preparation (``worker.api.prepare``: request
+id, constraints compiled once) -> admission -> the chat template in the executor -> the engine
+parameters once -> one engine request, run by ``worker.api.driver.serve`` with
+``ResponsesFormatter`` writing the events or the Response object (``ResponseView`` builds it
+and its output items as the typed models of ``worker.api.responses.models``). The answer is
+one assistant ``message`` output item holding one ``output_text`` part, or, with tools, the
+calls the output holds (``worker.tools.calls``) as ``function_call`` items (after a
+``message`` item for any text before them); ``usage`` counts input and output tokens.
 ``finish_reason == "length"`` makes the response ``incomplete`` with
 ``incomplete_details.reason = "max_output_tokens"``.
 
@@ -33,45 +36,47 @@ replayed into the state (held or free) unsent. A drain abort ends the stream wit
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
+from worker import tools as tool_calls
+from worker.api.chat.prompt import TemplateOptions, messages_bytes, prompt_ids, with_tools
+from worker.api.choice_models import now
+from worker.api.driver import serve
+from worker.api.prepare import Preparation
+from worker.api.responses import items as input_items
+from worker.api.responses.models import (FunctionCallItem, IncompleteDetails, MessageItem, OutputText,
+                                         ResponseError, ResponseObject, ResponseUsage)
+from worker.api.responses.protocol import ResponsesRequest, check_generation, echo_format, validate
+from worker.choices import ChoiceSpec
 from worker.continuation import DRAIN_ABORT, response_headers
 from worker.errors import APIError
-from worker.response_models import now
-from worker import tools as tool_calls
-from worker.protocol_responses import ResponsesRequest, echo_format, input_param, to_chat, validate
-from worker.serving import ChoiceSpec, ServingState, new_id
-from worker.serving_chat import chat_prompt, check_chat, check_costs, check_tools
-from worker.serving_driver import serve
+from worker.serving import ServingState, new_id
 
-# The chat path names its own parameters in errors; a Responses client sent these instead.
-_PARAMS = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens", "messages": "input"}
-_PREFIXES = (("response_format.json_schema", "text.format"), ("response_format", "text.format"))
+TEMPLATE = TemplateOptions()        # the Responses API has no template fields: vLLM's defaults
 
 
 class ResponseView:
     """Builds the Response object and its output items for one request."""
 
-    def __init__(self, req: ResponsesRequest, model: str, input_tokens: int, plan=None) -> None:
+    def __init__(self, req: ResponsesRequest, model: str, input_tokens: int, plan=None, id: str | None = None) -> None:
         self.req, self.model, self.input_tokens, self.plan = req, model, input_tokens, plan
-        self.id, self.msg_id = new_id("resp"), new_id("msg")
+        self.id, self.msg_id = id or new_id("resp"), new_id("msg")
         self.created = now()
 
-    def part(self, text: str) -> dict:
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    @staticmethod
+    def part(text: str) -> OutputText:
+        return OutputText(text=text)
 
-    def message(self, status: str, text: str | None) -> dict:
-        content = [] if text is None else [self.part(text)]
-        return {"type": "message", "id": self.msg_id, "status": status, "role": "assistant", "content": content}
+    def message(self, status: str, text: str | None) -> MessageItem:
+        return MessageItem(id=self.msg_id, status=status, content=[] if text is None else [self.part(text)])
 
     @staticmethod
-    def function_call(name: str, arguments: str, status: str = "completed") -> dict:
+    def function_call(name: str, arguments: str, status: str = "completed") -> FunctionCallItem:
         call_id = tool_calls.call_objects([(name, arguments)])[0]["id"]
-        return {"type": "function_call", "id": new_id("fc"), "call_id": call_id, "name": name,
-                "arguments": arguments, "status": status}
+        return FunctionCallItem(id=new_id("fc"), call_id=call_id, name=name, arguments=arguments, status=status)
 
     def split(self, text: str, finish: str | None) -> tuple[str | None, list]:
         """(text for a message item or None, [(name, arguments)]) of a finished output."""
@@ -80,88 +85,59 @@ class ResponseView:
         content, found = tool_calls.calls(self.plan, text, finish)
         return (content if content else None) if found else text, found
 
-    def items(self, status: str, text: str, finish: str | None) -> list[dict]:
+    def items(self, status: str, text: str, finish: str | None) -> list[MessageItem | FunctionCallItem]:
         content, found = self.split(text, finish)
         out = [self.message(status, content)] if content is not None else []
         return out + [self.function_call(n, a) for n, a in found]
 
     def response(self, status: str, output: list | None = None, output_tokens: int = 0, finish: str | None = None,
-                 error: dict | None = None) -> dict:
+                 error: ResponseError | None = None) -> ResponseObject:
         r = self.req
         done = status in ("completed", "incomplete")
-        return {
-            "id": self.id, "object": "response", "created_at": self.created, "status": status,
-            "model": self.model, "output": output or [],
-            "error": error,
-            "incomplete_details": {"reason": "max_output_tokens"} if finish == "length" else None,
-            "instructions": r.instructions, "max_output_tokens": r.max_output_tokens,
-            "temperature": 1.0 if r.temperature is None else r.temperature,
-            "top_p": 1.0 if r.top_p is None else r.top_p,
-            "text": echo_format(r), "tools": r.tools or [], "tool_choice": r.tool_choice or "auto",
-            "parallel_tool_calls": True if r.parallel_tool_calls is None else r.parallel_tool_calls,
-            "previous_response_id": None, "store": False, "truncation": "disabled", "background": False,
-            "reasoning": None, "metadata": r.metadata or {}, "user": r.user, "service_tier": "default",
-            "usage": self.usage(output_tokens) if done else None,
-        }
+        return ResponseObject(
+            id=self.id, created_at=self.created, status=status, model=self.model, output=output or [], error=error,
+            incomplete_details=IncompleteDetails() if finish == "length" else None,
+            instructions=r.instructions, max_output_tokens=r.max_output_tokens,
+            temperature=1.0 if r.temperature is None else r.temperature,
+            top_p=1.0 if r.top_p is None else r.top_p,
+            text=echo_format(r), tools=r.tools or [], tool_choice=r.tool_choice or "auto",
+            parallel_tool_calls=True if r.parallel_tool_calls is None else r.parallel_tool_calls,
+            metadata=r.metadata or {}, user=r.user, usage=self.usage(output_tokens) if done else None)
 
-    def usage(self, output_tokens: int) -> dict:
-        return {"input_tokens": self.input_tokens, "input_tokens_details": {"cached_tokens": 0},
-                "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": self.input_tokens + output_tokens}
+    def usage(self, output_tokens: int) -> ResponseUsage:
+        return ResponseUsage(input_tokens=self.input_tokens, output_tokens=output_tokens,
+                             total_tokens=self.input_tokens + output_tokens)
 
 
 def _status(finish: str | None) -> str:
     return "incomplete" if finish == "length" else "completed"
 
 
-@contextmanager
-def _responses_params(origins: list[list[str]] | None = None):
-    """Errors raised by the chat path name the Responses API's parameters (``messages.<i>...``: the input
-    item it came from, in the parameter and in the message)."""
-    try:
-        yield
-    except APIError as exc:
-        p = exc.param
-        if p in _PARAMS:
-            exc.param = _PARAMS[p]
-        elif isinstance(p, str) and p.startswith("messages.") and origins is not None:
-            exc.param = input_param(p, origins)
-            exc.message = exc.message.replace(p, exc.param)
-        elif isinstance(p, str):
-            for old, new in _PREFIXES:
-                if p.startswith(old):
-                    exc.param = new + p[len(old):]
-                    break
-            if p.startswith("tools.") and ".function." in p:
-                exc.param = p.replace(".function.", ".", 1)
-            if exc.param != p:
-                exc.message = exc.message.replace(p, exc.param)
-        raise
-
-
 async def create_response(state: ServingState, req: ResponsesRequest, raw: Request) -> Response:
     state.check_model(req.model)
     validate(req)
-    with _responses_params():
-        chat, origins = to_chat(req)
-    with _responses_params(origins):
-        msgs = check_chat(state, chat)
-        plan, msgs, tools = check_tools(state, chat, msgs)
-        await check_costs(state, chat, msgs, plan)
+    msgs = input_items.messages(req)
+    constraint = check_generation(req, state.config.limits)
+    state.check_engine()
+    plan, msgs, tools = with_tools(state, msgs, TEMPLATE, req.tools, input_items.tool_choice(req),
+                                   req.parallel_tool_calls, input_items.function_of)
+    prep = Preparation(state, req, "resp", constraint, plan)
+    state.check_prompt_bytes(messages_bytes(msgs), "input")
+    await prep.compile()
 
     async def prepare():
-        with _responses_params(origins):
-            ids, params = await chat_prompt(state, chat, msgs, tools, plan)
-        view = ResponseView(req, state.config.model_name, len(ids), plan)
-        cont = list(chat.continuation_token_ids or [])
-        spec = ChoiceSpec(0, view.id, ids, params, continuation=cont, report_ids=bool(chat.return_token_ids))
+        ids = await prompt_ids(state, msgs, TEMPLATE, tools, None, "input")
+        params = prep.params(len(ids))
+        view = ResponseView(req, state.config.model_name, len(ids), plan, prep.request_id)
+        cont = prep.continuation_ids()
+        spec = ChoiceSpec(0, view.id, ids, params, continuation=cont, report_ids=bool(req.return_token_ids))
         return [spec], ResponsesFormatter(view, bool(cont), spec.report_ids)
 
-    return await serve(state, raw, req.stream, prepare, response_headers(chat))
+    return await serve(state, raw, req.stream, prepare, response_headers(req))
 
 
 class ResponsesFormatter:
-    """The Responses API's wire format for the driver (``worker.serving_driver.Formatter``):
+    """The Responses API's wire format for the driver (``worker.api.driver.Formatter``):
     the event sequence of the module docstring, or one Response object.
 
     ``text`` is the whole output so far, ``n`` its token count, ``finish`` the finish reason
@@ -188,10 +164,11 @@ class ResponsesFormatter:
     def result(self) -> JSONResponse:
         status = _status(self.finish)
         return JSONResponse(self.view.response(status, self.view.items(status, self.text, self.finish), self.n,
-                                               self.finish))
+                                               self.finish).model_dump(mode="json"))
 
     # ---- streaming ----------------------------------------------------------------------------
     def event(self, kind: str, **fields) -> str:
+        fields = {k: v.model_dump(mode="json") if isinstance(v, BaseModel) else v for k, v in fields.items()}
         payload = json.dumps({"type": kind, "sequence_number": self.seq, **fields}, ensure_ascii=False,
                              separators=(",", ":"))
         self.seq += 1
@@ -253,8 +230,8 @@ class ResponsesFormatter:
     def closing(self):
         status, view = _status(self.finish), self.view
         if self.drained:            # resumable elsewhere (worker.continuation): a gateway moves the stream
-            yield self.event("response.failed", response=view.response("failed", error={
-                "code": "shutting_down", "message": "The worker shut down before the response was complete."}))
+            yield self.event("response.failed", response=view.response("failed", error=ResponseError(
+                code="shutting_down", message="The worker shut down before the response was complete.")))
             return
         if self.free:
             yield from self._closed(status, self.text)
@@ -262,20 +239,20 @@ class ResponsesFormatter:
         else:
             output = view.items(status, self.text, self.finish)
             for i, item in enumerate(output):
-                if item["type"] == "message":
+                if isinstance(item, MessageItem):
                     yield from self._opened()
-                    yield self._delta(item["content"][0]["text"])
-                    yield from self._closed(status, item["content"][0]["text"])
+                    yield self._delta(item.content[0].text)
+                    yield from self._closed(status, item.content[0].text)
                     continue
                 yield self.event("response.output_item.added", output_index=i,
-                                 item={**item, "arguments": "", "status": "in_progress"})
-                at = {"item_id": item["id"], "output_index": i}
-                yield self.event("response.function_call_arguments.delta", delta=item["arguments"], **at)
-                yield self.event("response.function_call_arguments.done", arguments=item["arguments"], **at)
+                                 item=item.model_copy(update={"arguments": "", "status": "in_progress"}))
+                at = {"item_id": item.id, "output_index": i}
+                yield self.event("response.function_call_arguments.delta", delta=item.arguments, **at)
+                yield self.event("response.function_call_arguments.done", arguments=item.arguments, **at)
                 yield self.event("response.output_item.done", output_index=i, item=item)
         yield self.event(f"response.{status}", response=view.response(status, output, self.n, self.finish))
 
     def failed(self, err: APIError):
         """The status line is gone: the failure is the last event (no ``[DONE]``)."""
         yield self.event("response.failed", response=self.view.response(
-            "failed", error={"code": str(err.code or err.type), "message": err.message}))
+            "failed", error=ResponseError(code=str(err.code or err.type), message=err.message)))

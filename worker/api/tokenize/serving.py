@@ -8,44 +8,18 @@
 token_strs}``; ``token_strs`` (the tokenizer's own pieces, as vLLM) only with
 ``return_token_strs``. /detokenize takes ``tokens`` and answers ``{prompt}`` (special
 tokens kept). ``model`` is optional, as in vLLM; when given it must be served here.
-Tokenisation runs in the serving state's tokenizer thread, never on the event loop.
+Tokenisation runs in the serving state's tokenizer thread, never on the event loop. The requests
+are ``worker.api.tokenize.protocol``; messages render through ``worker.api.chat.prompt``.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from pydantic import Field, StrictInt, model_validator
-
-from worker.errors import bad_request
-from worker.protocol import ChatMessage, _Request
-from worker.serving import ServingState
 from worker import tools as tool_calls
-from worker.serving_chat import conversation, messages_bytes, render_chat, template_text
-
-
-class TokenizeRequest(_Request):
-    model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = Field(None, min_length=1)
-    add_special_tokens: bool | None = None          # None: true for a prompt, false for messages (vLLM)
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    chat_template: str | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    return_token_strs: bool | None = False
-    tools: list[dict[str, Any]] | None = None
-
-    @model_validator(mode="after")
-    def _one_input(self) -> "TokenizeRequest":
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of prompt and messages")
-        return self
-
-
-class DetokenizeRequest(_Request):
-    model: str | None = None
-    tokens: list[StrictInt]             # ids, not "1" or true
+from worker.api.chat.prompt import conversation, messages_bytes, render_chat, with_tools
+from worker.api.chat.protocol import check_template_flags
+from worker.api.tokenize.protocol import DetokenizeRequest, TokenizeRequest
+from worker.errors import bad_request
+from worker.serving import ServingState
 
 
 def _tokenize(tok, req: TokenizeRequest, msgs, tools) -> list[int]:
@@ -61,14 +35,10 @@ async def tokenize(state: ServingState, req: TokenizeRequest) -> dict:
     msgs = tools = None
     if req.messages is not None:
         state.check_chat_template(req)
-        if req.add_generation_prompt and req.continue_final_message:
-            raise bad_request("add_generation_prompt and continue_final_message cannot both be true.",
-                              "continue_final_message")
+        check_template_flags(req)
         # The prompt chat completions would render: tools and tool-call history as there (tool_choice "auto").
         tool_calls.check_history(req)
-        template = template_text(state, req)
-        plan = tool_calls.plan(req, template, state.config.limits)
-        msgs, tools = tool_calls.prepare_messages(conversation(req), plan, template)
+        _, msgs, tools = with_tools(state, conversation(req), req, req.tools)
     elif req.tools:
         raise bad_request("tools need messages.", "tools")
     nbytes = len(req.prompt.encode("utf-8")) if req.prompt is not None else messages_bytes(msgs)

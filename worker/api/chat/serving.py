@@ -24,153 +24,50 @@ continuation's text is replayed through the tool-call holding, unreported). A ch
 tool-call deltas go out in one write, the last of them carrying its finish and its last ids;
 a drain abort sends none of the held text (the resuming worker holds it again).
 
-``create_chat_completion`` does the checks and builds the choices; ``worker.serving_driver.serve``
-runs them; ``ChatFormatter`` writes the chunks or the response. The template and tool helpers
-(``check_chat``, ``check_tools``, ``check_costs``, ``chat_prompt``) serve ``/v1/responses`` and
-``/tokenize`` too. ``check_costs`` is the last step before admission: the messages' byte length
-(``ServingState.check_prompt_bytes``) and the compile of every constraint (structured output,
-tools' schemas) off the event loop.
+``create_chat_completion`` runs this API's checks (``worker.api.chat.protocol``), the messages and
+tools (``worker.api.chat.prompt``) and the shared preparation (``worker.api.prepare``: request id,
+constraints compiled once, engine parameters) before admission;
+``worker.api.driver.serve`` runs the choices; ``ChatFormatter`` writes the chunks or the response.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 from fastapi import Request, Response
 
 from worker import tools as tool_calls
-from worker.continuation import DRAIN_ABORT, check_constrained, response_headers
-from worker.errors import APIError, bad_request
-from worker.logprobs import chat_logprobs, prompt_logprobs_out
-from worker.protocol import ChatCompletionRequest, to_sampling_params, validate_request
-from worker.response_models import ChatChoice, ChatChoiceLogprobs, ChatCompletionResponse, ChatMessageOut
-from worker.structured import request_constraint, structured_spec
-from worker.serving import ChoiceEvent, ChoiceSpec, ServingState, new_id
-from worker.serving_driver import ChoicesFormatter, seeded, serve
-
-# Arguments of apply_chat_template that chat_template_kwargs must not override.
-_RESERVED_KWARGS = {"conversation", "tokenize", "add_generation_prompt", "continue_final_message", "chat_template",
-                    "return_dict", "return_tensors", "padding", "truncation", "max_length", "tokenizer_kwargs",
-                    "return_assistant_tokens_mask"}
-
-
-def conversation(req) -> list[dict]:
-    msgs = []
-    for i, m in enumerate(req.messages):
-        d = m.model_dump(exclude_none=True)
-        content = m.content
-        if isinstance(content, list):
-            texts = []
-            for part in content:
-                kind = part.get("type")
-                if kind not in ("text", "input_text"):
-                    raise bad_request(f"Content part type {kind!r} is not supported (text only).",
-                                      f"messages.{i}.content")
-                if not isinstance(part.get("text"), str):
-                    raise bad_request("A text content part needs a string 'text'.", f"messages.{i}.content")
-                texts.append(part["text"])
-            content = "\n".join(texts)
-        d["content"] = content or ""
-        msgs.append(d)
-    return msgs
-
-
-def render_chat(tokenizer, msgs, req, tools: list | None = None) -> list[int]:
-    """Runs in the executor. ``req``: the chat request (or /tokenize's, which has the same template fields).
-    ``tools``: passed to a template that renders them (``worker.tools.prepare_messages``)."""
-    kwargs = dict(req.chat_template_kwargs or {})
-    if tools is not None:
-        kwargs["tools"] = tools
-    bad = _RESERVED_KWARGS & kwargs.keys()
-    if bad:
-        raise bad_request(f"chat_template_kwargs may not set {sorted(bad)}.", "chat_template_kwargs")
-    try:
-        text = tokenizer.apply_chat_template(
-            msgs, tokenize=False, add_generation_prompt=req.add_generation_prompt,
-            continue_final_message=req.continue_final_message, chat_template=req.chat_template, **kwargs)
-    except APIError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - template errors (jinja, missing template) are the client's input
-        raise bad_request(f"Could not apply the chat template: {exc}", "messages") from exc
-    return list(tokenizer.encode(text, add_special_tokens=req.add_special_tokens))
-
-
-def check_chat(state: ServingState, req: ChatCompletionRequest) -> list[dict]:
-    """The checks that need no tokenizer (before admission); returns the conversation."""
-    validate_request(req, state.config.max_logprobs, state.config.limits)
-    state.check_chat_template(req)
-    state.check_engine()
-    state.check_prompt_logprobs(req)
-    state.check_speculative(req)
-    return conversation(req)
-
-
-def template_text(state: ServingState, req) -> str | None:
-    t = req.chat_template if req.chat_template is not None else getattr(state.tokenizer, "chat_template", None)
-    return t if isinstance(t, str) else None
-
-
-def check_tools(state: ServingState, req: ChatCompletionRequest, msgs: list[dict]):
-    """The request's tool plan (400s before admission, a constrained continuation this engine cannot resume
-    among them) -> (plan, messages, tools for the template)."""
-    tool_calls.check_history(req)
-    template = template_text(state, req)
-    plan = tool_calls.plan(req, template, state.config.limits)
-    if plan is not None and plan.spec is not None and structured_spec(req) is not None:
-        raise bad_request("tool_choice 'required' or a named function cannot be combined with a structured-output "
-                          "constraint.", "tool_choice")
-    constrained = (plan is not None and plan.spec is not None) or structured_spec(req) is not None
-    check_constrained(state.engine, req, constrained)
-    msgs, tools = tool_calls.prepare_messages(msgs, plan, template)
-    return plan, msgs, tools
-
-
-def messages_bytes(msgs: list[dict]) -> int:
-    """UTF-8 bytes of the messages' text (what the template renders at least)."""
-    return sum(len(m["content"].encode("utf-8")) for m in msgs if isinstance(m.get("content"), str))
-
-
-async def check_costs(state: ServingState, req: ChatCompletionRequest, msgs: list[dict], plan) -> None:
-    """Before admission: the prompt's bytes, then every constraint compiled (worker.constraints)."""
-    state.check_prompt_bytes(messages_bytes(msgs), "messages", req.truncate_prompt_tokens is not None)
-    found = request_constraint(req)
-    await state.check_constraints(([found] if found else []) + (plan.checks if plan is not None else []))
-
-
-async def chat_prompt(state: ServingState, req: ChatCompletionRequest, msgs: list[dict], tools=None, plan=None):
-    """After admission: the template in the executor, truncation, and the one conversion to
-    engine parameters. -> (prompt token ids, SamplingParams). A continuation (worker.continuation)
-    counts in the engine's context but not in the returned prompt."""
-    ids = await state.run_tokenizer(messages_bytes(msgs), render_chat, msgs, req, tools)
-    if req.truncate_prompt_tokens is not None and len(ids) > req.truncate_prompt_tokens:
-        ids = ids[-req.truncate_prompt_tokens:]
-    if not ids:
-        raise bad_request("The rendered prompt is empty.", "messages")
-    cont = req.continuation_token_ids or []
-    if any(t >= state.vocab_size for t in cont):
-        raise bad_request(f"continuation_token_ids must be < the vocabulary size {state.vocab_size}.",
-                          "continuation_token_ids")
-    params = to_sampling_params(req, prompt_len=len(ids) + len(cont), max_model_len=state.engine.max_model_len,
-                                vocab_size=state.vocab_size, done=len(cont))
-    if plan is not None and plan.spec is not None:
-        params = dataclasses.replace(params, structured=plan.spec)
-    return ids, params
+from worker.api.chat.prompt import conversation, messages_bytes, prompt_ids, with_tools
+from worker.api.chat.protocol import ChatCompletionRequest, validate_chat
+from worker.api.choice_models import ChatChoice, ChatChoiceLogprobs, ChatCompletionResponse, ChatMessageOut
+from worker.api.driver import ChoicesFormatter, seeded, serve
+from worker.api.logprobs import chat_logprobs, prompt_logprobs_out
+from worker.api.prepare import Preparation
+from worker.choices import ChoiceEvent, ChoiceSpec
+from worker.continuation import DRAIN_ABORT, response_headers
+from worker.serving import ServingState
 
 
 async def create_chat_completion(state: ServingState, req: ChatCompletionRequest, raw: Request) -> Response:
     state.check_model(req.model)
-    msgs = check_chat(state, req)
-    plan, msgs, tools = check_tools(state, req, msgs)
-    await check_costs(state, req, msgs, plan)
+    constraint = validate_chat(req, state.config.max_logprobs, state.config.limits)
+    state.check_chat_template(req)
+    state.check_engine()
+    state.check_prompt_logprobs(req)
+    state.check_speculative(req)
+    msgs = conversation(req)
+    tool_calls.check_history(req)
+    plan, msgs, tools = with_tools(state, msgs, req, req.tools, req.tool_choice, req.parallel_tool_calls)
+    prep = Preparation(state, req, "chatcmpl", constraint, plan)
+    state.check_prompt_bytes(messages_bytes(msgs), "messages", req.truncate_prompt_tokens is not None)
+    await prep.compile()
 
     async def prepare():
-        ids, base = await chat_prompt(state, req, msgs, tools, plan)
-        request_id = new_id("chatcmpl")
-        specs = [ChoiceSpec(i, f"{request_id}-{i}", ids, seeded(base, i), req.skip_special_tokens,
-                            continuation=list(req.continuation_token_ids or []),
-                            text_min_tokens=req.min_tokens, report_ids=bool(req.return_token_ids))
+        ids = await prompt_ids(state, msgs, req, tools, req.truncate_prompt_tokens, "messages")
+        base = prep.params(len(ids))
+        specs = [ChoiceSpec(i, f"{prep.request_id}-{i}", ids, seeded(base, i), req.skip_special_tokens,
+                            continuation=prep.continuation_ids(), text_min_tokens=req.min_tokens,
+                            report_ids=bool(req.return_token_ids))
                  for i in range(req.n)]
-        return specs, ChatFormatter(state, req, request_id, specs, plan)
+        return specs, ChatFormatter(state, req, prep.request_id, specs, plan)
 
     return await serve(state, raw, req.stream, prepare, response_headers(req))
 

@@ -34,10 +34,11 @@ from starlette.responses import JSONResponse, StreamingResponse
 from refengine.outputs import RequestFailed
 from refengine.sampling_params import SamplingParams
 from swiftcommon.faults import FAULT_HEADER, REQUEST_FAULT
+from worker.api.choice_models import UsageInfo, now
+from worker.api.sampling import child_seed
+from worker.choices import ChoiceEvent, ChoiceSpec, ChoiceStreams
 from worker.errors import APIError
-from worker.protocol import child_seed
-from worker.response_models import UsageInfo, now
-from worker.serving import ChoiceEvent, ChoiceSpec, ChoiceStreams, ServingState
+from worker.serving import ServingState
 
 log = logging.getLogger(__name__)
 

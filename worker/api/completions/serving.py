@@ -14,24 +14,26 @@ Choice ``index`` is ``prompt_index * n + i`` (as vLLM). ``usage.prompt_tokens``
 counts each prompt once, ``completion_tokens`` every generated token of every
 choice (including the EOS / stop token, as vLLM). ``return_token_ids`` adds each choice's generated
 ids (``token_ids``); ``continuation_token_ids`` resumes a generation (worker.continuation). Flow: cheap checks ->
-admission slot -> tokenise in the executor -> ``to_sampling_params`` per prompt ->
-one engine request per choice. ``create_completion`` does the checks and builds the
-choices; ``worker.serving_driver.serve`` runs them; ``CompletionFormatter`` writes the
-chunks or the response.
+admission slot -> tokenise in the executor -> engine parameters per prompt ->
+one engine request per choice. ``create_completion`` runs this API's checks
+(``worker.api.completions.protocol``) and the shared preparation (``worker.api.prepare``: request
+id, constraint compiled once, engine parameters per prompt) and builds the choices;
+``worker.api.driver.serve`` runs them; ``CompletionFormatter`` writes the chunks or the response.
 """
 
 from __future__ import annotations
 
 from fastapi import Request, Response
 
-from worker.continuation import check_constrained, response_headers
+from worker.api.choice_models import CompletionChoice, CompletionLogprobs, CompletionResponse
+from worker.api.completions.protocol import CompletionRequest, validate_completion
+from worker.api.driver import ChoicesFormatter, seeded, serve
+from worker.api.logprobs import completion_logprobs, echo_logprobs, extend_logprobs, prompt_logprobs_out
+from worker.api.prepare import Preparation
+from worker.choices import ChoiceEvent, ChoiceSpec
+from worker.continuation import response_headers
 from worker.errors import bad_request
-from worker.logprobs import completion_logprobs, echo_logprobs, extend_logprobs, prompt_logprobs_out
-from worker.protocol import CompletionRequest, to_sampling_params, validate_request
-from worker.response_models import CompletionChoice, CompletionLogprobs, CompletionResponse
-from worker.serving import ChoiceEvent, ChoiceSpec, ServingState, new_id
-from worker.serving_driver import ChoicesFormatter, seeded, serve
-from worker.structured import request_constraint
+from worker.serving import ServingState
 
 
 def _tokenize(tokenizer, prompt, add_special_tokens: bool, truncate: int | None, echo: bool, vocab_size: int):
@@ -65,7 +67,7 @@ def _tokenize(tokenizer, prompt, add_special_tokens: bool, truncate: int | None,
 
 async def create_completion(state: ServingState, req: CompletionRequest, raw: Request) -> Response:
     state.check_model(req.model)
-    validate_request(req, state.config.max_logprobs, state.config.limits)
+    constraint = validate_completion(req, state.config.max_logprobs, state.config.limits)
     prompt = req.prompt
     n_prompts = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
     limit = state.config.max_choices_per_request
@@ -75,38 +77,32 @@ async def create_completion(state: ServingState, req: CompletionRequest, raw: Re
     state.check_engine()
     state.check_prompt_logprobs(req)
     state.check_speculative(req)
-    found = request_constraint(req)
-    check_constrained(state.engine, req, found is not None)
+    prep = Preparation(state, req, "cmpl", constraint)
     texts = [prompt] if isinstance(prompt, str) else [p for p in prompt if isinstance(p, str)]
     sizes = [len(t.encode("utf-8")) for t in texts]
     if sizes:
         state.check_prompt_bytes(max(sizes), "prompt", req.truncate_prompt_tokens is not None)
-    await state.check_constraints([found] if found else [])
+    await prep.compile()
 
     async def prepare():
         prompts = await state.run_tokenizer(sum(sizes), _tokenize, req.prompt, req.add_special_tokens,
                                             req.truncate_prompt_tokens, bool(req.echo), state.vocab_size)
         specs: list[ChoiceSpec] = []
-        cont = list(req.continuation_token_ids or [])
-        if any(t >= state.vocab_size for t in cont):
-            raise bad_request(f"continuation_token_ids must be < the vocabulary size {state.vocab_size}.",
-                              "continuation_token_ids")
-        request_id = new_id("cmpl")
-        max_model_len = state.engine.max_model_len
+        cont = prep.continuation_ids()
         for p_idx, (ids, _) in enumerate(prompts):
             if not ids:
                 raise bad_request("The prompt is empty after tokenisation.", "prompt")
             if any(t >= state.vocab_size for t in ids):
                 raise bad_request(f"Prompt token ids must be < the vocabulary size {state.vocab_size}.", "prompt")
-            base = to_sampling_params(req, prompt_len=len(ids) + len(cont), max_model_len=max_model_len,
-                                      vocab_size=state.vocab_size, done=len(cont))
+            base = prep.params(len(ids))
             for i in range(req.n):
                 index = p_idx * req.n + i
-                specs.append(ChoiceSpec(index, f"{request_id}-{index}", ids, seeded(base, i), req.skip_special_tokens,
-                                        req.score_only, cont, req.min_tokens, bool(req.return_token_ids)))
+                specs.append(ChoiceSpec(index, f"{prep.request_id}-{index}", ids, seeded(base, i),
+                                        req.skip_special_tokens, req.score_only, cont, req.min_tokens,
+                                        bool(req.return_token_ids)))
         echo = {s.index: prompts[s.index // req.n][1] for s in specs} if req.echo else {}
         prompt_tokens = sum(len(ids) for ids, _ in prompts)
-        return specs, CompletionFormatter(state, req, request_id, specs, prompt_tokens, echo)
+        return specs, CompletionFormatter(state, req, prep.request_id, specs, prompt_tokens, echo)
 
     return await serve(state, raw, req.stream, prepare, response_headers(req))
 

@@ -1,0 +1,1 @@
+"""``POST /v1/completions``: ``protocol`` (the request and its checks), ``serving`` (handler, wire format)."""

@@ -1,0 +1,1 @@
+"""``POST /tokenize`` and ``POST /detokenize`` (vLLM's shapes): ``protocol`` and ``serving``."""
