@@ -146,7 +146,7 @@ def test_python_m_worker_serves_and_stops_cleanly(smollm2_dir):
 
     import httpx
     import psutil
-    from proc_support import free_port
+    from benchmarks.lib.procs import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "worker", "--model", str(smollm2_dir), "--port", str(port),

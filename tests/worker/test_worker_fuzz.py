@@ -18,7 +18,7 @@ import json
 import httpx
 import pytest
 import schemathesis
-from fuzz_support import CHAT, CMPL, FAMILIES, Tally, check_answer, family_bodies, fixed_cases, hostile_bodies, regressions
+from benchmarks.lib.fuzz import CHAT, CMPL, FAMILIES, Tally, check_answer, family_bodies, fixed_cases, hostile_bodies, regressions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode

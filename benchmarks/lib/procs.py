@@ -1,0 +1,103 @@
+"""The process harness the benchmarks and the tests share, for runs that start real servers: a
+free loopback port, waiting until a started process answers ``GET /health`` with 200, stopping
+process groups, and reading a sum of samples out of a ``/metrics`` text.
+
+Tests import it as ``benchmarks.lib.procs`` (the repository root is on pytest's path)."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import time
+
+import httpx
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_handed_out: set[int] = set()      # ports this process was given: never handed out twice
+
+
+def free_port(count: int = 1) -> int:
+    """First of ``count`` consecutive loopback ports that are free now and were not handed out
+    before in this process (two draws never collide, e.g. a gateway's and its workers'). Drawn
+    below the kernel's ephemeral range: a port from inside it can be taken by some process's
+    outgoing connection between this check and the server's bind (CI saw a stack's second
+    worker fail that way)."""
+    low, high = 20000, min(_ephemeral_low(), 65536) - count
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(low, high)
+        if _handed_out.intersection(range(base, base + count)):
+            continue
+        socks = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            _handed_out.update(range(base, base + count))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free ports in [{low}, {high})")
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, log=None) -> None:
+    """Poll ``url/health`` until 200; fail at once if ``proc`` exits, or after ``timeout``
+    seconds. ``log``: the process's output file, whose tail goes into the failure message."""
+
+    def tail() -> str:
+        if log is None:
+            return ""
+        log.seek(0)
+        return ":\n" + log.read()[-4000:]
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"{url}: process exited with {proc.returncode}{tail()}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{url} not healthy after {timeout} s{tail()}")
+
+
+def stop_groups(procs: list[subprocess.Popen], timeout: float = 60) -> None:
+    """SIGTERM the process group of each process still running (started with
+    ``start_new_session=True``), then SIGKILL a group that outlives ``timeout``."""
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples in a /metrics text whose labels include ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            have = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+            if all(have.get(k) == v for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
