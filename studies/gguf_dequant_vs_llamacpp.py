@@ -1,8 +1,8 @@
 """Our GGUF dequantization against llama.cpp's own C code, bit for bit.
 
-    python benchmarks/gguf_dequant_vs_llamacpp.py [--llamacpp /work/peers/llama.cpp] [--gguf FILE ...]
+    python -m studies.gguf_dequant_vs_llamacpp [--llamacpp /work/peers/llama.cpp] [--gguf FILE ...]
 
-Loads llama.cpp's ``libggml-base`` (built by benchmarks/llamacpp_build.sh) with ctypes and calls its
+Loads llama.cpp's ``libggml-base`` (built by studies/llamacpp_build.sh) with ctypes and calls its
 reference ``dequantize_row_{q4_0,q4_1,q8_0,q4_K,q6_K}`` on (a) random blocks of every format (every
 bit pattern of the integer fields, random fp16 scales) and (b) every quantized tensor of the given
 GGUF files (default: the embedded model's own Q4_1 file); compares the float32 bits with our C++

@@ -1,10 +1,10 @@
 """Logits parity with llama.cpp on the same GGUF file: both engines, the same token ids.
 
-    python benchmarks/gguf_logits_vs_llamacpp.py [--llamacpp /work/peers/llama.cpp] [--model DIR] [--prompts 8]
+    python -m studies.gguf_logits_vs_llamacpp [--llamacpp /work/peers/llama.cpp] [--model DIR] [--prompts 8]
 
 Our side: the reference engine with ``load_format="gguf"`` (the file's blocks, csrc/quant_gguf.cpp),
 float32 activations. llama.cpp's side: a ~60-line C++ program of ours, compiled here against the
-peer's ``llama.h`` / ``libllama`` (benchmarks/llamacpp_build.sh; a peer, never a dependency), that
+peer's ``llama.h`` / ``libllama`` (studies/llamacpp_build.sh; a peer, never a dependency), that
 (a) runs each sequence in one batch with every position's logits out and (b) decodes greedily.
 
 Inputs: ``--prompts`` held-out sequences (the Apache-2.0 licence text cut into ``--len`` tokens each,

@@ -1,6 +1,6 @@
 """Event-loop time of issue 47's large hostile bodies, in process (no model, no sockets).
 
-    PYTHONPATH=$PWD python benchmarks/hostile_body_cost.py [--repeats 7] [--out FILE]
+    PYTHONPATH=$PWD python -m studies.hostile_body_cost [--repeats 7] [--out FILE]
 
 For each regression of ``tests/fuzz_support.regressions`` whose body is over 64 KB (100,000
 choices, 500,000 stop strings with n = 2, 40,000 tools, a 7 MB prompt), the median time of:

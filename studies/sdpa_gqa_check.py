@@ -1,6 +1,6 @@
 """Which SDPA kernel does a GQA prefill take on this machine's torch? (the issue's first finding)
 
-    python benchmarks/sdpa_gqa_check.py --out results/perf/profiles/sdpa_gqa.json
+    python -m studies.sdpa_gqa_check --out results/perf/profiles/sdpa_gqa.json
 
 SmolLM2's attention shape (9 query heads, 3 KV heads, head_dim 64), one causal prefill of
 ``--tokens`` queries over as many keys, fp32. Times (medians) of: the default dispatch with

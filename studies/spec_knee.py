@@ -1,6 +1,6 @@
 """Where a decode step stops being overhead-bound: step time against the tokens it verifies.
 
-    python benchmarks/spec_knee.py --dtype float32 --out results/spec/knee
+    python -m studies.spec_knee --dtype float32 --out results/spec/knee
 
 In-process reference engine (the worker's engine core without HTTP). For each batch size ``b``
 (running requests, each decoding after a ``--context``-token prompt) and each draft length ``k``,

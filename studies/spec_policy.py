@@ -1,6 +1,6 @@
 """Drafting policy of suffix decoding, simulated on recorded greedy outputs with the step-cost model.
 
-    python benchmarks/spec_policy.py --seeds 0 1 2 3 --out results/spec/policy
+    python -m studies.spec_policy --seeds 0 1 2 3 --out results/spec/policy
 
 Greedy verification accepts a draft's longest prefix that equals the greedy continuation, and the
 greedy continuation does not depend on the drafts (``spec_greedy_identical``), so once the outputs
@@ -10,9 +10,9 @@ corpus of earlier outputs, the step emits the accepted drafts + one token, and c
 ``T0 + c x (1 + drafted)`` ms (``results/spec/knee.md``'s least-squares line; a step without a draft
 is ``T0 + c``). The modelled speedup is (decode tokens x (T0 + c)) / sum of step costs. It leaves
 out what the line does not hold (the drafter's own time, the server's work per streamed token), so
-it reads higher than a served run; it ranks policies, it does not replace ``spec_bench.py``.
+it reads higher than a served run; it ranks policies, it does not replace ``swiftserve bench serve spec``.
 
-The outputs: ``--single`` requests of ``benchmarks/spec_workload.py``'s prompt-heavy set per seed
+The outputs: ``--single`` requests of ``benchmarks/lib/spec_workload.py``'s prompt-heavy set per seed
 (the bench's prompt_heavy_1 rounds use seeds 0, 1, ...), generated once by the in-process engine,
 greedy, float32, one request at a time; the corpus sees them in that order. Writes
 ``<out>.json`` / ``<out>.md`` (every policy's steps, drafts, acceptance and modelled speedup).

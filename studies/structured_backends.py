@@ -10,7 +10,7 @@ covered schema); outlines-core also pays a one-off index build over the vocabula
 schema, reported as its compile time. Prints one line per library and the ratios to
 llguidance; writes ``results/api/structured_backends.json``.
 
-    python benchmarks/structured_backends.py            # after `make install` (dev extra)
+    python -m studies.structured_backends            # after `make install` (dev extra)
 """
 
 from __future__ import annotations

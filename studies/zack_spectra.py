@@ -1,6 +1,6 @@
 """ZACK calibrations' singular-value spectra side by side (e.g. SmolLM2's 64-dim heads, Gemma 3's 256-dim).
 
-    python benchmarks/zack_spectra.py --cal SmolLM2-135M=checkpoints/smollm2-zack \
+    python -m studies.zack_spectra --cal SmolLM2-135M=checkpoints/smollm2-zack \
         --cal gemma-3-270m=~/.cache/swiftserve/zack/gemma3-whitened --out results/models/zack_spectra
 
 Reads each ``zack.json`` (per cache slot and KV head: ``s_qk``, ``s_vo``, the singular values of

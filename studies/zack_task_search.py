@@ -1,8 +1,8 @@
 """ZACK by the paper's measure: the largest compression rate at which task accuracy stays at 99%.
 
-    python benchmarks/zack_task_search.py --corpus ~/.cache/swiftserve/corpus/smollm2-v2 \
+    python -m studies.zack_task_search --corpus ~/.cache/swiftserve/corpus/smollm2-v2 \
         --out results/zack/task_search.json
-    python benchmarks/zack_task_search.py ... --with '{"zipcache": {}}' --modes adaptive   # ZACK x ZipCache
+    python -m studies.zack_task_search ... --with '{"zipcache": {}}' --modes adaptive   # ZACK x ZipCache
 
 For each rank mode, a binary search over ``zack.rate`` in [0, --hi]: a rate passes when the
 model's task accuracy relative to the original's (all items, ``modelkit eval``'s
@@ -11,7 +11,7 @@ model's task accuracy relative to the original's (all items, ``modelkit eval``'s
 the KV methods on, so it also records perplexity through the cache, the KV bytes per token and
 the paired-bootstrap 95% interval of the relative accuracy. Compression figures are
 1 - (KV bytes a 16-bit cache of the probe's configuration stores) / (those of the uncompressed
-model), as ``benchmarks/kv_methods_report.py`` counts them. The search assumes accuracy falls
+model), as ``benchmarks/report/kv_methods.py`` counts them. The search assumes accuracy falls
 with the rate; the point estimate decides, and the report says when the interval at the found
 rate is too wide to tell 99% from the next probe (``resolved``), with the items a +-1% interval
 would need (``items_for_1pct``: the binomial count at the observed accuracy).

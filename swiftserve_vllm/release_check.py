@@ -1,7 +1,7 @@
 """Check the plugin against one installed vLLM release and record what was checked.
 
-    python benchmarks/vllm_release_check.py --python .venv-vllm-0.31.0/bin/python --mode tests
-    python benchmarks/vllm_release_check.py --python .venv-vllm-gpu-0.33.0/bin/python --mode construct
+    python -m swiftserve_vllm.release_check --python .venv-vllm-0.31.0/bin/python --mode tests
+    python -m swiftserve_vllm.release_check --python .venv-vllm-gpu-0.33.0/bin/python --mode construct
 
 ``--python``: an environment with that vLLM and this project (``make vllm-release-check`` /
 ``make vllm-wheel-check`` build them).

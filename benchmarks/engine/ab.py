@@ -1,6 +1,6 @@
 """A/B of two engine configurations in one process, on the serving workloads (no HTTP).
 
-    python benchmarks/engine_ab.py --set packed_linear=off packed_linear=all --threads 2 \
+    python -m benchmarks engine ab --set packed_linear=off packed_linear=all --threads 2 \
         --workloads decode_128_128 prefill_1024_32 --rounds 3 --out results/perf/profiles/ab_packed_linear.json
 
 Builds engine A and engine B (EngineConfig overrides ``--set A B``, each ``KEY=VALUE[,KEY=VALUE]``,

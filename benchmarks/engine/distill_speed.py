@@ -8,7 +8,7 @@ timed steps alternate plain / cached on the same micro-batch so that machine dri
 hits both; the cache's first-visit cost (compute + store) is the cached trainer's first
 step. Also reports how much of the teacher's temperature-T mass the cached top-k hold.
 
-    python benchmarks/distill_speed.py --corpus ~/.cache/swiftserve/corpus/smollm2-v2 -l 22 \\
+    python -m benchmarks engine distill_speed --corpus ~/.cache/swiftserve/corpus/smollm2-v2 -l 22 \\
         --out results/swiftkv/distill_speed.json
 """
 

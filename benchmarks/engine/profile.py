@@ -1,6 +1,6 @@
 """Profile the reference engine in-process on one of the serving workloads (no HTTP).
 
-    python benchmarks/profile_engine.py --workload decode_128_128 --prompts 16 --out results/perf/profiles
+    python -m benchmarks engine profile --workload decode_128_128 --prompts 16 --out results/perf/profiles
 
 Runs the workload once to warm up, then once under ``torch.profiler`` and writes the
 top operators by self CPU time (``<workload>[-swiftkv].txt``) plus the step figures

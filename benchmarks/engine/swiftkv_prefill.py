@@ -5,9 +5,9 @@ For each prompt length, one request at a time goes through the reference engine
 engine). Engines alternate A/B/A/B... within one run so machine drift hits both;
 medians and per-pair ratios are reported. Random token prompts (seeded).
 
-    python benchmarks/swiftkv_prefill.py                       # SmolLM2, l=15 (50%), g=1 and g=2
-    python benchmarks/swiftkv_prefill.py --lengths 512 2048 --repeats 5 --out results/swiftkv_prefill.json
-    python benchmarks/swiftkv_prefill.py -l 15 22 --groups 1 2   # several l: every (l, g) pair
+    python -m benchmarks engine swiftkv_prefill                       # SmolLM2, l=15 (50%), g=1 and g=2
+    python -m benchmarks engine swiftkv_prefill --lengths 512 2048 --repeats 5 --out results/swiftkv_prefill.json
+    python -m benchmarks engine swiftkv_prefill -l 15 22 --groups 1 2   # several l: every (l, g) pair
 
 Writes JSON and a markdown table (``--out`` / ``.md``) that include the exact command.
 """

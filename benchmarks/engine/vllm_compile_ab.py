@@ -1,6 +1,6 @@
 """vLLM compiled vs eager, side by side, for the plugin's model classes and stock Llama.
 
-    .venv-vllm/bin/python benchmarks/vllm_compile_ab.py --out results/vllm/compile_ab.json
+    .venv-vllm/bin/python -m benchmarks engine vllm_compile_ab --out results/vllm/compile_ab.json
 
 Each (model, mode) runs in its own vLLM engine process with the worker's settings
 (``swiftserve_vllm.settings``: float32 on CPU, OpenMP bound to every core), one after the

@@ -3,7 +3,7 @@ the reference engine; plus AcrossKV's KV capacity and ZACK serving. Prints ratio
 
 Run in the vLLM environment (CPU: ``make vllm-env``; GPU: ``make vllm-env VLLM_EXTRA=vllm
 TORCH_SPEC=torch``), e.g.:
-  .venv-vllm/bin/python benchmarks/vllm_swiftkv.py --out results/vllm
+  .venv-vllm/bin/python -m benchmarks engine vllm_swiftkv --out results/vllm
 
 Engines (same dtype and KV budget, prefix caching off, one request at a time):
   vllm-base     stock vLLM Llama on the original SmolLM2 (the baseline)

@@ -1,6 +1,6 @@
 """Zero-loss failover, measured: streams in flight when a worker is killed or hangs.
 
-    python benchmarks/failover_bench.py --out results/reliability/failover.json
+    python -m benchmarks gateway failover --out results/reliability/failover.json
 
 Starts two real workers (``python -m worker``, SmolLM2-135M-Instruct on the reference
 engine unless ``--model`` / ``--worker-python`` / ``--engine`` say otherwise) and a gateway
@@ -19,11 +19,11 @@ The gateway's ``swiftserve_gateway_migrations_total`` says how many streams move
 ``--out`` (per scenario: streams, completed, errors, lost, migrations) with the figures
 ``kill_midstream_completed_pct``, ``hang_midstream_completed_pct`` and
 ``migrated_greedy_identical`` (true when at least one stream migrated and every stream's
-text equals its uninterrupted run), which ``benchmarks/reliability_summary.py`` merges into
+text equals its uninterrupted run), which ``benchmarks/report/reliability.py`` merges into
 ``summary.json``.
 
 ``--mix``: the streams rotate over completions, chat, chat with a JSON schema, chat with a
-required tool, chat with ``n`` = 2 and ``/v1/responses`` (``benchmarks/failover_kinds.py``:
+required tool, chat with ``n`` = 2 and ``/v1/responses`` (``benchmarks/gateway/failover_kinds.py``:
 the requests and how each is judged against the same request's uninterrupted stream, asked
 of a worker directly); each scenario also counts per kind (``kinds``: streams, outcomes,
 and how many had ended before the fault).

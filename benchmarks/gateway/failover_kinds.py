@@ -1,4 +1,4 @@
-"""The stream kinds of ``failover_bench.py --mix``: each kind's request, and what a client makes of its stream.
+"""The stream kinds of ``swiftserve bench gateway failover --mix``: each kind's request, and what a client makes of its stream.
 
 Kinds (stream ``i`` of a scenario is ``KINDS[i % 6]``): ``completions`` and ``chat``
 (``ignore_eos``, ``max_tokens`` tokens), ``json_schema`` (chat with a small

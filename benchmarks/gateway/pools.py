@@ -1,9 +1,9 @@
 """Several models behind one gateway, with real SmolLM2 workers: the figures of results/gateway/summary.json.
 
-    python benchmarks/model_pools_bench.py pools    --out results/gateway/pools.json
-    python benchmarks/model_pools_bench.py split    --out results/gateway/split.json
-    python benchmarks/model_pools_bench.py shadow   --out results/gateway/shadow.json
-    python benchmarks/model_pools_bench.py overhead --out results/gateway/overhead.json
+    python -m benchmarks gateway pools pools    --out results/gateway/pools.json
+    python -m benchmarks gateway pools split    --out results/gateway/split.json
+    python -m benchmarks gateway pools shadow   --out results/gateway/shadow.json
+    python -m benchmarks gateway pools overhead --out results/gateway/overhead.json
 
 Each command starts its own workers (``python -m worker``, one per model, ``--dtype`` float32 by
 default, one torch thread each) and a gateway (``python -m gateway``, JSQ), runs, stops them,

@@ -3,14 +3,14 @@
 Workload (loadtest.datasets.shared_prefix_prompts): ``--prefixes`` system prompts of
 ``--prefix-len`` tokens, each request one of them plus a unique ``--suffix-len``-token
 question, Poisson arrivals at ``--rate``. Workers: ``--workers`` stub workers
-(benchmarks/stub_worker.py) that model a compute-bound engine with a prefix cache:
+(benchmarks/lib/stub_worker.py) that model a compute-bound engine with a prefix cache:
 one prefill at a time, ``--prefill-per-token`` seconds per *uncached* prompt token, an
 LRU cache of ``--cache-tokens`` tokens (smaller than the 8 prompts together, as a KV
 cache that also holds other work). For each policy, fresh workers (cold caches) and a
 fresh gateway; the client is the load generator (loadtest.runner, vLLM's metric
 definitions). Per-worker request counts come from the workers themselves.
 
-    python benchmarks/prefix_bench.py --out results/gateway/prefix.json
+    python -m benchmarks gateway prefix --out results/gateway/prefix.json
 
 ``--hot-share F`` sends a share F of the requests to the first system prompt (the rest
 spread over all of them): a hot prefix, where the load bound has to keep one worker

@@ -1,8 +1,8 @@
 """Where the gateway's CPU goes on the proxy path: py-spy samples of a gateway process
-under the overhead load of benchmarks/gateway_bench.py (closed loop, streaming, fast stub
+under the overhead load of benchmarks/gateway/routing.py (closed loop, streaming, fast stub
 worker), plus the CPU time of each process of the run (client, gateway, worker).
 
-    python benchmarks/gateway_profile.py --out results/gateway/profile.md
+    python -m benchmarks gateway profile --out results/gateway/profile.md
 
 ``--folded FILE`` keeps the raw collapsed stacks (for flame graphs).
 Self time of native code (uvloop, socket syscalls) is counted on the Python frame that

@@ -1,6 +1,6 @@
 """Rolling restart under load: does restarting every worker lose or fail any request?
 
-    python benchmarks/rolling_restart_bench.py --out results/reliability/rolling_restart.json
+    python -m benchmarks gateway rolling_restart --out results/reliability/rolling_restart.json
 
 Starts ``swiftserve up`` (``--workers`` real SmolLM2 workers, reference engine, and a
 gateway), sends Poisson arrivals at ``--rate`` requests/s of greedy streamed completions
@@ -11,7 +11,7 @@ and keeps the load on until ``--after`` seconds past the rolling restart's "done
 ``completion_tokens`` = ``--max-tokens``. Writes ``--out`` with the counts, the gateway's
 migrations and retries (from its ``/metrics``) and
 ``rolling_restart_errors`` (requests that did not succeed), which
-``benchmarks/reliability_summary.py`` merges into ``summary.json``.
+``benchmarks/report/reliability.py`` merges into ``summary.json``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
    request at a time, one of them ``--slow-factor`` times slower; JSQ vs round-robin
    p50/p99 TTFT.
 
-    python benchmarks/gateway_bench.py --out results/gateway/bench.json
+    python -m benchmarks gateway routing --out results/gateway/bench.json
 
 Writes JSON and a markdown table next to it, with the command at the top.
 """

@@ -1,7 +1,7 @@
 """The attention kernels of this checkout against an earlier version's, in one process, calls interleaved.
 
     git worktree add /tmp/base c9baf8a
-    python benchmarks/kernel_ab.py --base-src /tmp/base/refengine/csrc --out results/models/kernel_ab.json
+    python -m benchmarks kernel ab --base-src /tmp/base/refengine/csrc --out results/models/kernel_ab.json
 
 Both builds are loaded side by side (the earlier one under its own module name), and each
 timed round calls A then B on the same inputs, so load from other processes on a shared

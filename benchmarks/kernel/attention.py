@@ -1,11 +1,11 @@
 """The CPU attention kernels against PyTorch on one layer's shapes (SmolLM2 by default).
 
-    python benchmarks/attention_kernels.py --out results/perf/profiles/attention_kernels.json
+    python -m benchmarks kernel attention --out results/perf/profiles/attention_kernels.json
 
 Prefill: a ``--prefill-len``-token prompt, causal, the kernel reading a block pool in place
 against ``scaled_dot_product_attention(is_causal=True, enable_gqa=True)`` on contiguous K/V
 (no gather counted: the torch path's best case); the kernel's rate is also given as a fraction
-of this CPU's measured FMA peak (benchmarks/cpu_peak.py). Decode: ``--batch`` sequences of
+of this CPU's measured FMA peak (benchmarks/kernel/cpu_peak.py). Decode: ``--batch`` sequences of
 ``--context`` cached tokens in scattered blocks, one query each, through
 ``refengine.attention.paged_attention`` with and without the kernel (the engine's two
 paths, gather included). bf16 prefill: the same prompt rounded to bf16, the bf16 dot-product

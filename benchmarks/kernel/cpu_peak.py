@@ -1,11 +1,11 @@
 """This CPU's measured float32 FMA peak and bfloat16 dot-product peak, the yardsticks for the
 GFLOP/s the benchmarks print.
 
-    python benchmarks/cpu_peak.py --threads 2
-    python benchmarks/cpu_peak.py --threads 2 --dtype bfloat16
-    python benchmarks/cpu_peak.py --threads 2 --bandwidth          # memory read bandwidth
+    python -m benchmarks kernel cpu_peak --threads 2
+    python -m benchmarks kernel cpu_peak --threads 2 --dtype bfloat16
+    python -m benchmarks kernel cpu_peak --threads 2 --bandwidth          # memory read bandwidth
 
-Builds (once, cached like the engine's kernels) benchmarks/csrc/fma_peak.cpp, a loop of
+Builds (once, cached like the engine's kernels) benchmarks/kernel/csrc/fma_peak.cpp, a loop of
 independent fused multiply-adds on 16-float vectors: 16 accumulator chains per thread, enough
 to keep two FMA pipes busy through their latency, no memory traffic. ``--threads`` threads run it at once for ``--seconds`` per
 trial; the best of ``--trials`` is the peak (2 flops per lane per FMA). ``--dtype bfloat16`` runs

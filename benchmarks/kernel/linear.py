@@ -1,14 +1,14 @@
 """GEMM timings of the engine's projections: torch's default fp32 GEMM vs oneDNN-prepacked weights.
 
-    python benchmarks/linear_bench.py --threads 2 --out results/perf/profiles/linear.json
-    python benchmarks/linear_bench.py --threads 2 --dtype bfloat16 --out results/perf/profiles/linear_bf16.json
+    python -m benchmarks kernel linear --threads 2 --out results/perf/profiles/linear.json
+    python -m benchmarks kernel linear --threads 2 --dtype bfloat16 --out results/perf/profiles/linear_bf16.json
 
 For every projection shape of the model (fused QKV, o_proj, fused gate-up, down, LM head)
 and each row count (decode batches and prefill chunks), times ``F.linear`` and the
 prepacked module of refengine/linear.py in interleaved rounds (median of ``--repeats``),
 checks that both give the same output, and prints the ratio packed / plain and the faster
 path's rate in GFLOP/s (2 x rows x in x out per call) and as a fraction of this CPU's measured
-peak for the dtype (benchmarks/cpu_peak.py: float32 FMAs, or bf16 dot products with
+peak for the dtype (benchmarks/kernel/cpu_peak.py: float32 FMAs, or bf16 dot products with
 ``--dtype bfloat16``). This is what
 ``--packed-linear auto`` was chosen from; rerun it on another CPU before trusting the default.
 """
@@ -67,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
     spec = load_model_spec(resolve_model(args.model))
     dtype = getattr(torch, args.dtype)
     peak = cpu_peak.measure(torch.get_num_threads(), dtype=args.dtype)
-    print(f"{args.dtype} peak with {torch.get_num_threads()} thread(s): {peak:.0f} GFLOP/s (benchmarks/cpu_peak.py)")
+    print(f"{args.dtype} peak with {torch.get_num_threads()} thread(s): {peak:.0f} GFLOP/s (benchmarks/kernel/cpu_peak.py)")
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     rows_out = []
     for name, (k, n) in shapes(spec).items():

@@ -15,9 +15,9 @@ ratios are reported.
 - decode: ``--batch`` sequences with ``--context`` cached tokens each, one query each;
 - prefill: one chunk of ``--prefill`` tokens attending causally to itself.
 
-    python benchmarks/zack_attention.py --out results/zack/speed.json
-    python benchmarks/zack_attention.py --shape llama8b --device cuda --dtype bfloat16   # on a GPU host
-    python benchmarks/zack_attention.py --ranks adaptive --calibration DIR --rates 0 0.5 --out ...
+    python -m benchmarks kernel zack_attention --out results/zack/speed.json
+    python -m benchmarks kernel zack_attention --shape llama8b --device cuda --dtype bfloat16   # on a GPU host
+    python -m benchmarks kernel zack_attention --ranks adaptive --calibration DIR --rates 0 0.5 --out ...
 
 Writes JSON, a markdown table and a plot (``--out``; ``.md`` / ``.png`` next to it).
 """

@@ -49,7 +49,7 @@ def llama_1b_dir(tokenizer_dir: str | Path, root: str | Path | None = None) -> P
     src, out = Path(tokenizer_dir), Path(root or default_root()) / NAME_1B
     cfg = out / "config.json"
     if cfg.exists() and json.loads(cfg.read_text()) != LLAMA_1B:
-        raise ValueError(f"{cfg} exists and is not the 1B Llama shape of benchmarks/model_shapes.py; "
+        raise ValueError(f"{cfg} exists and is not the 1B Llama shape of benchmarks/lib/model_shapes.py; "
                          "move it away (this helper never overwrites another model's config)")
     missing = [f for f in TOKENIZER_FILES[:2] if not (src / f).is_file()]
     if missing:

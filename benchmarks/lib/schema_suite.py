@@ -8,8 +8,8 @@ list of them, and through ``$defs``/``$ref``; plus a few with ``anyOf``, nullabl
 (properties in schema order, every optional one included), which the grammar-backend
 benchmark feeds token by token through each library's matcher.
 
-Used by benchmarks/structured_backends.py (mask time and coverage per library) and
-benchmarks/api_structured.py (share of model outputs that parse and validate).
+Used by studies/structured_backends.py (mask time and coverage per library) and
+benchmarks/quality/api_structured.py (share of model outputs that parse and validate).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A stub OpenAI-style streaming worker for gateway benchmarks (no model).
 
-    python benchmarks/stub_worker.py --port 9001 --ttft 0 --itl 0 --tokens 5
-    python benchmarks/stub_worker.py --port 9002 --ttft 0.2 --itl 0.02 --serial   # one request at a time
-    python benchmarks/stub_worker.py --port 9003 --prefill-per-token 0.0002 --cache-tokens 4096
+    python -m benchmarks.lib.stub_worker --port 9001 --ttft 0 --itl 0 --tokens 5
+    python -m benchmarks.lib.stub_worker --port 9002 --ttft 0.2 --itl 0.02 --serial   # one request at a time
+    python -m benchmarks.lib.stub_worker --port 9003 --prefill-per-token 0.0002 --cache-tokens 4096
 
 ``--serial`` serves one request at a time (a queue forms, as in an engine at capacity)
 and reports it through vLLM's queue metrics so the gateway can see it.

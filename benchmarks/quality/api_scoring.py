@@ -12,7 +12,7 @@
    true when the largest difference is below 1e-3 nats per token.
 3. ``endpoints``: the POST/GET paths that answered 200 through the gateway in this run.
 
-    python benchmarks/api_scoring.py --out results/api
+    python -m benchmarks quality api_scoring --out results/api
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@
    during those constrained rounds; ``mask_wait_ms_per_step_p50`` is what the engine thread
    waited for the masks after the forward pass.
 
-    python benchmarks/api_structured.py --out results/api          # both engines; vLLM from .venv-vllm
+    python -m benchmarks quality api_structured --out results/api          # both engines; vLLM from .venv-vllm
 """
 
 from __future__ import annotations

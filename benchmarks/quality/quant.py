@@ -1,7 +1,7 @@
 """Quality of the quantized formats on SmolLM2 against bf16 (issue 50): perplexity through the cache
 and the task suite, by ``modelkit eval``, then the summary keys.
 
-    python benchmarks/quant_quality.py [--samples 32] [--task-items 25] [--work DIR] [--no-summary]
+    python -m benchmarks quality quant [--samples 32] [--task-items 25] [--work DIR] [--no-summary]
 
 Runs (each against the same float32 baseline, the engine's CPU default; every model is the
 embedded SmolLM2, whose safetensors are its Q4_1 GGUF dequantized, so the GGUF's own loss against

@@ -1,9 +1,9 @@
 """Combine the gateway runs into ``summary.json`` (results/gateway/run.sh has the commands).
 
-    python benchmarks/gateway_summary.py results/gateway
+    python -m benchmarks report gateway results/gateway
 
-Reads ``bench.json`` (benchmarks/gateway_bench.py) and ``prefix.json``
-(benchmarks/prefix_bench.py) and merges into ``summary.json`` (other keys kept):
+Reads ``bench.json`` (benchmarks/gateway/routing.py) and ``prefix.json``
+(benchmarks/gateway/prefix.py) and merges into ``summary.json`` (other keys kept):
 
 * ``overhead_p50_ms``, ``overhead_p99_ms``: latency the gateway adds (through the gateway
   minus direct) under the benchmark's closed-loop load of 16 streaming clients;
@@ -37,7 +37,7 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     directory = Path(args.directory)
     path = directory / "summary.json"
-    # merged: the model-pool keys come from benchmarks/model_pools_bench.py
+    # merged: the model-pool keys come from benchmarks/gateway/pools.py
     summary = {**(json.loads(path.read_text()) if path.is_file() else {}), **summarize(directory)}
     path.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))

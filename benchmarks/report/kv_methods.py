@@ -1,7 +1,7 @@
 """Build results/kv_methods/ (quality-vs-memory tables, plot, summary.json) from measured runs.
 
 Reads the JSON written by ``modelkit eval`` sweeps (``--kv-methods`` lists of method objects)
-and by ``benchmarks/kv_pressure.py``; computes nothing new about the models, only collects:
+and by ``benchmarks/engine/kv_pressure.py``; computes nothing new about the models, only collects:
 
 - a configuration is named by its methods in role order (``zack+zipcache``) and its swept
   options; ``--pick NAME=OPTIONS`` chooses the setting that represents ``NAME`` in
@@ -22,7 +22,7 @@ and by ``benchmarks/kv_pressure.py``; computes nothing new about the models, onl
 - ``max_concurrency_ratio_best``: the best configuration's peak concurrent sequences over
   the baseline's in the memory-pressure run (same pool bytes).
 
-    python benchmarks/kv_methods_report.py --short S.json --long L.json --swiftkv W.json \\
+    python -m benchmarks report kv_methods --short S.json --long L.json --swiftkv W.json \\
         --pressure P.json --pick kcache=kcache.top_n=64 ... --out results/kv_methods
 """
 
@@ -188,7 +188,7 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--long", default=None, help="SmolLM2 sweep, >= 2K-token prompts")
     ap.add_argument("--needle", default=None, help="needle-in-a-haystack sweep")
     ap.add_argument("--swiftkv", default=None, help="sweep on the distilled SwiftKV model")
-    ap.add_argument("--pressure", default=None, help="benchmarks/kv_pressure.py JSON")
+    ap.add_argument("--pressure", default=None, help="benchmarks/engine/kv_pressure.py JSON")
     ap.add_argument("--pick", action="append", default=[], metavar="NAME=OPTIONS")
     ap.add_argument("--out", required=True)
 

@@ -1,6 +1,6 @@
 """results/models/summary.json from the runs that measured each figure.
 
-    python benchmarks/models_summary.py --junit results/models/tests.xml \
+    python -m benchmarks report models --junit results/models/tests.xml \
         --sliding results/models/sliding_window_kv.json \
         --zack results/models/zack_gemma3_sweep.json results/models/zack_gemma3_sweep_fine.json \
         --out results/models/summary.json
@@ -10,9 +10,9 @@
 - ``swiftkv_families.reference``: the same for ``tests/refengine/test_swiftkv_families.py``;
   ``swiftkv_families.vllm``: the families whose SwiftKV checkpoints vLLM with the plugin served
   with the reference engine's greedy tokens, read from ``--vllm-ready``
-  (``results/vllm/gpu_ready.json`` of benchmarks/vllm_gpu_ready.py);
+  (``results/vllm/gpu_ready.json`` of swiftserve_vllm/gpu_ready.py);
 - ``gemma3_270m_served``: ``tests/swiftserve/test_stack_gemma3.py`` passed (not skipped);
-- ``sliding_window_kv_bytes_ratio_4k``: ``ratio_freed_over_kept`` of benchmarks/sliding_window_kv.py;
+- ``sliding_window_kv_bytes_ratio_4k``: ``ratio_freed_over_kept`` of benchmarks/engine/sliding_window_kv.py;
 - ``zack_gemma3_rate_at_99pct_ppl`` / ``..._task``: the highest swept ZACK rate of the
   ``modelkit eval`` sweeps whose perplexity ratio (baseline / model) is >= 0.99, resp. whose task
   accuracy relative to the baseline's is >= 0.99 (point estimates; 0.0 when no swept rate keeps it).
@@ -67,7 +67,7 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sliding", required=True)
     ap.add_argument("--zack", required=True, nargs="+", help="modelkit eval sweep JSON files (merged)")
     ap.add_argument("--vllm-ready", default="results/vllm/gpu_ready.json",
-                    help="benchmarks/vllm_gpu_ready.py's output: its swiftkv_families")
+                    help="swiftserve_vllm/gpu_ready.py's output: its swiftkv_families")
     ap.add_argument("--out", default="results/models/summary.json")
 
 

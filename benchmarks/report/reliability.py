@@ -1,6 +1,6 @@
 """Combine the reliability runs into ``summary.json`` (results/reliability/README.md has the commands).
 
-    python benchmarks/reliability_summary.py results/reliability
+    python -m benchmarks report reliability results/reliability
 
 Reads ``suite_counts.json`` (written by pytest ``--reliability-out``: the fault scenarios
 and the outcome of every request sent during them, the fuzz cases and the 5xx among them)
@@ -15,10 +15,10 @@ and ``soak.json`` (``swiftserve-loadtest soak``), and writes ``summary.json``:
 * ``rss_growth_pct``: the largest RSS growth of any process of the stack over the soak;
 
 and the figures of the runs whose files are there: ``failover.json``
-(``benchmarks/failover_bench.py``: ``kill_midstream_completed_pct``,
+(``benchmarks/gateway/failover.py``: ``kill_midstream_completed_pct``,
 ``hang_midstream_completed_pct``, ``migrated_greedy_identical``), ``rolling_restart.json``
-(``benchmarks/rolling_restart_bench.py``: ``rolling_restart_errors``) and ``hostile.json``
-(``benchmarks/hostile_bench.py``: ``hostile_cases``, ``hostile_5xx``, ``hostile_engine_deaths``,
+(``benchmarks/gateway/rolling_restart.py``: ``rolling_restart_errors``) and ``hostile.json``
+(``benchmarks/serve/hostile.py``: ``hostile_cases``, ``hostile_5xx``, ``hostile_engine_deaths``,
 ``max_concurrent_latency_ms_under_hostile``, ``dead_engine_recovered_s``,
 ``slow_header_connections_closed_s``).
 Keys already in ``summary.json`` that no input produces are kept.

@@ -6,14 +6,14 @@
   ``task_accuracy_kept`` is the model's task accuracy relative to the original's over all
   items (the eval's ``task_accuracy_relative``); ``task_retention`` is the stricter share
   of the items the original solves that the model still solves (``task_accuracy``);
-* speed: JSON files of ``benchmarks/swiftkv_prefill.py`` with engines
+* speed: JSON files of ``benchmarks/engine/swiftkv_prefill.py`` with engines
   ``swiftkv l={l} g={g}``; ``prefill_time_ratio`` is the median per-round TTFT ratio
   against the baseline of the same run, averaged over the prompt lengths at which every
   variant was measured.
 
 A variant missing from either file is an error: nothing is filled in by hand.
 
-    python benchmarks/swiftkv_summary.py --quality results/swiftkv/quality_l15.json results/swiftkv/quality_l22.json \\
+    python -m benchmarks report swiftkv --quality results/swiftkv/quality_l15.json results/swiftkv/quality_l22.json \\
         --prefill results/swiftkv/prefill_cpu.json results/swiftkv/prefill_cpu_l22.json --out results/swiftkv/summary.json
 """
 

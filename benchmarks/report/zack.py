@@ -1,7 +1,7 @@
 """Build results/zack/ (quality table, plots, summary.json) from the sweep and speed results.
 
 Reads the JSON files written by ``modelkit eval`` sweeps (labels ``NAME[zack.rate=R,zack.mode=M]``)
-and by ``benchmarks/zack_attention.py``; computes nothing new about the models, only collects:
+and by ``benchmarks/kernel/zack_attention.py``; computes nothing new about the models, only collects:
 
 - quality = baseline perplexity / perplexity, both scored through the compressed cache (1.0 =
   no loss); the "rate at 99%" of a setting: going up the short-prompt sweep's rates, the last one
@@ -9,7 +9,7 @@ and by ``benchmarks/zack_attention.py``; computes nothing new about the models, 
   the first miss; 0.0 when even the smallest rate misses;
 - the same with task accuracy (items the uncompressed model solves) for comparison.
 
-    python benchmarks/zack_report.py --sweep results/zack/sweep_smollm2.json --long results/zack/sweep_long.json \
+    python -m benchmarks report zack --sweep results/zack/sweep_smollm2.json --long results/zack/sweep_long.json \
         --stacked results/zack/sweep_smollm2_stacked.json --swiftkv results/zack/sweep_swiftkv.json \
         --speed results/zack/speed.json --out results/zack      (results/zack/run.sh runs everything)
 """
@@ -110,7 +110,7 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--stacked", default=None, help="SmolLM2 sweep of the paper's stacked basis (short prompts)")
     ap.add_argument("--long", default=None, nargs="+", help="SmolLM2 sweeps with long (>= 2K-token) prompts")
     ap.add_argument("--swiftkv", default=None, help="sweep on the distilled SwiftKV model")
-    ap.add_argument("--speed", default=None, help="benchmarks/zack_attention.py JSON")
+    ap.add_argument("--speed", default=None, help="benchmarks/kernel/zack_attention.py JSON")
     ap.add_argument("--more-speed", nargs="*", default=[], help="further zack_attention.py JSONs (other shapes)")
     ap.add_argument("--basis", default="whitened", help="the basis the summary reports (default: %(default)s)")
     ap.add_argument("--composes-with", nargs="+", default=["swiftkv", "acrosskv", "fp8"],

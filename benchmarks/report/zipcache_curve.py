@@ -1,6 +1,6 @@
 """ZipCache's memory-quality curve from ``modelkit eval`` sweeps (issue 32, item 4).
 
-    python benchmarks/zipcache_curve.py --short results/kv_methods/zipcache_curve_bs*.json \
+    python -m benchmarks report zipcache_curve --short results/kv_methods/zipcache_curve_bs*.json \
         --long results/kv_methods/zipcache_curve_long.json --tasks results/kv_methods/zipcache_curve_tasks.json \
         --out results/kv_methods/zipcache_curve
 

@@ -1,6 +1,6 @@
 """Served A/B: one workload on server variants (server + environment), with CPU seconds per process.
 
-    python benchmarks/served_ab.py --workload decode_128_128 --repeats 3 \\
+    python -m benchmarks serve ab --workload decode_128_128 --repeats 3 \\
         --variant ours=ours --variant ours_thread=ours:SWIFTSERVE_ENGINE_CORE=thread \\
         --variant vllm_cpu=vllm_cpu --out results/perf/profiles/served_ab_engine_core.json
 

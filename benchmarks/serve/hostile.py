@@ -1,6 +1,6 @@
 """Hostile input against a real stack, measured (issue 47).
 
-    python benchmarks/hostile_bench.py --out results/reliability/hostile.json
+    python -m benchmarks serve hostile --out results/reliability/hostile.json
 
 Starts ``swiftserve up --workers 1`` (SmolLM2-135M-Instruct on the reference engine, a gateway in
 front, the supervisor that restarts whatever exits), with every limit at its default, and runs
@@ -27,7 +27,7 @@ four parts against it:
    worst time until the gateway closed one (its ``--header-timeout``, 10 s by default).
 
 Writes ``--out`` with the details and ``figures`` (the four summary keys plus
-``hostile_cases``), which ``benchmarks/reliability_summary.py`` merges into ``summary.json``.
+``hostile_cases``), which ``benchmarks/report/reliability.py`` merges into ``summary.json``.
 """
 
 from __future__ import annotations

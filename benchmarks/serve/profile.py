@@ -1,6 +1,6 @@
 """Where a served workload spends the worker's time, thread by thread (py-spy, sampled).
 
-    python benchmarks/served_profile.py --workload decode_128_128 --out results/perf/profiles/served_decode_128_128.json
+    python -m benchmarks serve profile --workload decode_128_128 --out results/perf/profiles/served_decode_128_128.json
 
 Starts our worker (defaults), warms it up, then runs the workload with perf_suite's client
 while ``py-spy record`` (started 1 s before the workload, to attach) samples every thread

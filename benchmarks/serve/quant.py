@@ -1,19 +1,19 @@
 """Quantized serving at the ~1B Llama shape: ours against llama.cpp on the same Q4_K_M file, and our
 W8A8 against our bf16 on batched prefill.
 
-    python benchmarks/quant_bench.py prepare          # files, once (~10 min): see below (--prefill-only: no llama.cpp)
-    python benchmarks/quant_bench.py tpot             # single stream: ours Q4_K_M vs llama.cpp Q4_K_M
-    python benchmarks/quant_bench.py prefill          # 1024/32 x N at once: ours W8A8 vs ours bf16 (and float32)
-    python benchmarks/quant_bench.py smol             # single stream on SmolLM2: ours vs llama.cpp, bf16 and Q4_1
+    python -m benchmarks serve quant prepare          # files, once (~10 min): see below (--prefill-only: no llama.cpp)
+    python -m benchmarks serve quant tpot             # single stream: ours Q4_K_M vs llama.cpp Q4_K_M
+    python -m benchmarks serve quant prefill          # 1024/32 x N at once: ours W8A8 vs ours bf16 (and float32)
+    python -m benchmarks serve quant smol             # single stream on SmolLM2: ours vs llama.cpp, bf16 and Q4_1
 
 ``prepare`` writes, under ``--work`` (default ``<cache>/models/llama-1b-quant``): random bf16 weights of
-benchmarks/model_shapes.py's LLAMA_1B (refengine's dummy weights, seed 0, N(0, 0.02^2)) as an HF
+benchmarks/lib/model_shapes.py's LLAMA_1B (refengine's dummy weights, seed 0, N(0, 0.02^2)) as an HF
 directory ``hf/``; a bf16 GGUF of it by llama.cpp's ``convert_hf_to_gguf.py --outtype bf16``; a
 Q4_K_M GGUF by its ``llama-quantize`` (the peer's own mix: Q4_K, Q6_K for some V / down
 projections and the tied embedding); ``q4km/`` (config, tokenizer, the Q4_K_M file linked: what
 our worker serves with ``--load-format gguf``); ``w8a8/`` (``modelkit quantize`` of ``hf/``, no
 smoothing: random weights have no outliers to move). llama.cpp comes from
-benchmarks/llamacpp_build.sh (``--llamacpp``); it is a peer here, never a dependency.
+studies/llamacpp_build.sh (``--llamacpp``); it is a peer here, never a dependency.
 
 ``tpot``: one server at a time (ours, then llama.cpp's ``llama-server -t <cores> -c 32768 --parallel 16
 -cb``, DESIGN.md section 8's flags), the same client (``loadtest``: token-id prompts, ``ignore_eos``,

