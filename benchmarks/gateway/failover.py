@@ -41,7 +41,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,17 +49,12 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.lib.records import write_json
 from benchmarks.gateway.failover_kinds import KINDS, OUTCOMES, judge_kind, read, request
+from benchmarks.lib.procs import free_port, wait_healthy
+from benchmarks.lib.records import write_json
 
 TOPICS = ["dragons", "the sea", "tea", "mountains", "robots", "gardens", "trains", "the moon", "bees", "rivers",
           "castles", "winter", "music", "cities", "forests", "ships", "clocks", "bridges", "owls", "deserts"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
@@ -79,18 +73,8 @@ class Server:
             pass
 
     def wait_healthy(self, timeout: float) -> "Server":
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.log.seek(0)
-                raise RuntimeError(f"{self.cmd[:4]} exited: {self.log.read()[-2000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"{self.url} never became healthy")
+        wait_healthy(self.url, self.proc, timeout, self.log)
+        return self
 
     def stop(self) -> None:
         self.signal(signal.SIGCONT)

@@ -31,7 +31,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from benchmarks.gateway.routing import STUB_WORKER, free_port, spawn, wait_ready
+from benchmarks.gateway.routing import STUB_WORKER, spawn
+from benchmarks.lib.procs import free_port, wait_healthy
 
 from loadtest.datasets import RequestSpec
 from loadtest.runner import RunConfig, run
@@ -60,9 +61,9 @@ def run_policy(policy: str, a, gateway_args: list[str]) -> dict:
         procs.append(spawn(["-m", "gateway", "--workers", ",".join(urls), "--port", str(gport), "--policy", policy,
                             "--log-level", "warning", *gateway_args]))
         for u in urls:
-            wait_ready(u)
+            wait_healthy(u, interval=0.1)
         gw = f"http://127.0.0.1:{gport}"
-        wait_ready(gw)
+        wait_healthy(gw, interval=0.1)
         reqs = workload(a)
         cfg = RunConfig(base_url=gw, model="stub", rate=a.rate, num_requests=a.requests, warmup=0, seed=a.seed,
                         label=policy)

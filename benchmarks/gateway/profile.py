@@ -21,7 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.gateway.routing import STUB_WORKER, closed_loop, free_port, spawn, wait_ready
+from benchmarks.gateway.routing import STUB_WORKER, closed_loop, spawn
+from benchmarks.lib.procs import free_port, wait_healthy
 
 
 def cpu_seconds(pid: int) -> float:
@@ -69,8 +70,8 @@ def main(a: argparse.Namespace) -> int:
     out = Path(a.out)
     folded = Path(a.folded) if a.folded else Path(tempfile.mkstemp(suffix=".folded")[1])
     try:
-        wait_ready(f"http://127.0.0.1:{wp}")
-        wait_ready(f"http://127.0.0.1:{gp}")
+        wait_healthy(f"http://127.0.0.1:{wp}", interval=0.1)
+        wait_healthy(f"http://127.0.0.1:{gp}", interval=0.1)
         asyncio.run(closed_loop(f"http://127.0.0.1:{gp}", a.concurrency, 2.0))       # warm connections
         cpu0 = {"gateway": cpu_seconds(gw.pid), "worker": cpu_seconds(worker.pid)}
         client0, t0 = time.process_time(), time.perf_counter()

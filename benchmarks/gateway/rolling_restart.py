@@ -22,7 +22,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -31,17 +30,8 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.lib.procs import free_port
 from benchmarks.lib.records import write_json
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def ok(status: int | None, data: bytes, max_tokens: int) -> bool:
@@ -94,7 +84,7 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
 
 
 def main(a: argparse.Namespace) -> int:
-    port, wport = free_ports(2)
+    port, wport = free_port(), free_port(a.workers)      # the workers take consecutive ports from wport
     cmd = [sys.executable, "-m", "swiftserve", "up", "--workers", str(a.workers), "--port", str(port),
            "--worker-base-port", str(wport), "--served-model-name", "m", "--drain-timeout", str(a.drain_timeout),
            "--worker-arg=--max-model-len=512"]

@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,30 +29,15 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from benchmarks.lib.procs import free_port, wait_healthy
+from loadtest.schedule import arrival_times
+
 STUB_WORKER = ["-m", "benchmarks.lib.stub_worker"]      # run by spawn(): a fast OpenAI-style stub, no model
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn(args: list[str], cwd: str | None = None) -> subprocess.Popen:
     """A Python child; with ``cwd``, ``-m`` modules are imported from that tree first."""
     return subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
-
-
-def wait_ready(url: str, path: str = "/health", timeout: float = 90) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            if httpx.get(url + path, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not become ready")
 
 
 async def one(client: httpx.AsyncClient, url: str) -> tuple[float, float]:
@@ -85,8 +69,7 @@ async def closed_loop(url: str, concurrency: int, seconds: float) -> dict:
 
 
 async def poisson(url: str, rate: float, n: int, seed: int) -> dict:
-    rng = np.random.default_rng(seed)
-    offsets = np.cumsum(rng.exponential(1 / rate, n))
+    offsets = arrival_times(n, rate, "poisson", seed=seed)
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=None)) as c:
         t0 = time.perf_counter()
 
@@ -132,7 +115,7 @@ def main(a: argparse.Namespace) -> int:
                                cwd=a.compare_tree))
             paths.append(("before", f"http://127.0.0.1:{bp}"))
         for _, url in paths:
-            wait_ready(url)
+            wait_healthy(url, interval=0.1)
         rounds = {f"{k}{sfx}": [] for k, _ in paths for sfx in ("", "_1")}
         for _ in range(a.rounds):
             for k, url in paths:
@@ -160,15 +143,15 @@ def main(a: argparse.Namespace) -> int:
                             "--itl", str(s / 8), "--serial"]))
         procs.append(spawn([*STUB_WORKER, "--port", str(slow_p), "--ttft", str(s / 2 * a.slow_factor),
                             "--itl", str(s / 8 * a.slow_factor), "--serial"]))
-        wait_ready(fast)
-        wait_ready(slow)
+        wait_healthy(fast, interval=0.1)
+        wait_healthy(slow, interval=0.1)
         routing = {}
         for policy in ("jsq", "round_robin"):
             port = free_port()
             gw = spawn(["-m", "gateway", "--workers", f"{fast},{slow}", "--port", str(port), "--policy", policy,
                         "--log-level", "warning"])
             url = f"http://127.0.0.1:{port}"
-            wait_ready(url)
+            wait_healthy(url, interval=0.1)
             routing[policy] = asyncio.run(poisson(url, a.rate, a.requests, seed=0))
             gw.terminate()
             gw.wait(10)

@@ -1,6 +1,7 @@
 """The process harness the benchmarks and the tests share, for runs that start real servers: a
-free loopback port, waiting until a started process answers ``GET /health`` with 200, stopping
-process groups, and reading a sum of samples out of a ``/metrics`` text.
+free loopback port, starting a server in its own process group (``start``), waiting until a
+started process answers ``GET /health`` (or another path) with 200, stopping process groups,
+and reading a sum of samples out of a ``/metrics`` text.
 
 Tests import it as ``benchmarks.lib.procs`` (the repository root is on pytest's path)."""
 
@@ -13,8 +14,11 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import httpx
+
+from benchmarks.lib.records import ROOT
 
 
 def _ephemeral_low() -> int:
@@ -56,9 +60,10 @@ def free_port(count: int = 1) -> int:
     raise RuntimeError(f"no {count} consecutive free ports in [{low}, {high})")
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, log=None) -> None:
-    """Poll ``url/health`` until 200; fail at once if ``proc`` exits, or after ``timeout``
-    seconds. ``log``: the process's output file, whose tail goes into the failure message."""
+def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout: float = 90, log=None,
+                 path: str = "/health", interval: float = 0.5) -> None:
+    """Poll ``url`` + ``path`` until 200; fail at once if ``proc`` (when given) exits, or after
+    ``timeout`` seconds. ``log``: the process's output file, whose tail goes into the failure message."""
 
     def tail() -> str:
         if log is None:
@@ -68,15 +73,39 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, log=None) -> 
 
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"{url}: process exited with {proc.returncode}{tail()}")
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{url}: process exited with {proc.returncode}{tail()}")
         try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
+            if httpx.get(url + path, timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(0.5)
-    raise AssertionError(f"{url} not healthy after {timeout} s{tail()}")
+        time.sleep(interval)
+    raise RuntimeError(f"{url} not healthy after {timeout} s{tail()}")
+
+
+def start(argv: list[str], env: dict, port: int, log: Path, timeout: float, path: str = "/health",
+          interval: float = 0.5) -> subprocess.Popen:
+    """``argv --port PORT`` in its own process group (run from the checkout, output to ``log``),
+    returned once ``path`` answers 200; stopped, and the failure raised, if it exits or is not ready
+    after ``timeout`` s. ``env``: added to this environment; a key given as "" is unset."""
+    full = {k: v for k, v in {**os.environ, **env}.items() if not (k in env and v == "")}
+    out = open(log, "w+")
+    proc = subprocess.Popen(argv + ["--port", str(port)], stdout=out, stderr=subprocess.STDOUT, env=full,
+                            start_new_session=True, cwd=ROOT)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc, timeout, out, path, interval)
+    except RuntimeError as e:
+        stop_groups([proc], 30)
+        raise RuntimeError(f"{argv[:3]}: {e} (log: {log})") from None
+    return proc
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def stop_groups(procs: list[subprocess.Popen], timeout: float = 60) -> None:
@@ -84,12 +113,13 @@ def stop_groups(procs: list[subprocess.Popen], timeout: float = 60) -> None:
     ``start_new_session=True``), then SIGKILL a group that outlives ``timeout``."""
     for p in procs:
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
+            _signal_group(p, signal.SIGTERM)
     for p in procs:
         try:
             p.wait(timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
+            _signal_group(p, signal.SIGKILL)
+            p.wait(10)
 
 
 def metric_sum(text: str, name: str, **labels: str) -> float:

@@ -49,15 +49,13 @@ import json
 import os
 import platform
 import shlex
-import signal
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
-
+from benchmarks.lib import procs
 from benchmarks.lib.records import ROOT, UsageError
 from benchmarks.lib.workloads import SERVING, requests_for
 from benchmarks.report.perf import machine_info, tag, write_outputs
@@ -111,21 +109,8 @@ def server_commands(args) -> dict[str, tuple[list[str], dict, list[str]]]:
 
 
 def start(argv: list[str], env: dict, port: int, log: Path, timeout: float) -> subprocess.Popen:
-    full = {k: v for k, v in {**os.environ, **env}.items() if not (k in env and v == "")}   # KEY="" unsets
-    proc = subprocess.Popen(argv + ["--port", str(port)], stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                            env=full, start_new_session=True, cwd=ROOT)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{argv[:3]} exited with {proc.returncode}; see {log}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    stop(proc)
-    raise RuntimeError(f"{argv[:3]} not ready after {timeout:.0f} s; see {log}")
+    """One server of the suite (benchmarks.lib.procs.start), ready once ``/v1/models`` answers."""
+    return procs.start(argv, env, port, log, timeout, path="/v1/models", interval=2)
 
 
 SETTLE_IDLE_S = 0.5          # a run starts once every server's tree used < 2% CPU for this long
@@ -178,16 +163,7 @@ def settle(procs, idle_s: float = SETTLE_IDLE_S, max_s: float = SETTLE_MAX_S) ->
 
 def stop(proc: subprocess.Popen) -> None:
     """SIGTERM to the server's process group (vLLM's engine core is a child), SIGKILL after 30 s."""
-    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    procs.stop_groups([proc], 30)
 
 
 def run_workload(port: int, name: str, scale: float, seed: int, shape: str = "smollm2") -> dict:
