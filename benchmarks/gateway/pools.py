@@ -54,7 +54,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.lib.records import ROOT, UsageError, write_json
+from benchmarks.lib.records import ROOT, UsageError, merge_json, write_json
 from benchmarks.lib.procs import free_port, metric_sum as metric, stop_groups, wait_healthy
 
 ORIG, V13, V50 = "SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct-SwiftKV-13pct", "SmolLM2-135M-Instruct-SwiftKV"
@@ -114,11 +114,8 @@ def answer_models(r: httpx.Response) -> set[str]:
 
 
 def merge_summary(path: str, key: str, value) -> None:
-    p = Path(path)
-    doc = json.loads(p.read_text()) if p.is_file() else {}
-    doc[key] = value
-    write_json(p, doc)
-    print(f"{p}: {key} = {json.dumps(value)}")
+    merge_json(path, {key: value})
+    print(f"{path}: {key} = {json.dumps(value)}")
 
 
 def _post_all(url: str, bodies: list[dict], concurrency: int) -> list[httpx.Response]:

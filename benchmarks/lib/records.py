@@ -1,6 +1,7 @@
 """A benchmark's record: the command line that reproduces a result, writing the result as a JSON
 file (parent directories created), the median time of a call, and running one engine's half of a
-comparison in another interpreter (a child that prints ``RESULT <json>``).
+comparison in another interpreter (a child that prints ``RESULT <json>``); ``merge_json`` merges a
+run's keys into a results folder's ``summary.json``.
 
 ``ROOT`` is the checkout the benchmarks run from (results/, checkpoints/, the venvs). A benchmark run
 through ``benchmarks.cli`` finds its command line in ``args.command``; ``command_line()`` is for
@@ -38,10 +39,20 @@ def bench_argv(concern: str, name: str) -> list[str]:
     return ["-m", "benchmarks", concern, name]
 
 
-def write_json(path: str | Path, doc: dict) -> None:
+def write_json(path: str | Path, doc: dict, indent: int = 1) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    path.write_text(json.dumps(doc, indent=indent) + "\n")
+
+
+def merge_json(path: str | Path, keys: dict, indent: int = 1) -> dict:
+    """Merge ``keys`` into the JSON object at ``path`` (a results folder's ``summary.json``: keys
+    this run produced replace the old ones, the others are kept); returns the merged object."""
+    path = Path(path)
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    doc = {**(old if isinstance(old, dict) else {}), **keys}
+    write_json(path, doc, indent)
+    return doc
 
 
 def median_ms(fn, repeats: int, warmup: int = 1) -> float:

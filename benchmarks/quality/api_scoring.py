@@ -32,7 +32,7 @@ import httpx
 # lm_eval_support, proc_support are shared with the tests; tests/ has folders named like the
 # packages, so the repository root goes first.
 
-from benchmarks.lib.records import ROOT, write_json
+from benchmarks.lib.records import ROOT, merge_json, write_json
 
 
 def prefill_times(model: str, tokens: int, repeats: int) -> dict:
@@ -138,8 +138,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"SwiftKV: {p['plain_ms']:.1f} ms plain, {p['echo_ms']:.1f} ms: ratio {p['ratio']:.3f} "
               f"(CPU time {p['cpu_ratio']:.3f})", flush=True)
     out = Path(args.out)
-    summary_path = out / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    summary = {}
     summary["echo_prefill_overhead_ratio"] = round(doc["prefill"]["ratio"], 3)
     if args.swiftkv_model:
         summary["echo_prefill_overhead_ratio_swiftkv"] = round(doc["prefill_swiftkv"]["ratio"], 3)
@@ -153,6 +152,5 @@ def main(args: argparse.Namespace) -> int:
         summary["endpoints"] = doc["served"]["endpoints"]
     doc["loadavg_after"] = os.getloadavg()
     write_json(out / "api_scoring.json", doc)
-    write_json(summary_path, summary)
-    print(json.dumps(summary, indent=1))
+    print(json.dumps(merge_json(out / "summary.json", summary), indent=1))
     return 0

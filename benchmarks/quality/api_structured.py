@@ -43,7 +43,7 @@ import httpx
 import jsonschema
 
 
-from benchmarks.lib.records import ROOT, write_json
+from benchmarks.lib.records import ROOT, merge_json, write_json
 from benchmarks.lib.schema_suite import suite
 
 
@@ -236,8 +236,7 @@ def main(args: argparse.Namespace) -> int:
     if "throughput" in doc:
         detail["throughput"] = doc["throughput"]
     write_json(detail_path, detail)
-    summary_path = out / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    summary = {}
     valid = {e: round(r["json_schema"]["rate"], 4) for e, r in engines.items() if "json_schema" in r}
     if valid:
         summary["json_schema_valid_rate"] = valid
@@ -248,5 +247,5 @@ def main(args: argparse.Namespace) -> int:
     if "throughput" in doc:
         summary["structured_throughput_ratio"] = round(doc["throughput"]["ratio"], 4)
         summary["mask_ms_per_token_p50"] = round(doc["throughput"]["mask_ms_per_token_p50"], 4)
-    write_json(summary_path, summary)
+    merge_json(out / "summary.json", summary)
     return 0

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.lib.records import ROOT, write_json
+from benchmarks.lib.records import ROOT, merge_json, write_json
 
 OUT = ROOT / "results" / "quant"
 
@@ -73,7 +73,4 @@ def main(args: argparse.Namespace) -> int:
     print(json.dumps(doc, indent=1))
     write_json(OUT / "quality.json", doc)
     if not args.no_summary:
-        path = ROOT / "results" / "perf" / "summary.json"
-        summary = json.loads(path.read_text())
-        summary.update(keys)
-        write_json(path, summary)
+        merge_json(ROOT / "results" / "perf" / "summary.json", keys)

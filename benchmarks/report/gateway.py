@@ -18,6 +18,8 @@ import argparse
 import json
 from pathlib import Path
 
+from benchmarks.lib.records import merge_json
+
 
 def summarize(directory: Path) -> dict:
     bench = json.loads((directory / "bench.json").read_text())["overhead"]
@@ -36,9 +38,7 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     directory = Path(args.directory)
-    path = directory / "summary.json"
     # merged: the model-pool keys come from benchmarks/gateway/pools.py
-    summary = {**(json.loads(path.read_text()) if path.is_file() else {}), **summarize(directory)}
-    path.write_text(json.dumps(summary, indent=2) + "\n")
+    summary = merge_json(directory / "summary.json", summarize(directory), indent=2)
     print(json.dumps(summary, indent=2))
     return 0

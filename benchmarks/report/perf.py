@@ -36,6 +36,8 @@ import statistics
 import subprocess
 from pathlib import Path
 
+from benchmarks.lib.records import write_json
+
 MAIN = ("chat_256_16", "prefill_1024_32", "decode_128_128")
 BATCH = ("prefill_1024_32", "decode_128_128")
 PER_DTYPE = ("chat_ttft_p50_ratio", "chat_tpot_p50_ratio")
@@ -206,5 +208,5 @@ def write_outputs(doc: dict, out: Path) -> dict:
     plot(doc, out / f"{stem}.png")
     path = out / "summary.json"
     old = json.loads(path.read_text()) if path.exists() else {}
-    path.write_text(json.dumps(merge_summary(old if isinstance(old, dict) else {}, summ), indent=1) + "\n")
+    write_json(path, merge_summary(old if isinstance(old, dict) else {}, summ))
     return summ

@@ -30,6 +30,8 @@ import argparse
 import json
 from pathlib import Path
 
+from benchmarks.lib.records import merge_json
+
 
 def summarize(directory: Path) -> dict:
     counts = json.loads((directory / "suite_counts.json").read_text())
@@ -63,8 +65,6 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     directory = Path(args.directory)
-    out = directory / "summary.json"
-    summary = {**(json.loads(out.read_text()) if out.exists() else {}), **summarize(directory)}
-    out.write_text(json.dumps(summary, indent=2) + "\n")
+    summary = merge_json(directory / "summary.json", summarize(directory), indent=2)
     print(json.dumps(summary, indent=2))
     return 0
