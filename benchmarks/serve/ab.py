@@ -26,9 +26,10 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks.lib.profiling import cpu_seconds
 from benchmarks.lib.records import UsageError, write_json
 from benchmarks.lib.workloads import SERVING as WORKLOADS
-from benchmarks.serve.suite import (SHAPES, cpu_seconds, run_workload, server_commands,
+from benchmarks.serve.suite import (SHAPES, run_workload, server_commands,
                                    start, stop, workloads_of_shape)
 
 

@@ -15,15 +15,14 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from benchmarks.lib.records import write_json
+from benchmarks.lib.profiling import py_spy
 from benchmarks.lib.workloads import SERVING as WORKLOADS
 from benchmarks.serve.suite import SERVED, run_workload, start, stop
 
@@ -55,7 +54,6 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from modelkit.models import resolve_model
 
-    spy = str(Path(sys.executable).parent / "py-spy")
     argv_w = [sys.executable, "-m", "worker", "--served-model-name", SERVED, "--max-model-len", "2048",
               "--model", str(resolve_model("default"))]
     with tempfile.TemporaryDirectory() as tmp:
@@ -63,9 +61,7 @@ def main(args: argparse.Namespace) -> int:
         try:
             run_workload(args.port, args.workload, 0.25, seed=1000)                 # warm-up
             raw = Path(tmp) / "spy.txt"
-            rec = subprocess.Popen([spy, "record", "-p", str(proc.pid), "-o", str(raw), "-f", "raw", "--threads",
-                                    "-d", str(args.seconds), "-r", str(args.rate)],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            rec = py_spy(proc.pid, raw, args.seconds, "--threads", "--rate", str(args.rate))
             time.sleep(1)
             res = run_workload(args.port, args.workload, 1.0, seed=0)
             rec.wait(args.seconds + 60)

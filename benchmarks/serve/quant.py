@@ -52,7 +52,8 @@ import time
 from pathlib import Path
 
 from benchmarks.lib.records import ROOT, write_json
-from benchmarks.serve.suite import settle, start, stop
+from benchmarks.lib.procs import settle
+from benchmarks.serve.suite import start, stop
 
 SERVED = "m"
 OUT = ROOT / "results" / "perf"

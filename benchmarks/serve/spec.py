@@ -5,7 +5,7 @@
 Two workers (``off``: the defaults; ``on``: the same + ``--speculative-config '{"method": "suffix"}'``)
 are started on their own ports and driven by the project's client (``loadtest``: streamed chat or
 completions, vLLM's metric definitions, like ``vllm bench serve``), one at a time, round by round,
-the order rotated every round, each run after the servers went idle (``perf_suite.settle``):
+the order rotated every round, each run after the servers went idle (``benchmarks.lib.procs.settle``):
 
   prompt_heavy_1   ``--single`` requests of the prompt-heavy set (benchmarks/lib/spec_workload.py:
                    summaries with quotes, code edits, passage answers, JSON extraction, from the
@@ -49,7 +49,8 @@ from pathlib import Path
 import httpx
 
 from benchmarks.lib.records import ROOT, write_json
-from benchmarks.serve.suite import settle, start, stop
+from benchmarks.lib.procs import settle
+from benchmarks.serve.suite import start, stop
 from benchmarks.lib.spec_workload import prompt_heavy_set
 
 SERVED = "smollm2"

