@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ import httpx
 # lm_eval_support, proc_support are shared with the tests; tests/ has folders named like the
 # packages, so the repository root goes first.
 
-from benchmarks.lib.records import ROOT, merge_json, write_json
+from benchmarks.lib.records import merge_json, write_json
 
 
 def prefill_times(model: str, tokens: int, repeats: int) -> dict:
@@ -68,26 +67,20 @@ def prefill_times(model: str, tokens: int, repeats: int) -> dict:
             "runs_ms": {k: [round(1e3 * x, 2) for x in v] for k, v in times.items()}}
 
 
-def start(argv: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
-
-
 def served_checks(model: str, tmp: Path) -> dict:
     from benchmarks.lib.lm_eval import loglikelihood_pairs, run_lm_eval
-    from benchmarks.lib.procs import free_port, wait_healthy
+    from benchmarks.lib.procs import free_port, start, stop_groups
 
     from refengine.config import EngineConfig
     from refengine.engine import LLMEngine
 
     wp, gp = free_port(), free_port()
-    procs = [start([sys.executable, "-m", "worker", "--model", model, "--port", str(wp), "--served-model-name",
-                    "smol", "--max-model-len", "1024"], tmp / "worker.log")]
+    procs = [start([sys.executable, "-m", "worker", "--model", model, "--served-model-name", "smol",
+                    "--max-model-len", "1024"], {}, wp, tmp / "worker.log", 600)]
     try:
-        wait_healthy(f"http://127.0.0.1:{wp}", procs[0], 600)
-        procs.append(start([sys.executable, "-m", "gateway", "--workers", f"http://127.0.0.1:{wp}",
-                            "--port", str(gp)], tmp / "gateway.log"))
+        procs.append(start([sys.executable, "-m", "gateway", "--workers", f"http://127.0.0.1:{wp}"], {}, gp,
+                           tmp / "gateway.log", 60))
         url = f"http://127.0.0.1:{gp}"
-        wait_healthy(url, procs[1], 60)
         results, lm = run_lm_eval(url, "smol", model, tmp)
         pairs = loglikelihood_pairs(results, lm)
         eng = LLMEngine(EngineConfig(model=model, max_model_len=1024))
@@ -95,9 +88,7 @@ def served_checks(model: str, tmp: Path) -> dict:
         diffs = [abs(ll - sum(s[0] for s in sc)) / len(cont) for (ll, _, _, cont), sc in zip(pairs, scores)]
         endpoints = probe_endpoints(url)
     finally:
-        for p in procs:
-            p.terminate()
-            p.wait(60)
+        stop_groups(procs, 60)
     return {"lm_eval_requests": len(pairs), "lm_eval_max_abs_diff_per_token": max(diffs),
             "lm_eval_acc": results["results"]["swiftserve_mc"]["acc,none"], "endpoints": endpoints}
 

@@ -43,22 +43,19 @@ import httpx
 import jsonschema
 
 
+from benchmarks.lib.procs import free_port, start, stop_groups
 from benchmarks.lib.records import ROOT, merge_json, write_json
 from benchmarks.lib.schema_suite import suite
 
 
 def _start_worker(python: str, model: str, engine: str, log_dir: Path) -> tuple[subprocess.Popen, str]:
-    from benchmarks.lib.procs import free_port, wait_healthy
 
     port = free_port()
-    args = [python, "-m", "worker", "--model", model, "--served-model-name", "m", "--port", str(port),
+    args = [python, "-m", "worker", "--model", model, "--served-model-name", "m",
             "--max-model-len", "2048", "--max-num-seqs", "16", "--engine", engine]
     args += ["--kv-cache-memory-gb", "0.5"]
-    log = open(log_dir / f"worker-{engine}.log", "w+")
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    wait_healthy(url, proc, 900, log)
-    return proc, url
+    proc = start(args, {}, port, log_dir / f"worker-{engine}.log", 900)
+    return proc, f"http://127.0.0.1:{port}"
 
 
 def _chat(url: str, body: dict) -> dict:
@@ -211,8 +208,7 @@ def main(args: argparse.Namespace) -> int:
                     print(f"{engine}: tool_call_valid_rate {r['tools']['rate']:.3f} {r['tools']['rate_by_mode']}",
                           flush=True)
             finally:
-                proc.terminate()
-                proc.wait(60)
+                stop_groups([proc], 60)
     finally:
         if not args.keep_logs:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -46,8 +46,8 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.lib.procs import free_port, stop_groups
 from benchmarks.lib.records import write_json
-from benchmarks.lib.procs import free_port
 
 NOT_THE_CLIENTS = ("engine_error", "engine_unavailable", "engine_request_failed", "internal_error", "bad_event",
                    "truncated_stream", "timeout", "response_too_large", "upstream_error", "stalled")
@@ -95,12 +95,7 @@ class Stack:
         return None
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        stop_groups([self.proc], 60)
         self.log.close()
 
 
