@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 from benchmarks.lib.records import UsageError, write_json
 from benchmarks.engine.profile import run_once
+from benchmarks.lib.ab import interleaved, medians
 from benchmarks.lib.workloads import ENGINE, WORKLOADS
 
 
@@ -72,14 +72,13 @@ def main(args: argparse.Namespace) -> int:
     for wl in args.workloads:
         n_in, n_out = WORKLOADS[wl][:2]
         n = args.prompts or prompts.get(wl, 16)
-        runs: list[list[dict]] = [[], []]
-        for r in range(args.rounds):
-            for j in ((0, 1) if r % 2 == 0 else (1, 0)):          # alternate which engine goes first
-                runs[j].append(run_once(engines[j], n_in, n_out, n, seed=r))
-        summ = {}
-        for label, rr in zip("AB", runs):
-            summ[label] = {k: statistics.median(x[k] for x in rr) for k in
-                           ("wall_s", "decode_step_median_ms", "prefill_step_median_ms") if rr[0][k] is not None}
+
+        def one(label: str, r: int) -> dict:
+            return run_once(engines["AB".index(label)], n_in, n_out, n, seed=r)
+
+        runs = interleaved("AB", args.rounds, one)          # A and B alternate which goes first
+        summ = {label: medians(rr, ("wall_s", "decode_step_median_ms", "prefill_step_median_ms"))
+                for label, rr in runs.items()}
         summ["ratio_B_over_A"] = {k: summ["B"][k] / summ["A"][k] for k in summ["A"]}
         res["workloads"][wl] = {"prompts": n, **summ}
         print(wl, json.dumps(summ), flush=True)

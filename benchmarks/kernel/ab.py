@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.lib.ab import paired_ratio
 from benchmarks.lib.records import write_json
 from benchmarks.lib.workloads import add_attention_shape_args
 
@@ -88,7 +89,7 @@ def main(args: argparse.Namespace) -> int:
             ta.append(t1 - t0)
             tb.append(t2 - t1)
         doc["cases"][name] = {"base_ms": 1e3 * statistics.median(ta), "new_ms": 1e3 * statistics.median(tb),
-                              "new_over_base": statistics.median(b / a for a, b in zip(ta, tb)),
+                              "new_over_base": paired_ratio(tb, ta),
                               "max_abs_diff": same}
         print(f"{name}: base {doc['cases'][name]['base_ms']:.3f} ms, new {doc['cases'][name]['new_ms']:.3f} ms, "
               f"new/base {doc['cases'][name]['new_over_base']:.3f} (max |diff| {same:.1e})")

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks.lib.ab import interleaved, paired_ratio
 from benchmarks.lib.profiling import cpu_seconds
 from benchmarks.lib.records import UsageError, write_json
 from benchmarks.lib.workloads import SERVING as WORKLOADS
@@ -72,12 +73,13 @@ def run_interleaved(variants: list[tuple[str, list, dict]], args, log_dir: Path)
                   flush=True)
             procs.append(start(argv, env, args.port + i, log_dir / f"{name}.log", args.start_timeout))
             run_workload(args.port + i, args.workload, 0.25, seed=1000, shape=args.shape)  # warm-up, other prompts
-        runs: dict[str, list] = {name: [] for name, _, _ in variants}
-        for r in range(args.repeats):
-            order = list(range(len(variants)))
-            order = order[r % len(order):] + order[:r % len(order)]
-            for i in order:
-                runs[variants[i][0]].append(measure(variants[i][0], procs[i], args.port + i, args, seed=r))
+        names = [name for name, _, _ in variants]
+
+        def one(name: str, r: int) -> dict:
+            i = names.index(name)
+            return measure(name, procs[i], args.port + i, args, seed=r)
+
+        runs = interleaved(names, args.repeats, one)
     finally:
         for p in procs:
             stop(p)
@@ -137,7 +139,7 @@ def main(args: argparse.Namespace) -> int:
     metric = WORKLOADS[args.workload][4]
     # per variant: the median over rounds of (this variant / the first variant) in the same round
     doc["paired_ratio_to_first"] = {
-        name: statistics.median(a[metric] / b[metric] for a, b in zip(v["runs"], doc["variants"][first]["runs"]))
+        name: paired_ratio([x[metric] for x in v["runs"]], [x[metric] for x in doc["variants"][first]["runs"]])
         for name, v in doc["variants"].items()}
     write_json(out, doc)
     out.with_suffix(".md").write_text(markdown(doc))
