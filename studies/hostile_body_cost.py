@@ -2,7 +2,7 @@
 
     PYTHONPATH=$PWD python -m studies.hostile_body_cost [--repeats 7] [--out FILE]
 
-For each regression of ``tests/fuzz_support.regressions`` whose body is over 64 KB (100,000
+For each regression of ``benchmarks.lib.fuzz.regressions`` whose body is over 64 KB (100,000
 choices, 500,000 stop strings with n = 2, 40,000 tools, a 7 MB prompt), the median time of:
 
 - **gateway**: what the gateway's event loop does with the body before forwarding it:

@@ -28,9 +28,6 @@ from pathlib import Path
 
 import httpx
 
-# lm_eval_support, proc_support are shared with the tests; tests/ has folders named like the
-# packages, so the repository root goes first.
-
 from benchmarks.lib.records import merge_json, write_json
 
 

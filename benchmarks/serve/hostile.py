@@ -6,7 +6,7 @@ Starts ``swiftserve up --workers 1`` (SmolLM2-135M-Instruct on the reference eng
 front, the supervisor that restarts whatever exits), with every limit at its default, and runs
 four parts against it:
 
-1. **hostile**: ``--cases`` requests drawn (derandomised) from ``tests/fuzz_support.py``: the
+1. **hostile**: ``--cases`` requests drawn (derandomised) from ``benchmarks/lib/fuzz.py``: the
    Hypothesis bodies (every field of completions, chat and Responses with values of every JSON
    type, raw bytes), each family of the structured surface (output constraints, tools, Responses
    items, scoring fields), plus the fixed hostile cases and issue 47's regressions, sent through
