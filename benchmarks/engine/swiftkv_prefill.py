@@ -18,12 +18,12 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+
+from benchmarks.lib.records import timed
 
 
 def build_engines(base: Path, variants: list[tuple[int, int]], tmp: Path, args) -> dict:
@@ -48,13 +48,7 @@ def ttft(engine, prompt: list[int]) -> float:
     from refengine.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    engine.generate([prompt], params)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter() - t0
+    return timed(lambda: engine.generate([prompt], params))
 
 
 def add_cli_args(ap: argparse.ArgumentParser) -> None:

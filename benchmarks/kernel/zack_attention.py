@@ -28,13 +28,11 @@ import argparse
 import json
 import platform
 import statistics
-import sys
-import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.lib.records import UsageError
+from benchmarks.lib.records import UsageError, timed
 
 SHAPES = {"smollm2": (9, 3, 64), "llama8b": (32, 8, 128)}       # query heads, KV heads, head_dim
 
@@ -101,16 +99,6 @@ def workload(kind: str, args, group, device, dtype, kernel):
     v = torch.randn(n, group.v_width, dtype=dtype, device=device)
     q = torch.randn(sum(c[1] for c in chunks), heads, d, dtype=dtype, device=device)
     return slots, k, v, q, build_attn_batch(chunks, bs, device, decode_kernel=kernel, prefill_kernel=kernel)
-
-
-def timed(fn) -> float:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter() - t0
 
 
 def add_cli_args(ap: argparse.ArgumentParser) -> None:

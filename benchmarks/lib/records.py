@@ -1,5 +1,5 @@
 """A benchmark's record: the command line that reproduces a result, writing the result as a JSON
-file (parent directories created), the median time of a call, and running one engine's half of a
+file (parent directories created), the time of a call (``timed``, CUDA-synchronised) and its median, and running one engine's half of a
 comparison in another interpreter (a child that prints ``RESULT <json>``); ``merge_json`` merges a
 run's keys into a results folder's ``summary.json``.
 
@@ -53,6 +53,20 @@ def merge_json(path: str | Path, keys: dict, indent: int = 1) -> dict:
     doc = {**(old if isinstance(old, dict) else {}), **keys}
     write_json(path, doc, indent)
     return doc
+
+
+def timed(fn) -> float:
+    """Wall seconds of one ``fn()`` call, the CUDA queue drained before and after (where there is one)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
 
 
 def median_ms(fn, repeats: int, warmup: int = 1) -> float:
