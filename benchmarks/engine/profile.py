@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.lib.profiling import torch_ops
 from benchmarks.lib.workloads import ENGINE, WORKLOADS
 
 
@@ -69,7 +70,6 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     from modelkit.models import resolve_model
 
@@ -77,9 +77,8 @@ def main(args: argparse.Namespace) -> int:
     n_in, n_out = WORKLOADS[args.workload][:2]
     eng = make_engine(model, args.swiftkv, dtype=args.dtype, torch_threads=args.threads)
     run_once(eng, n_in, min(n_out, 4), min(args.prompts, 4), seed=99)          # warm-up
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        figures = run_once(eng, n_in, n_out, args.prompts)
-    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows)
+    figures, ops = torch_ops(lambda: run_once(eng, n_in, n_out, args.prompts))
+    table = ops.table(sort_by="self_cpu_time_total", row_limit=args.rows)
     name = args.workload + ("-swiftkv" if args.swiftkv else "") + ("" if args.dtype == "auto" else f"-{args.dtype}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.lib.profiling import torch_ops
 from benchmarks.lib.records import ROOT, UsageError, bench_argv, run_child, write_json
 
 # Operator name (as the profiler reports it) -> family; anything else is "other".
@@ -44,13 +45,13 @@ def family(name: str) -> str:
 
 def profile_batch(generate, rows: int) -> dict:
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    def timed_generate() -> float:                # wall time inside the profiler, as the operators are
         t = time.perf_counter()
         generate()
-        wall = time.perf_counter() - t
-    avgs = prof.key_averages()
+        return time.perf_counter() - t
+
+    wall, avgs = torch_ops(timed_generate)
     ops = {e.key: e.self_cpu_time_total / 1e3 for e in avgs}          # ms
     total = sum(ops.values())
     fams: dict[str, float] = {}

@@ -4,7 +4,8 @@
 ``cpu_seconds(root)``: per process of ``root``'s tree, its user + system seconds so far;
 ``tree_cpu_seconds(procs)``: the same summed over several trees; ``process_cpu_seconds(pid)``: one process. ``py_spy(pid, out, seconds, *flags)``
 starts ``py-spy record`` (installed beside this interpreter) on ``pid`` in raw (collapsed) format and
-returns the process; the caller runs its load meanwhile and waits for it.
+returns the process; the caller runs its load meanwhile and waits for it. ``torch_ops(fn)``: the
+operators torch's profiler saw while ``fn()`` ran, in process.
 """
 
 from __future__ import annotations
@@ -48,6 +49,15 @@ def process_cpu_seconds(pid: int) -> float:
 
     t = psutil.Process(pid).cpu_times()
     return t.user + t.system
+
+
+def torch_ops(fn):
+    """``fn()`` under torch's CPU profiler: (its result, the profiler's per-operator ``key_averages()``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        result = fn()
+    return result, prof.key_averages()
 
 
 def py_spy(pid: int, out: Path, seconds: float, *flags: str) -> subprocess.Popen:
