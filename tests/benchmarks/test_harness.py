@@ -77,3 +77,15 @@ def test_a_run_gets_its_command_line_and_usage_errors_exit_2(capsys):
     finally:
         module.main = real
     assert seen["command"] == "swiftserve bench report gateway 'some dir'"
+
+
+def test_swiftserve_bench_hands_its_arguments_to_the_benchmarks(capsys):
+    from swiftserve.cli import main as swiftserve
+
+    with pytest.raises(SystemExit) as e:
+        swiftserve(["bench", "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and out.startswith("usage: swiftserve bench") and all(c in out for c in CONCERNS)
+    with pytest.raises(SystemExit) as e:
+        swiftserve(["bench", "kernel", "attention", "--help"])
+    assert e.value.code == 0 and "--prefill-len" in capsys.readouterr().out
