@@ -26,7 +26,6 @@ import json
 import os
 import struct
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 

@@ -20,7 +20,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from benchmarks.lib.records import command_line, write_json
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F

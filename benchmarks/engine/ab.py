@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
 from benchmarks.lib.records import UsageError, write_json
 from benchmarks.engine.profile import run_once

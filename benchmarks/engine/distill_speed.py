@@ -18,9 +18,7 @@ import argparse
 import json
 import os
 import platform
-import shlex
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path

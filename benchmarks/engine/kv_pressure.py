@@ -26,8 +26,6 @@ import argparse
 import json
 import platform
 import random
-import shlex
-import sys
 import time
 from pathlib import Path
 

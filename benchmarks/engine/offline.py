@@ -20,7 +20,6 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 from benchmarks.lib.records import ROOT, bench_argv, run_child, write_json
 

@@ -16,7 +16,6 @@ uncompressed cache (every layer, every token) are reported beside them. Weights 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from benchmarks.lib.records import write_json

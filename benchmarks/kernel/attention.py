@@ -17,8 +17,6 @@ difference).
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 from benchmarks.kernel import cpu_peak
 from benchmarks.lib.records import median_ms, write_json

@@ -19,9 +19,7 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
 from benchmarks.kernel import cpu_peak
 from benchmarks.lib.records import write_json

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 

@@ -23,7 +23,6 @@ import argparse
 import json
 import re
 import statistics
-import sys
 from pathlib import Path
 
 FIELDS = ("ppl_increase_pct", "task_accuracy_kept", "kl", "top1_agreement", "prefill_time_ratio")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
 LABEL = re.compile(r"^(?P<name>[^\[]+)\[zack\.rate=(?P<rate>[0-9.]+),zack\.mode=(?P<mode>\w+)\]$")

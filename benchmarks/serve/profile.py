@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import signal
 import sys
 import tempfile
 import time

@@ -35,10 +35,8 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import json
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
