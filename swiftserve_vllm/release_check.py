@@ -89,10 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if res["passed"] else 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _write_json(path: Path, doc: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
