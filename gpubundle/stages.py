@@ -18,7 +18,7 @@ go to ``<work>/logs/<stage>.log``.
   to resume from (``gpu-pack --resume``) to ``<work>/resume``.
 - ``tests``: ``pytest tests/gpu -m "not vllm"``, the reference engine's CUDA tests (junit counts);
   while the pack's model is still arriving it waits for it (a run without it would be redone).
-- ``bench``: ``benchmarks/gpu_bench.py``.
+- ``bench``: ``python -m benchmarks engine gpu``.
 - ``distill``: ``modelkit distill`` of the SwiftKV variant with ``--max-hours`` set from the
   time left; it resumes from ``state.pt`` on the next call until ``steps`` are done.
 """
@@ -210,7 +210,8 @@ def stage_tests(ctx: Context, timeout: float) -> dict:
 def stage_bench(ctx: Context, timeout: float) -> dict:
     out = ctx.work / "bench.json"
     out.unlink(missing_ok=True)
-    rc = ctx.run("bench", [ctx.cfg.python, "benchmarks/gpu_bench.py", "--out", str(out), *ctx.cfg.bench_args], timeout)
+    rc = ctx.run("bench", [ctx.cfg.python, "-m", "benchmarks", "engine", "gpu", "--out", str(out), *ctx.cfg.bench_args],
+                 timeout)
     if rc is None:
         return {"status": "timeout"}
     if rc != 0 or not out.is_file():

@@ -118,7 +118,7 @@ def _devcheck(py: str, env: dict, base: Path) -> list[dict]:
 
 
 def _tokenizer(py: str, env: dict, base: Path) -> dict:
-    code = ("import sys; sys.path.insert(0, 'benchmarks'); from vllm_gpu_8b import LLAMA_8B, write_models; "
+    code = ("import sys; from benchmarks.serve.vllm_gpu_8b import LLAMA_8B, write_models; "
             "from pathlib import Path; write_models(Path(sys.argv[1]), LLAMA_8B)")
     subprocess.run([py, "-c", code, str(base / "8b")], cwd=ROOT, env=env, check=True)
     res = subprocess.run([py, "-c", TOKENIZER_CHECK, str(base / "8b" / "tokenizer")], cwd=ROOT, env=env,

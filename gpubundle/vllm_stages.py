@@ -10,7 +10,7 @@
   (``-n 6 --dist loadgroup`` where the image has pytest-xdist: six small engines share the GPU,
   and their start-ups, mostly compilation on the CPU, overlap); each probe run is recorded in
   ``<work>/vllm-results.json`` (``vllm_results``), from which ``collect`` derives the summary keys.
-- ``vllm-8b``: ``benchmarks/vllm_gpu_8b.py`` (SwiftKV against stock vLLM at a Llama-3.1-8B shape);
+- ``vllm-8b``: ``python -m benchmarks serve vllm_gpu_8b`` (SwiftKV against stock vLLM at a Llama-3.1-8B shape);
   its ``vllm_8b.json`` is the record's ``result``.
 A stage that needs vLLM waits while ``vllm`` is not done; the test stages wait for the model too.
 """
@@ -130,7 +130,7 @@ def stage_vllm_8b(ctx: Context, timeout: float) -> dict:
         return wait
     out = ctx.work / "vllm-8b"
     args = list(ctx.cfg.vllm_8b_args)
-    cmd = [ctx.cfg.python, "benchmarks/vllm_gpu_8b.py", "--out", str(out), *args]
+    cmd = [ctx.cfg.python, "-m", "benchmarks", "serve", "vllm_gpu_8b", "--out", str(out), *args]
     rc = ctx.run("vllm-8b", cmd, timeout, env=environ(ctx))
     path = out / "vllm_8b.json"
     rec = {"fingerprint": ctx.state["vllm"]["fingerprint"] + " " + " ".join(args)}

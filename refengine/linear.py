@@ -14,7 +14,7 @@ reordered weight replaces the plain one (no second copy), except when the LM hea
 tied to the embedding, whose plain rows the embedding lookup still needs. In bfloat16 (oneDNN's
 AVX-512-BF16 kernels, float32 accumulation) the reordered weight takes 0.28-0.65x of
 ``F.linear``'s time at decode row counts (1-64) and 0.82-0.98x at prefill's 1024
-(``benchmarks/linear_bench.py --dtype bfloat16``), because ``F.linear`` reorders the weight
+(``benchmarks/kernel/linear.py --dtype bfloat16``), because ``F.linear`` reorders the weight
 again at every call.
 
 The engine's ``packed_linear`` setting ("auto" | "off" | "lm_head" | "all") is resolved here

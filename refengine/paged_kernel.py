@@ -165,7 +165,7 @@ def resolve_decode_kernel(name: str, device: torch.device) -> PagedDecodeKernel 
 # The prefill kernel's tiles are 16-float vectors: one register on AVX-512. Built for AVX2 (GCC splits
 # them, spilling), it measured 4.6x slower than SDPA at 1024 tokens on a 2-core Zen 3 (10 GFLOP/s;
 # a 5,000-token prompt took 90 s), while on AVX-512 it is 2.8x faster than SDPA
-# (benchmarks/attention_kernels.py; results/perf/profiles/attention_kernels*.json).
+# (benchmarks/kernel/attention.py; results/perf/profiles/attention_kernels*.json).
 PREFILL_KERNEL_FLAG = "avx512f"
 
 

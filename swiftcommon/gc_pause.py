@@ -4,7 +4,7 @@ Why: parsing a JSON body of many small objects (40,000 tools are 80,000 dicts) a
 enough containers to trigger several collections, and in a process whose heap already holds
 hundreds of thousands of objects (a worker imports torch and transformers) each collection of
 the older generations walks all of them: a 40,000-tool body took 210 ms to parse there instead
-of 30 ms (``benchmarks/hostile_body_cost.py``, docs/reliability.md), all of it on the event
+of 30 ms (``studies/hostile_body_cost.py``, docs/reliability.md), all of it on the event
 loop. A freshly parsed body holds no reference cycles, so nothing is lost by collecting later:
 collection resumes when the block ends (the objects still count towards its thresholds), and
 a body refused at once is freed by reference counting before any collection runs.

@@ -7,7 +7,7 @@ can be slow without harm (compiling a request's constraint to check it, tokenisi
 multi-megabyte prompt, compiling a grammar in the engine's side thread) runs at a nice value of
 ``BACKGROUND_NICE``, so that when more threads want the cores than there are, the scheduler
 gives them to the engine first. (Alone on the 2-core machine, one spinning process beside a
-decode-like step barely moved it at either priority: ``benchmarks/nice_contention.py``.)
+decode-like step barely moved it at either priority: ``studies/nice_contention.py``.)
 
 Linux sets a nice value per thread (``setpriority(PRIO_PROCESS, tid)``): ``background_priority()``
 lowers the calling thread only (use it as a thread pool's ``initializer``, or at the start of a

@@ -1,4 +1,5 @@
 """``swiftserve up``: start a whole stack (gateway + N workers per model) on one machine.
+(``swiftserve bench <concern> <name>`` runs one of the maintained benchmarks: benchmarks/cli.py.)
 
 It serves one model or several (``--model A --model B:1``, swiftserve.stack_models: each
 model its own workers, the gateway routing each request to its model's pool, with aliases,
@@ -65,6 +66,8 @@ def _parser() -> argparse.ArgumentParser:
                                     "restarts the workers one at a time: each drains, starts again and is routed "
                                     "to before the next; streams its drain cannot finish migrate to another "
                                     "worker of the same model.")
+    sub.add_parser("bench", add_help=False, help="run a benchmark: swiftserve bench <concern> <name> [args] "
+                                                 "(swiftserve bench --help lists them)")
     up.add_argument("--model", action="append", default=None, metavar="MODEL[:N]",
                     help="model directory or name ('default': the embedded SmolLM2-135M-Instruct; a shipped variant "
                          "such as SmolLM2-135M-Instruct-SwiftKV-13pct), with ':N' its number of workers (else "
@@ -320,6 +323,11 @@ def up(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:                    # the benchmarks parse their own arguments
+        from benchmarks.cli import main as bench
+
+        return bench(argv[1:], prog="swiftserve bench")
     args = _parser().parse_args(argv)
     if args.command == "up":
         return up(args)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 # The packages the wheel ships (pyproject's packages.find); everything else in ALLOWED is lab tooling.
 PRODUCT = frozenset({"swiftcommon", "refengine", "modelkit", "swiftserve_vllm", "gateway", "loadtest", "worker",
-                     "swiftserve"})
+                     "benchmarks", "swiftserve"})
 # Which top-level packages each package may import besides itself (docs/architecture.md),
-# lowest layer first. A package missing here is not checked (tests/, benchmarks/, deploy/).
+# lowest layer first. A package missing here is not checked (tests/, deploy/).
 ALLOWED: dict[str, frozenset[str]] = {
     "swiftcommon": frozenset(),
     "refengine": frozenset({"swiftcommon"}),
@@ -26,11 +26,16 @@ ALLOWED: dict[str, frozenset[str]] = {
     "gateway": frozenset({"swiftcommon"}),
     "loadtest": frozenset({"swiftcommon"}),
     "worker": frozenset({"refengine", "modelkit", "swiftcommon", "swiftserve_vllm"}),
-    "swiftserve": frozenset({"swiftcommon", "refengine", "modelkit", "swiftserve_vllm", "gateway", "loadtest",
+    # The maintained benchmarks (`swiftserve bench`): over every package that serves, under the command.
+    "benchmarks": frozenset({"swiftcommon", "refengine", "modelkit", "swiftserve_vllm", "gateway", "loadtest",
                              "worker"}),
+    "swiftserve": frozenset({"swiftcommon", "refengine", "modelkit", "swiftserve_vllm", "gateway", "loadtest",
+                             "worker", "benchmarks"}),
     # The lab beside the product (the offline GPU validation bundle, not in the wheel): above every
     # product package; none of them may import it (it is in no product package's set above).
     "gpubundle": PRODUCT,
+    # One-off studies (comparisons run once to answer a question): lab too, outside the wheel.
+    "studies": PRODUCT,
 }
 # (importing package, imported package) -> the only modules of the importer allowed that arrow.
 SEAMS: dict[tuple[str, str], frozenset[str]] = {

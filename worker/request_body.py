@@ -10,7 +10,7 @@ over ``--max-stop-strings``, ``tools`` over ``--max-tools``) with the same 400 t
 checks give (``worker.limits.check_count``). Why: FastAPI validates the whole body (every tool,
 every stop string, plus the text check of ``worker.api.base_request``) on the event loop before the
 handler runs; for a 500,000-stop or 40,000-tool body that took 60-160 ms per request here
-(``benchmarks/hostile_bench.py``; docs/reliability.md). What is not a list of the field's kind
+(``benchmarks/serve/hostile.py``; docs/reliability.md). What is not a list of the field's kind
 is left to validation, which names the error as before.
 """
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 METHODS = ("suffix", "ngram")
 # Default back-off. A decode step of SmolLM2 on this project's 2-core CPU (float32: the CPU has no AVX-512)
 # costs about T0 + c * n for n verified rows, with a fixed part T0 (Python, dispatch, sampling, weight reads)
-# of ~60 ms and c ~7.5 ms a row (benchmarks/spec_knee.py, results/spec/knee.md). Below n = T0 / c (~8) the fixed
+# of ~60 ms and c ~7.5 ms a row (studies/spec_knee.py, results/spec/knee.md). Below n = T0 / c (~8) the fixed
 # part dominates: the step is overhead-bound and a drafted token costs little; past it every row is compute.
 # So the drafts of a step are kept within KNEE_TOKENS rows: b running requests draft at most
 # KNEE_TOKENS // b - 1 tokens each, and none from b = KNEE_TOKENS // 2 + 1 on (a step is then exactly the
@@ -37,7 +37,7 @@ METHODS = ("suffix", "ngram")
 # already bounded by its match length (max_spec_factor) and estimated probability, and a long match
 # (a quoted span) is accepted most of the way, so a 17-row step that emits 17 tokens costs
 # ~60 + 17 x 7.5 ms against 17 plain steps. Simulated on recorded greedy outputs of the prompt-heavy set
-# with that step-cost model (benchmarks/spec_policy.py, results/spec/policy.md): a cap of 24 instead of
+# with that step-cost model (studies/spec_policy.py, results/spec/policy.md): a cap of 24 instead of
 # 7 at one request makes the modelled decode ~4% faster; served, 1.704x against 1.676x (within the
 # run-to-run spread; results/spec/README.md, round 2).
 KNEE_TOKENS = 8

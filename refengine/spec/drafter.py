@@ -45,7 +45,7 @@ class Drafter:
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.accepted_per_pos = [0] * c.num_speculative_tokens
-        self.min_match = 2                     # shortest suffix matched (benchmarks/spec_policy.py tries 1)
+        self.min_match = 2                     # shortest suffix matched (studies/spec_policy.py tries 1)
         self.steps_backed_off = 0              # steps where the batch size allowed no draft at all
 
     # ---- drafting ----------------------------------------------------------------

@@ -1,6 +1,6 @@
 """``StructuredSpec`` -> an llguidance grammar, and the check that names what it cannot do. No torch.
 
-Why llguidance (docs/structured-outputs.md, measured with benchmarks/structured_backends.py
+Why llguidance (docs/structured-outputs.md, measured with studies/structured_backends.py
 on the 66-schema suite): all three candidate libraries cover the suite and mask a token in
 microseconds, but llguidance compiles a schema in ~0.5 ms against ~290 ms (xgrammar) and
 ~540 ms (outlines-core), which precompute per-schema tables over the vocabulary; it refuses

@@ -12,11 +12,11 @@ trap 'rm -rf "$BEFORE"' EXIT
 git archive "$BASE" gateway swiftserve | tar -x -C "$BEFORE"
 
 # 1. overhead (16 clients and 1 client, direct / gateway / gateway before) and JSQ vs round-robin
-$PY benchmarks/gateway_bench.py --compare-tree "$BEFORE" --out $OUT/bench.json
+$PY benchmarks/gateway/routing.py --compare-tree "$BEFORE" --out $OUT/bench.json
 # 2. where the proxy path spends its CPU (py-spy), CPU per request of client, gateway, worker
-$PY benchmarks/gateway_profile.py --out $OUT/profile.md
+$PY benchmarks/gateway/profile.py --out $OUT/profile.md
 # 3. prefix-aware vs JSQ on the shared-prefix workload; then with one hot prefix
-$PY benchmarks/prefix_bench.py --out $OUT/prefix.json
-$PY benchmarks/prefix_bench.py --hot-share 0.5 --out $OUT/prefix_hot.json
+$PY benchmarks/gateway/prefix.py --out $OUT/prefix.json
+$PY benchmarks/gateway/prefix.py --hot-share 0.5 --out $OUT/prefix_hot.json
 # 4. summary.json from bench.json and prefix.json
-$PY benchmarks/gateway_summary.py $OUT
+$PY benchmarks/report/gateway.py $OUT

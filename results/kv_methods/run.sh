@@ -37,17 +37,17 @@ $M eval --corpus $C --baseline SmolLM2-135M-Instruct-SwiftKV --model SmolLM2-135
     --out $O/sweep_swiftkv.json
 
 # 4. throughput under memory pressure: the same 128 MiB of device KV memory for every configuration
-.venv/bin/python benchmarks/kv_pressure.py --pool-mb 128 --requests 16 --prompt 512 --gen 32 --max-num-seqs 16 \
+.venv/bin/python -m benchmarks engine kv_pressure --pool-mb 128 --requests 16 --prompt 512 --gen 32 --max-num-seqs 16 \
     --batched-tokens 256 --out $O/pressure.json \
     --methods '{"baseline": {}, "kcache": {"kcache": {"top_n": 64}}, "zipcache": {"zipcache": {}}, "eviction": {"eviction": {"budget": 128}}, "zack+zipcache": {"zack": {"calibration": "'$CAL'", "rate": 0.1}, "zipcache": {}}, "kcache+eviction": {"kcache": {"top_n": 64}, "eviction": {"budget": 128}}}'
 
 # 5. tables, plot, summary.json
-.venv/bin/python benchmarks/kv_methods_report.py --short $O/sweep_short_methods.json --short $O/sweep_short_combos.json --long $O/sweep_long.json \
+.venv/bin/python -m benchmarks report kv_methods --short $O/sweep_short_methods.json --short $O/sweep_short_combos.json --long $O/sweep_long.json \
     --swiftkv $O/sweep_swiftkv.json --pressure $O/pressure.json --out $O \
     --pick kcache= --pick zipcache= --pick eviction=eviction.budget=128 \
     --pick zack+zipcache=zack.rate=0.1 --pick zack+eviction=zack.rate=0.1,eviction.budget=128 \
     --pick zack+kcache=zack.rate=0.1 --pick kcache+eviction=eviction.budget=128
 
 # ZACK x ZipCache by task accuracy (issue 32): binary search of the ZACK rate with ZipCache on (results/zack/README.md)
-.venv/bin/python benchmarks/zack_task_search.py --corpus ~/.cache/swiftserve/corpus/smollm2-v2 --hi 0.25 --steps 4 \
+.venv/bin/python -m studies.zack_task_search --corpus ~/.cache/swiftserve/corpus/smollm2-v2 --hi 0.25 --steps 4 \
     --modes adaptive --with '{"zipcache": {}}' --engine-arg kv_cache_memory_gb=1 --out results/kv_methods/zack_zipcache_task_search.json

@@ -30,18 +30,18 @@ $M eval --corpus $C --baseline SmolLM2-135M-Instruct-SwiftKV --model whitened=$O
     --samples 16 --gen-prompts 8 --gen-tokens 48 --out results/zack/sweep_swiftkv.json
 
 # 3. attention speed vs rate (SmolLM2 and Llama-3.1-8B head shapes), then the report
-.venv/bin/python benchmarks/zack_attention.py --repeats 15 --threads 1 --out results/zack/speed.json
-.venv/bin/python benchmarks/zack_attention.py --shape llama8b --repeats 9 --threads 1 --out results/zack/speed_llama8b.json
-.venv/bin/python benchmarks/zack_report.py --sweep results/zack/sweep_smollm2.json results/zack/sweep_smollm2_fine.json \
+.venv/bin/python -m benchmarks kernel zack_attention --repeats 15 --threads 1 --out results/zack/speed.json
+.venv/bin/python -m benchmarks kernel zack_attention --shape llama8b --repeats 9 --threads 1 --out results/zack/speed_llama8b.json
+.venv/bin/python -m benchmarks report zack --sweep results/zack/sweep_smollm2.json results/zack/sweep_smollm2_fine.json \
     --stacked results/zack/sweep_smollm2_stacked.json --long results/zack/sweep_long.json \
     --swiftkv results/zack/sweep_swiftkv.json --speed results/zack/speed.json \
     --more-speed results/zack/speed_llama8b.json --out results/zack
 
 # 4. the paper's measure (issue 32): rate at which task accuracy stays at 99% (binary search; README.md)
-.venv/bin/python benchmarks/zack_task_search.py --corpus $C --hi 0.25 --steps 4 --engine-arg kv_cache_memory_gb=1 \
+.venv/bin/python -m studies.zack_task_search --corpus $C --hi 0.25 --steps 4 --engine-arg kv_cache_memory_gb=1 \
     --out results/zack/task_search.json
 $M eval --corpus $C --baseline default --model zack=SmolLM2-135M-Instruct-ZACK \
     --kv-methods '{"zack": {"rate": 0.0156, "mode": "adaptive"}}' --join-docs --prefix 2048 --continuation 64 \
     --samples 12 --gen-prompts 0 --metrics ppl --engine-arg kv_cache_memory_gb=1 --out results/zack/long_at_task_rate.json
-.venv/bin/python benchmarks/zack_task_search.py --corpus $C --hi 0.25 --steps 4 --modes adaptive --with '{"zipcache": {}}' \
+.venv/bin/python -m studies.zack_task_search --corpus $C --hi 0.25 --steps 4 --modes adaptive --with '{"zipcache": {}}' \
     --engine-arg kv_cache_memory_gb=1 --out results/kv_methods/zack_zipcache_task_search.json

@@ -1,4 +1,4 @@
-"""benchmarks/failover_kinds.py (``failover_bench.py --mix``): each kind's judge on canned SSE bytes.
+"""benchmarks/gateway/failover_kinds.py (``swiftserve bench gateway failover --mix``): each kind's judge on canned SSE bytes.
 
 A stream is complete when it ends normally, keeps one id and gives what the uninterrupted
 stream gave (however the events split the text, as a migrated stream's do); an error event
@@ -10,7 +10,7 @@ import json
 import pytest
 from test_perf_tools import load
 
-fk = load("failover_kinds")
+fk = load("gateway.failover_kinds")
 MAX = 4
 
 
@@ -170,7 +170,7 @@ def test_every_kind_asks_for_a_greedy_stream(kind):
 
 
 def test_the_default_benchmark_judges_as_before_and_counts_per_kind():
-    fb = load("failover_bench")
+    fb = load("gateway.failover")
     data = completions(["Once", " upon", " a", " time"])
     assert fb.judge(data, "Once upon a time", MAX) == "complete"
     assert fb.judge(data, "Once upon a tim", MAX) == "wrong"
@@ -188,7 +188,7 @@ def test_a_mixed_scenario_runs_every_kind_and_counts_each(monkeypatch):
 
     import httpx
 
-    fb = load("failover_bench")
+    fb = load("gateway.failover")
     kind_of = {json.dumps(fb.request(k, t, MAX)[1]): k for k in fk.KINDS for t in fb.TOPICS}
     seen = []
 

@@ -1,19 +1,14 @@
-"""benchmarks/model_shapes.py: the weightless ~1B Llama directory (config + tokenizer files)."""
+"""benchmarks/lib/model_shapes.py: the weightless ~1B Llama directory (config + tokenizer files)."""
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 
 from refengine.dummy_weights import _shapes
 from refengine.model_config import load_model_spec
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("model_shapes", ROOT / "benchmarks" / "model_shapes.py")
-shapes = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(shapes)
+from benchmarks.lib import model_shapes as shapes
 
 
 @pytest.fixture

@@ -1,14 +1,9 @@
-"""benchmarks/perf_report.py: the ratio keys of each dtype and shape, the merge into summary.json,
+"""benchmarks/report/perf.py: the ratio keys of each dtype and shape, the merge into summary.json,
 and the per-run output names (fabricated suite documents; no servers)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("perf_report", ROOT / "benchmarks" / "perf_report.py")
-report = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(report)
+from benchmarks.report import perf as report
 
 # server -> workload -> (median, [(p50_ttft_ms, p50_tpot_ms) per round])
 SMOLLM2 = {
@@ -24,7 +19,7 @@ ONE_B = {"ours": {"prefill_1024_32": (300.0, []), "decode_128_128": (40.0, [])},
 
 
 def make_doc(results: dict, dtype: str | None = None, shape: str | None = None) -> dict:
-    doc = {"command": "python benchmarks/perf_suite.py", "repeats": 3, "scale": 1.0,
+    doc = {"command": "python -m benchmarks serve suite", "repeats": 3, "scale": 1.0,
            "machine_start": {"cpu": "test", "cores": 2, "loadavg": [0.0, 0.0, 0.0]},
            "servers": {s: {"results": {w: {"median": m, "metric": "output_throughput",
                                            "runs": [{"output_throughput": m, "p50_ttft_ms": a, "p50_tpot_ms": b}

@@ -1,19 +1,16 @@
-"""benchmarks/perf_suite.py's --shape 1b: the server commands (random weights on both servers), the
+"""benchmarks/serve/suite.py's --shape 1b: the server commands (random weights on both servers), the
 workload table, what it refuses, and the per-run outputs of main (servers faked; none started)."""
 
 import argparse
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.e2e
+from benchmarks import cli
+from benchmarks.serve import suite
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("perf_suite", ROOT / "benchmarks" / "perf_suite.py")
-suite = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(suite)
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
@@ -64,7 +61,7 @@ def test_1b_workloads_have_the_issues_prompt_counts():
     one_b = suite.workloads_of_shape("1b")
     assert {w: v[2] for w, v in one_b.items()} == {"prefill_1024_32": 8, "decode_128_128": 16}
     assert one_b["prefill_1024_32"][:2] == (1024, 32) and one_b["decode_128_128"][:2] == (128, 128)
-    assert suite.workloads_of_shape("smollm2") is suite.WORKLOADS
+    assert suite.workloads_of_shape("smollm2") is suite.SERVING
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -74,7 +71,7 @@ def test_1b_workloads_have_the_issues_prompt_counts():
 ])
 def test_1b_refuses_servers_and_workloads_it_has_not(argv, words, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
-        suite.main(["--shape", "1b", "--out", str(tmp_path), *argv])
+        cli.run("serve", "suite", ["--shape", "1b", "--out", str(tmp_path), *argv])
     assert e.value.code == 2 and words in capsys.readouterr().err
 
 
@@ -93,7 +90,7 @@ def test_main_writes_its_own_files_and_merges_the_summary(tokenizer_dir, tmp_pat
             done(name, {"decode_128_128": {"median": value, "metric": "output_throughput", "runs": [run]}})
 
     monkeypatch.setattr(suite, "run_suite", fake_run_suite)
-    assert suite.main(["--shape", "1b", "--dtype", "bfloat16", "--model", str(tokenizer_dir), "--out", str(out),
+    assert cli.run("serve", "suite", ["--shape", "1b", "--dtype", "bfloat16", "--model", str(tokenizer_dir), "--out", str(out),
                        "--workloads", "decode_128_128"]) == 0
     assert seen == {"servers": ["ours", "vllm_cpu"],
                     "workloads_of": {"ours": ["decode_128_128"], "vllm_cpu": ["decode_128_128"]}}
@@ -106,19 +103,21 @@ def test_main_writes_its_own_files_and_merges_the_summary(tokenizer_dir, tmp_pat
 
 
 def test_settle_returns_once_the_servers_are_idle():
-    """An idle process tree settles after one quiet window; a busy one is waited for, up to the cap."""
+    """benchmarks.lib.procs.settle, which the suite runs between servers: an idle process tree settles after one quiet window; a busy one is waited for, up to the cap."""
     import subprocess
     import sys
     import time
 
+    from benchmarks.lib.procs import settle
+    from benchmarks.lib.profiling import tree_cpu_seconds
 
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.3)
-        assert suite.tree_cpu_seconds([idle]) >= 0.0
-        assert suite.settle([idle], idle_s=0.1, max_s=5) < 1.0
-        assert suite.settle([busy], idle_s=0.1, max_s=0.5) >= 0.5
+        assert tree_cpu_seconds([idle]) >= 0.0
+        assert settle([idle], idle_s=0.1, max_s=5) < 1.0
+        assert settle([busy], idle_s=0.1, max_s=0.5) >= 0.5
     finally:
         idle.kill()
         busy.kill()

@@ -1,6 +1,7 @@
-"""The serving benchmark's ratio arithmetic and the GPU benchmark script (tiny shape, on CPU)."""
+"""The serving benchmark's ratio arithmetic and the GPU benchmark (tiny shape, on CPU), through
+``python -m benchmarks`` as a user runs them."""
 
-import importlib.util
+import importlib
 import json
 import subprocess
 import sys
@@ -8,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import cli
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """``benchmarks.<name>``, e.g. ``load("engine.ab")``."""
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def doc_with(results: dict) -> dict:
@@ -26,7 +27,7 @@ def doc_with(results: dict) -> dict:
 
 
 def test_summary_ratios_come_only_from_measured_figures():
-    report = load("perf_report")
+    report = load("report.perf")
     doc = doc_with({"ours": {"chat_256_16": 30.0, "prefill_1024_32": 600.0, "decode_128_128": 150.0,
                              "prefix_1024_64": 300.0},
                     "ours_nocache": {"prefix_1024_64": 1500.0},
@@ -44,7 +45,7 @@ def test_summary_ratios_come_only_from_measured_figures():
 @pytest.mark.slow
 def test_gpu_benchmark_script_runs_on_cpu_with_a_tiny_shape(tmp_path):
     out = tmp_path / "tiny.json"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_bench.py"), "--tiny", "--device", "cpu",
+    subprocess.run([sys.executable, "-m", "benchmarks", "engine", "gpu", "--tiny", "--device", "cpu",
                     "--dtype", "float32", "--batches", "1", "4", "--decode-steps", "4", "--repeats", "1",
                     "--out", str(out)], check=True, cwd=ROOT, timeout=600)
     res = json.loads(out.read_text())
@@ -57,7 +58,7 @@ def test_gpu_benchmark_script_runs_on_cpu_with_a_tiny_shape(tmp_path):
 @pytest.mark.model
 def test_linear_bench_checks_and_records_every_projection(smollm2_dir, tmp_path):
     out = tmp_path / "linear.json"
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "linear_bench.py"), "--rows", "3", "--repeats", "1",
+    r = subprocess.run([sys.executable, "-m", "benchmarks", "kernel", "linear", "--rows", "3", "--repeats", "1",
                         "--threads", "1", "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300)
     if "prepacking unavailable" in r.stdout + r.stderr:
         pytest.skip("oneDNN prepacking unavailable in this torch build")
@@ -65,12 +66,12 @@ def test_linear_bench_checks_and_records_every_projection(smollm2_dir, tmp_path)
     doc = json.loads(out.read_text())
     assert {x["gemm"] for x in doc["rows"]} == {"qkv", "o", "gate_up", "down", "lm_head"}
     assert all(x["rows"] == 3 and x["plain_ms"] > 0 and x["packed_ms"] > 0 and x["of_peak"] > 0 for x in doc["rows"])
-    assert doc["command"].startswith("python ")
+    assert doc["command"].startswith("python -m benchmarks kernel linear ")
     assert set(doc["layer_share_of_peak"]) == {"3"} and doc["layer_share_of_peak"]["3"] > 0
 
 
 def test_engine_ab_parses_config_overrides():
-    ab = load("engine_ab")
+    ab = load("engine.ab")
     assert ab.parse_set("packed_linear=off,max_num_seqs=8,swiftkv=false") == {
         "packed_linear": "off", "max_num_seqs": 8, "swiftkv": False}
 
@@ -79,12 +80,12 @@ def test_engine_ab_parses_config_overrides():
 def test_engine_ab_refuses_same_or_bad_configurations(argv, capsys):
     # Refused before any model loads: A == B measures nothing, and KV methods are JSON objects.
     with pytest.raises(SystemExit) as e:
-        load("engine_ab").main(argv)
+        cli.run("engine", "ab", argv)
     assert e.value.code == 2 and ("same configuration" in capsys.readouterr().err or argv[-1] == "[1]")
 
 
 def test_served_profile_shares_per_thread(tmp_path):
-    prof = load("served_profile")
+    prof = load("serve.profile")
     raw = tmp_path / "spy.txt"
     raw.write_text("thread (11): refengine;run (a.py:1);step (b.py:2) 60\n"
                    "thread (11): refengine;run (a.py:1);kernel (c.py:3) 10\n"
@@ -96,14 +97,14 @@ def test_served_profile_shares_per_thread(tmp_path):
 
 
 def test_served_ab_variants_and_report():
-    ab = load("served_ab")
+    ab = load("serve.ab")
     assert ab.parse_variant("a=ours") == ("a", "ours", {})
     assert ab.parse_variant("b=vllm_cpu:GOMP_SPINCOUNT=,X=1") == ("b", "vllm_cpu", {"GOMP_SPINCOUNT": "", "X": "1"})
     for bad in ("ours", "=ours", "a=", "a=ours:NOEQUALS"):
         with pytest.raises(Exception):
             ab.parse_variant(bad)
     run = {"output_throughput": 100.0, "cpu_s": {"1 python": 0.5, "2 python": 50.0, "client": 0.7}}
-    doc = {"workload": "decode_128_128", "command": "python benchmarks/served_ab.py",
+    doc = {"workload": "decode_128_128", "command": "python -m benchmarks serve ab",
            "paired_ratio_to_first": {"a": 1.0, "b": 1.25},
            "variants": {"a": {"env": {}, "metric": "output_throughput", "median": 100.0, "runs": [run]},
                         "b": {"env": {"K": "v"}, "metric": "output_throughput", "median": 125.0,
@@ -113,7 +114,7 @@ def test_served_ab_variants_and_report():
 
 
 def test_perf_suite_start_unsets_empty_env(tmp_path, monkeypatch):
-    suite = load("perf_suite")
+    suite = load("serve.suite")
     monkeypatch.setenv("SWIFTSERVE_TEST_UNSET", "1")
     log = tmp_path / "env.log"
     with pytest.raises(RuntimeError, match="exited"):
@@ -125,7 +126,7 @@ def test_perf_suite_start_unsets_empty_env(tmp_path, monkeypatch):
 
 def test_attention_kernels_bench_compares_both_paths(tmp_path):
     out = tmp_path / "att.json"
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "attention_kernels.py"), "--prefill-len", "70",
+    r = subprocess.run([sys.executable, "-m", "benchmarks", "kernel", "attention", "--prefill-len", "70",
                         "--batch", "3", "--context", "37", "--repeats", "1", "--threads", "1", "--out", str(out)],
                        capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -139,18 +140,18 @@ def test_attention_kernels_bench_compares_both_paths(tmp_path):
 
 
 def test_cpu_peak_measures_a_rate_and_refuses_bad_options(capsys):
-    peak = load("cpu_peak")
+    peak = load("kernel.cpu_peak")
     one = peak.measure(1, seconds=0.02, trials=1)
     assert one > 0
-    assert peak.main(["--threads", "1", "--seconds", "0.02", "--trials", "1"]) == 0
+    assert cli.run("kernel", "cpu_peak", ["--threads", "1", "--seconds", "0.02", "--trials", "1"]) == 0
     assert "GFLOP/s" in capsys.readouterr().out
     with pytest.raises(SystemExit):
-        peak.main(["--trials", "0"])
+        cli.run("kernel", "cpu_peak", ["--trials", "0"])
 
 
 def test_cpu_peak_bf16_dot_products_run_where_the_cpu_has_them(capsys):
-    peak = load("cpu_peak")
-    rc = peak.main(["--threads", "1", "--seconds", "0.02", "--trials", "1", "--dtype", "bfloat16"])
+    peak = load("kernel.cpu_peak")
+    rc = cli.run("kernel", "cpu_peak", ["--threads", "1", "--seconds", "0.02", "--trials", "1", "--dtype", "bfloat16"])
     out = capsys.readouterr()
     has_bf16 = "avx512_bf16" in open("/proc/cpuinfo").read()
     if not has_bf16:
@@ -161,24 +162,25 @@ def test_cpu_peak_bf16_dot_products_run_where_the_cpu_has_them(capsys):
 
 
 def test_cpu_peak_reads_a_memory_bandwidth():
-    assert load("cpu_peak").read_bandwidth(1, trials=1, gib=0.01) > 0
+    assert load("kernel.cpu_peak").read_bandwidth(1, trials=1, gib=0.01) > 0
 
 
 def test_profile_vs_vllm_groups_operators():
-    prof = load("profile_vs_vllm")
+    prof = load("engine.profile_vs_vllm")
     assert prof.family("_C::onednn_mm") == prof.family("mkldnn::_linear_pointwise") == "gemm"
     assert prof.family("swiftserve::paged_prefill") == prof.family("_C::cpu_attention_with_kv_cache") == "attention"
     assert prof.family("aten::silu") == "elementwise" and prof.family("aten::index_select") == "other"
 
 
-@pytest.mark.parametrize("script", ["perf_suite", "served_ab"])
+@pytest.mark.parametrize("script", ["suite", "ab"])
 def test_server_commands_get_every_option_they_read(script, monkeypatch, tmp_path):
-    """perf_suite and served_ab build their servers with perf_suite.server_commands: both
+    """serve suite and serve ab build their servers with serve.suite.server_commands: both
     parsers must give it every option it reads (a missing one fails only when servers start)."""
     import ast
     import inspect
 
-    mod = load(script)
+    mod = load(f"serve.{script}")
+    tree = ast.parse(inspect.getsource(load("serve.suite").server_commands))     # before it is patched below
     captured = {}
 
     def fake(args):
@@ -188,8 +190,7 @@ def test_server_commands_get_every_option_they_read(script, monkeypatch, tmp_pat
     monkeypatch.setattr(mod, "server_commands", fake)
     argv = ["--dtype", "bfloat16", "--out", str(tmp_path / "out")]
     with pytest.raises(SystemExit):
-        mod.main(argv + (["--variant", "a=ours"] if script == "served_ab" else []))
-    tree = ast.parse(inspect.getsource(load("perf_suite").server_commands))
+        cli.run("serve", script, argv + (["--variant", "a=ours"] if script == "ab" else []))
     read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and getattr(n.value, "id", "") == "args"}
     assert "dtype" in read and all(hasattr(captured["args"], a) for a in read), read
     assert captured["args"].dtype == "bfloat16"
@@ -198,8 +199,8 @@ def test_server_commands_get_every_option_they_read(script, monkeypatch, tmp_pat
 @pytest.mark.slow
 @pytest.mark.model
 def test_api_scoring_measures_both_prefills(smollm2_dir):
-    """benchmarks/api_scoring.py's prefill half on a short prompt: both kinds run, and the
+    """benchmarks/quality/api_scoring.py's prefill half on a short prompt: both kinds run, and the
     echo kind really returns prompt logprobs (asserted inside)."""
-    out = load("api_scoring").prefill_times(str(smollm2_dir), 48, 1)
+    out = load("quality.api_scoring").prefill_times(str(smollm2_dir), 48, 1)
     assert out["plain_ms"] > 0 and out["echo_ms"] > 0 and out["ratio"] == out["echo_ms"] / out["plain_ms"]
     assert len(out["runs_ms"]["plain"]) == len(out["runs_ms"]["echo"]) == 1

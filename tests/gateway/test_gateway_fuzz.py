@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 import schemathesis
-from fuzz_support import CMPL, FAMILIES, Tally, check_answer, family_bodies, fixed_cases, hostile_bodies, regressions
+from benchmarks.lib.fuzz import CMPL, FAMILIES, Tally, check_answer, family_bodies, fixed_cases, hostile_bodies, regressions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
@@ -279,7 +279,7 @@ def test_api_keys_never_reach_the_logs(tmp_path):
     import os
 
     from fault_support import Proc, fault_worker
-    from proc_support import free_port
+    from benchmarks.lib.procs import free_port
 
     secret, wrong = "sk-live-SECRET-4242", "sk-guess-WRONG-1717"
     w = fault_worker("w")

@@ -23,7 +23,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fault_support import HERE, Proc, gateway, gateway_in_flight, request, run_requests, wait_for  # noqa: E402
-from proc_support import free_port  # noqa: E402
+from benchmarks.lib.procs import free_port  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 N = 32

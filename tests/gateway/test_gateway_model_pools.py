@@ -11,7 +11,7 @@ variants (13%: l=26, 50%: l=15), one worker each, started once for the module:
   the control's.
 
 The split ratio over many requests is tested on fakes (test_gateway_pools.py, test_gateway_aliases.py)
-and measured over 2,000+ requests by benchmarks/model_pools_bench.py."""
+and measured over 2,000+ requests by benchmarks/gateway/pools.py."""
 
 import re
 import subprocess
@@ -20,7 +20,7 @@ import time
 
 import httpx
 import pytest
-from proc_support import free_port, metric_sum, stop_groups, wait_healthy
+from benchmarks.lib.procs import free_port, metric_sum, stop_groups, wait_healthy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 

@@ -14,7 +14,7 @@ import uvicorn
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gateway_fakes import FakeWorker  # noqa: E402
-from proc_support import free_port  # noqa: E402
+from benchmarks.lib.procs import free_port  # noqa: E402
 
 from gateway.app import build_app  # noqa: E402
 from gateway.config import GatewayConfig  # noqa: E402

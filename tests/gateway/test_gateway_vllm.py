@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from proc_support import free_port, wait_healthy  # noqa: E402
+from benchmarks.lib.procs import free_port, wait_healthy  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 VLLM_PY = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"

@@ -1,17 +1,12 @@
-"""benchmarks/swiftkv_summary.py: summary.json takes every figure from the eval and prefill
+"""benchmarks/report/swiftkv.py: summary.json takes every figure from the eval and prefill
 files it is given, merges several only when they share one setup and baseline, and refuses a
 variant that either file lacks."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("swiftkv_summary", ROOT / "benchmarks" / "swiftkv_summary.py")
-summary_mod = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(summary_mod)
+from benchmarks.report import swiftkv as summary_mod
 
 
 def _quality(label, ppl_inc, acc, setup=None):
@@ -27,7 +22,7 @@ def _prefill(engine, ratios, lengths=(512, 2048)):
     rows = [{"prompt_tokens": n, "engine": "baseline", "ratio_vs_baseline_median": 1.0} for n in lengths]
     rows += [{"prompt_tokens": n, "engine": engine, "ratio_vs_baseline_median": r}
              for n, r in zip(lengths, ratios)]
-    return {"command": "python benchmarks/swiftkv_prefill.py ...", "rows": rows}
+    return {"command": "python -m benchmarks engine swiftkv_prefill ...", "rows": rows}
 
 
 def test_summary_from_measured_files(tmp_path):

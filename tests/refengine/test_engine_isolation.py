@@ -126,7 +126,7 @@ def test_a_constraint_the_engine_cannot_follow_is_the_requests_fault(engine, mon
 
 def test_a_constraint_failing_deep_in_its_output_fails_alone_and_the_batch_runs_on(engine, monkeypatch):
     # A grammar that compiled but fails while masking a later token (llguidance's lexer limits, found by
-    # benchmarks/hostile_bench.py) names its request: the others run again together at once, not one
+    # benchmarks/serve/hostile.py) names its request: the others run again together at once, not one
     # request at a time (which stalled a 8-request batch for 21 s).
     real_rows = GrammarMasks._rows
 

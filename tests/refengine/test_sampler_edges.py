@@ -1,4 +1,4 @@
-"""The sampler under a grammar's mask when the request's own options leave no token: the token is always one the mask allows (found by benchmarks/hostile_bench.py: a sampled token
+"""The sampler under a grammar's mask when the request's own options leave no token: the token is always one the mask allows (found by benchmarks/serve/hostile.py: a sampled token
 outside the grammar failed the request in the engine)."""
 
 import pytest

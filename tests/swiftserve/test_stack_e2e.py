@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from proc_support import free_port
+from benchmarks.lib.procs import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 

@@ -8,7 +8,7 @@ import shutil
 import httpx
 import pytest
 import torch
-from proc_support import free_port
+from benchmarks.lib.procs import free_port
 from test_stack_e2e import start_stack, stop_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]

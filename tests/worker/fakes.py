@@ -28,7 +28,7 @@ import time
 from functools import lru_cache
 from typing import Callable
 
-from proc_support import free_port
+from benchmarks.lib.procs import free_port
 from refengine.outputs import EngineStats, RequestOutput, RequestTimings, TokenLogprob
 from refengine.sampling_params import SamplingParams
 
@@ -229,7 +229,7 @@ def real_stack(model_dir, engine_config, name: str = "smol"):
 
     from transformers import AutoTokenizer
 
-    from proc_support import wait_healthy
+    from benchmarks.lib.procs import wait_healthy
     from worker.app import build_app
     from worker.backends import create_engine_client
     from worker.config import WorkerConfig

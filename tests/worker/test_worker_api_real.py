@@ -11,7 +11,7 @@ the official openai SDK drives the Responses API (streaming and not), ``logit_bi
 import httpx
 import openai
 import pytest
-from lm_eval_support import generations, loglikelihood_pairs, run_lm_eval
+from benchmarks.lib.lm_eval import generations, loglikelihood_pairs, run_lm_eval
 from worker_test_fakes import real_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]

@@ -113,7 +113,7 @@ def test_to_sampling_params_context_rules():
 @pytest.mark.model
 def test_load_format_dummy_serves_a_directory_without_weights(smollm2_dir, tmp_path):
     """``--load-format dummy``: random weights shaped by config.json; a directory with only the
-    config and the tokenizer (what benchmarks/model_shapes.py writes) serves a completion."""
+    config and the tokenizer (what benchmarks/lib/model_shapes.py writes) serves a completion."""
     import shutil
 
     from fastapi.testclient import TestClient
@@ -148,7 +148,7 @@ def test_python_m_worker_serves_and_stops_cleanly(smollm2_dir):
 
     import httpx
     import psutil
-    from proc_support import free_port
+    from benchmarks.lib.procs import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "worker", "--model", str(smollm2_dir), "--port", str(port),

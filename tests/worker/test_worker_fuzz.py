@@ -4,7 +4,7 @@
   schema-violating (negative) data;
 * Hypothesis: every request field replaced by values of every JSON type, raw bytes that are
   not JSON, the structured families (constraints, tools, Responses items, scoring fields),
-  the fixed hostile cases and issue 47's regressions of ``fuzz_support``;
+  the fixed hostile cases and issue 47's regressions of ``benchmarks.lib.fuzz``;
 * the real SmolLM2 engine under extreme sampling options and ids, and under drawn output
   constraints and tools (the engine, not only the HTTP layer, must refuse or survive them).
 
@@ -18,7 +18,7 @@ import json
 import httpx
 import pytest
 import schemathesis
-from fuzz_support import CHAT, CMPL, FAMILIES, Tally, check_answer, family_bodies, fixed_cases, hostile_bodies, regressions
+from benchmarks.lib.fuzz import CHAT, CMPL, FAMILIES, Tally, check_answer, family_bodies, fixed_cases, hostile_bodies, regressions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode

@@ -25,7 +25,7 @@ import time
 
 import httpx
 import pytest
-from proc_support import free_port, stop_groups, wait_healthy
+from benchmarks.lib.procs import free_port, stop_groups, wait_healthy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 INTERNALS = ("<state>", "backtrace", "llguidance", "panic", "Traceback", "non-verbose")

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 import uvicorn
-from proc_support import free_port, wait_healthy
+from benchmarks.lib.procs import free_port, wait_healthy
 from worker_test_fakes import FakeEngineClient, parse_sse
 
 from worker.shutdown import DrainingServer

@@ -1,0 +1,1 @@
+"""Benchmarks of one engine in process, no HTTP (``swiftserve bench engine ...``)."""

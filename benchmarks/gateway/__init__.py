@@ -1,0 +1,1 @@
+"""Benchmarks of the gateway: overhead, routing, pools, failover (``swiftserve bench gateway ...``)."""

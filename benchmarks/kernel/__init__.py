@@ -1,0 +1,1 @@
+"""Kernel and GEMM benchmarks on one layer's shapes (``swiftserve bench kernel ...``)."""

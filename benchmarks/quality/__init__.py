@@ -1,0 +1,1 @@
+"""Quality benchmarks: quantized formats, scoring, structured outputs (``swiftserve bench quality ...``)."""

@@ -1,0 +1,1 @@
+"""Benchmarks of the served stack over HTTP (``swiftserve bench serve ...``)."""
