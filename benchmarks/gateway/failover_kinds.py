@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import json
 
+from gateway.streaming import RESPONSES_TERMINAL as TERMINAL    # the gateway's one list
+
 KINDS = ("completions", "chat", "json_schema", "tools", "chat_n2", "responses")
 OUTCOMES = ("complete", "wrong", "error", "lost")
 STORY = {"type": "object", "additionalProperties": False, "required": ["title", "hero", "plot"],
@@ -29,7 +31,6 @@ BOOKS = {"type": "function", "function": {
     "name": "find_books", "description": "Find books about a topic",
     "parameters": {"type": "object", "additionalProperties": False, "required": ["topic", "count"],
                    "properties": {"topic": {"type": "string", "maxLength": 40}, "count": {"type": "integer"}}}}}
-TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 
 
 def request(kind: str, topic: str, max_tokens: int) -> tuple[str, dict]:
