@@ -90,9 +90,9 @@ def activation_maxima(model_dir: Path, tokens: int, seq_len: int, corpus: Path |
     handles = watch_linear_inputs(eng.runner.model, stats)
     # Prompt log-probs make every prompt row run every layer in the prefill pass itself (SwiftKV's
     # later layers included), so one pass per sequence sees what teacher-forcing each token as a
-    # decode step did, ~9x faster (SwiftKV g=2, `--smooth 0.5`, 16k tokens: 35 s in all here). Each sequence's
-    # last token is left out, as that scoring left it out (no row predicts past the end), so the
-    # statistics, and the checkpoints quantized before, stay the same.
+    # decode step did, ~9x faster (SwiftKV g=2, `--smooth 0.5`, 16k tokens: 35 s in all here).
+    # Each sequence's last token is left out, as that scoring left it out (no row predicts past the
+    # end), so the statistics, and the checkpoints quantized before, stay the same.
     every_row = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
     try:
         for i in tqdm(range(0, len(seqs), 8), desc="calibration", unit="batch", disable=not progress):
