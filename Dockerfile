@@ -23,7 +23,11 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 # ---- the build context's sources, in one place ----------------------------------------------
 FROM scratch AS source
 COPY pyproject.toml README.md constraints.txt /src/
+# every package of the wheel (pyproject's packages.find include; tests/deploy checks the two agree)
+COPY swiftcommon /src/swiftcommon
 COPY swiftserve /src/swiftserve
+COPY swiftserve_vllm /src/swiftserve_vllm
+COPY benchmarks /src/benchmarks
 COPY gateway /src/gateway
 COPY worker /src/worker
 COPY refengine /src/refengine

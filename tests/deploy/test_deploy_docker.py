@@ -60,6 +60,18 @@ def test_copy_sources_exist_and_are_not_dockerignored():
         assert not _ignored(src, patterns), f"COPY {src}: excluded by .dockerignore"
 
 
+def test_the_source_stage_copies_every_package_of_the_wheel():
+    # pip installs /src with pyproject's packages.find: a package the stage does not copy is
+    # silently left out of the image (swiftcommon was, and every server imports it)
+    import tomllib
+
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    wheel = {p.rstrip("*") for p in find["include"]}
+    copied = {rest.split()[0] for instr, rest in dockerfile_stages()["source"]
+              if instr == "COPY" and "--from=" not in rest}
+    assert wheel - copied == set(), f"packages of the wheel the image leaves out: {sorted(wheel - copied)}"
+
+
 @pytest.mark.parametrize("extra", ["k8s", "cpu", "gpu"])
 def test_requirements_helper_expands_extras(extra):
     proc = run([sys.executable, "deploy/docker/pyproject_requirements.py", "pyproject.toml", extra])
