@@ -51,7 +51,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.lib.records import ROOT, write_json
+from benchmarks.lib.records import ROOT, merge_json, write_json
 from benchmarks.lib.procs import settle
 from benchmarks.serve.suite import start, stop
 
@@ -191,10 +191,7 @@ def merge_outputs(mode: str, record: dict, keys: dict) -> None:
     doc = json.loads(path.read_text()) if path.is_file() else {}
     doc[mode] = record
     write_json(path, doc)
-    summary_path = OUT / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    summary.update(keys)
-    summary_path.write_text(json.dumps(summary, indent=1) + "\n")
+    merge_json(OUT / "summary.json", keys)
     print(json.dumps(keys, indent=1))
 
 

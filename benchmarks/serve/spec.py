@@ -48,7 +48,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.lib.records import ROOT, write_json
+from benchmarks.lib.records import ROOT, merge_json, write_json
 from benchmarks.lib.procs import settle
 from benchmarks.serve.suite import start, stop
 from benchmarks.lib.spec_workload import prompt_heavy_set
@@ -252,8 +252,5 @@ def main(args: argparse.Namespace) -> int:
     (out / "bench.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if args.summary:
-        path = ROOT / args.summary
-        merged = json.loads(path.read_text()) if path.exists() else {}
-        merged.update(summary)
-        path.write_text(json.dumps(merged, indent=1) + "\n")
+        merge_json(ROOT / args.summary, summary)
     return 0
