@@ -3,8 +3,8 @@
 A W8A8 checkpoint (``modelkit quantize``: compressed-tensors, int8 weights with a float scale per
 output channel, int8 activations per token at run time) is loaded by vLLM's own quantized linear
 layers; the plugin only says which checkpoint tensors (``X.weight`` and ``X.weight_scale``) go to
-which layer and shard (``weights._target``: q/k/v into ``qkv_proj``, a SwiftKV model's per-group
-``k/v_proj_swiftkv`` into one ``kv_proj_swiftkv``). ``quantized_layer_errors(model)`` checks that
+which layer and shard (``weights.parameter_for``: q/k/v into ``qkv_proj``, a SwiftKV model's
+per-group ``k/v_proj_swiftkv`` into one ``kv_proj_swiftkv``). ``quantized_layer_errors(model)`` checks that
 mapping where it matters, at the layer: for every quantized layer it runs vLLM's kernel on random
 rows and compares with ``x @ (weight * weight_scale).T`` built from the checkpoint's tensors. The
 error of a correct layer is the activations' int8 rounding (~1%); a scale or shard loaded into the
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from swiftserve_vllm.weights import _target
+from swiftserve_vllm.weights import parameter_for
 
 _SHARD_ORDER = {"q": 0, "k": 1, "v": 2}
 
@@ -40,7 +40,7 @@ def reference_weights(model, tensors: dict[str, torch.Tensor]) -> dict[str, torc
         scale = tensors.get(name + "_scale")
         if not name.endswith(".weight") or scale is None:
             continue
-        target = _target(model, name)
+        target = parameter_for(model, name)
         if target is None:
             continue
         pname, shard = target

@@ -22,7 +22,7 @@ from swiftserve_vllm import zack as Z
 from swiftserve_vllm.layout import kv_head_ids
 
 
-def _target(model, name: str) -> tuple[str, object] | None:
+def parameter_for(model, name: str) -> tuple[str, object] | None:
     """Checkpoint name -> (parameter name, shard id or None); None: not used on this rank."""
     m = model.model
     lay, rs = m.layout, m.rs
@@ -113,7 +113,7 @@ def load_checkpoint(model, weights: Iterable[tuple[str, torch.Tensor]]) -> set[s
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     for name, tensor in weights:
-        target = _target(model, name)
+        target = parameter_for(model, name)
         if target is None:
             continue
         pname, shard = target
