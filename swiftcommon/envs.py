@@ -61,6 +61,11 @@ def vllm_cpu_threads_bind() -> str | None:
     return _get("VLLM_CPU_OMP_THREADS_BIND")
 
 
+def vllm_use_aot_compile() -> str | None:
+    """vLLM's AOT compile artifacts (VLLM_USE_AOT_COMPILE) when the user set it; None = ours (off on vllm-cpu)."""
+    return _get("VLLM_USE_AOT_COMPILE")
+
+
 def vllm_cpu_kvcache_space() -> str | None:
     """vLLM-CPU's KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE) when the user set it; None = ours."""
     return _get("VLLM_CPU_KVCACHE_SPACE")

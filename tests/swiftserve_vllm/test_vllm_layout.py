@@ -92,6 +92,7 @@ def test_worker_settings_cpu_defaults_and_model_routing(tmp_path, monkeypatch):
 
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
     d = tmp_path / "m"
     d.mkdir()
     cfg = dict(BASE, swiftkv=True, num_key_value_layers=15, key_value_group_size=2, max_position_embeddings=8192)
@@ -104,6 +105,11 @@ def test_worker_settings_cpu_defaults_and_model_routing(tmp_path, monkeypatch):
     assert (k["tensor_parallel_size"], k["pipeline_parallel_size"]) == (1, 1)
     assert k["worker_extension_cls"] == "swiftserve_vllm.rpc.SwiftServeWorkerExtension"
     assert "|" not in s.env["VLLM_CPU_OMP_THREADS_BIND"] and "load_format" not in k
+    # vllm-cpu cannot load its own AOT compile artifacts: off, so a restart hits the inductor graph cache
+    assert s.env["VLLM_USE_AOT_COMPILE"] == "0" and any("compile cache" in n for n in s.notes)
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
+    assert build_settings(wc, "cpu").env["VLLM_USE_AOT_COMPILE"] == "1"          # the user's value wins
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE")
     dummy = build_settings(WorkerConfig(EngineConfig(model=str(d), load_format="dummy"), engine="vllm"), "cpu")
     assert dummy.engine_kwargs["load_format"] == "dummy"             # vLLM's own random weights
     gpu = build_settings(wc, "cuda")
