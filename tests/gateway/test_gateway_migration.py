@@ -1,6 +1,6 @@
 """Stream migration (gateway.migration, gateway.failover) with the real SmolLM2 worker.
 
-One real reference-engine worker serves the whole module; relay workers
+One real reference-engine worker (``conftest.worker``, shared with the other migration modules) serves it; relay workers
 (``relay_worker.py``) stand in front of it and fail mid-stream on cue: cut, stall, a
 retryable error event, a drain abort, or SIGKILL of the relay process. Each gateway has
 two relays, so a migrated stream resumes on the other one with the real worker's tokens.
@@ -32,16 +32,6 @@ COMPLETION = {"model": "m", "prompt": "Write a long story about a dragon who lov
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "Tell me about the sea in three sentences."}],
         "max_tokens": N, "temperature": 0, "ignore_eos": True, "stream": True,
         "stream_options": {"include_usage": True}}
-
-
-@pytest.fixture(scope="module")
-def worker(smollm2_dir):
-    port = free_port()
-    w = Proc([sys.executable, "-m", "worker", "--model", str(smollm2_dir), "--port", str(port),
-              "--served-model-name", "m", "--max-model-len", "512", "--torch-threads", "1", "--log-level", "warning"],
-             f"http://127.0.0.1:{port}").wait_ready(300)
-    yield w
-    w.kill()
 
 
 @pytest.fixture

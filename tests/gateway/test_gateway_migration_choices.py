@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fault_support import gateway, gateway_in_flight, request, run_requests  # noqa: E402
-from test_gateway_migration import CHAT, COMPLETION, N, events, migrated_metric, procs, relay, worker  # noqa: E402,F401
+from test_gateway_migration import CHAT, COMPLETION, N, events, migrated_metric, procs, relay  # noqa: E402,F401
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 PATHS = {"completion": ("/v1/completions", COMPLETION), "chat": ("/v1/chat/completions", CHAT)}

@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fault_support import gateway, gateway_in_flight, request, run_requests  # noqa: E402
-from test_gateway_migration import events, migrated_metric, procs, relay, worker  # noqa: E402,F401 - fixtures
+from test_gateway_migration import events, migrated_metric, procs, relay  # noqa: E402,F401 - fixtures
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"

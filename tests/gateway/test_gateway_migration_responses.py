@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fault_support import gateway, gateway_in_flight, request, run_requests  # noqa: E402
-from test_gateway_migration import migrated_metric, procs, relay, worker  # noqa: E402,F401 - fixtures
+from test_gateway_migration import migrated_metric, procs, relay  # noqa: E402,F401 - fixtures
 from test_gateway_migration_constrained import WEATHER  # noqa: E402
 from test_gateway_migration_rules import responses_events as parsed  # noqa: E402
 
