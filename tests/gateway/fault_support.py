@@ -54,6 +54,15 @@ class Proc:
         return self
 
 
+def real_worker(model_dir, *extra: str) -> Proc:
+    """The reference-engine worker on the real model as the migration tests run it (served name
+    ``m``, 512-token context, one torch thread), started, not yet waited for; ``extra``: more flags."""
+    port = free_port()
+    return Proc([sys.executable, "-m", "worker", "--model", str(model_dir), "--port", str(port),
+                 "--served-model-name", "m", "--max-model-len", "512", "--torch-threads", "1", *extra],
+                f"http://127.0.0.1:{port}")
+
+
 def fault_worker(name: str, port: int | None = None) -> Proc:
     port = port or free_port()
     return Proc([sys.executable, str(HERE / "fault_worker.py"), "--port", str(port), "--name", name],
@@ -159,4 +168,4 @@ def wait_for(pred, timeout: float = 10.0, what: str = "condition") -> None:
         time.sleep(0.02)
 
 
-__all__ = ["Proc", "fault_worker", "gateway", "signal"]
+__all__ = ["Proc", "fault_worker", "gateway", "real_worker", "signal"]

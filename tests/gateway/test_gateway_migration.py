@@ -1,7 +1,7 @@
 """Stream migration (gateway.migration, gateway.failover) with the real SmolLM2 worker.
 
-One real reference-engine worker (``conftest.worker``, shared with the other migration modules) serves it; relay workers
-(``relay_worker.py``) stand in front of it and fail mid-stream on cue: cut, stall, a
+One real reference-engine worker (``conftest.worker``, shared by the migration modules); relay
+workers (``relay_worker.py``) stand in front of it and fail mid-stream on cue: cut, stall, a
 retryable error event, a drain abort, or SIGKILL of the relay process. Each gateway has
 two relays, so a migrated stream resumes on the other one with the real worker's tokens.
 One test drains a second real worker (SIGTERM past its drain timeout) under the gateway;
@@ -22,7 +22,8 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fault_support import HERE, Proc, gateway, gateway_in_flight, request, run_requests, wait_for  # noqa: E402
+from fault_support import (HERE, Proc, gateway, gateway_in_flight, real_worker, request,  # noqa: E402
+                           run_requests, wait_for)
 from benchmarks.lib.procs import free_port  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
@@ -164,10 +165,7 @@ def test_streams_of_a_worker_whose_drain_time_runs_out_migrate(procs, worker, sm
     long = {**COMPLETION, "max_tokens": 160}
     want = httpx.post(worker.url + "/v1/completions", json={**long, "stream": False, "stream_options": None},
                       timeout=300).json()["choices"][0]["text"]
-    port = free_port()
-    second = Proc([sys.executable, "-m", "worker", "--model", str(smollm2_dir), "--port", str(port),
-                   "--served-model-name", "m", "--max-model-len", "512", "--torch-threads", "1",
-                   "--drain-timeout", "0.5", "--log-level", "info"], f"http://127.0.0.1:{port}")
+    second = real_worker(smollm2_dir, "--drain-timeout", "0.5", "--log-level", "info")
     procs.append(second)
     second.wait_ready(300)
     gw = gateway([worker, second], "--policy", "jsq")
