@@ -157,9 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--kv-cache-dtype", choices=sorted(KV_CACHE_DTYPES), default="auto",
                    help="KV-cache storage: 'auto' (model dtype) or fp8 e4m3 with per-token scales ('fp8' = 'fp8_e4m3')")
     e.add_argument("--packed-linear", choices=("auto", "off", "lm_head", "all"), default="auto",
-                   help="CPU float32 and bfloat16: hold GEMM weights in oneDNN's prepacked layout ('lm_head', 'all' "
-                        "projections, or 'off' for torch's default GEMM); 'auto' = 'all' on CPU float32 and bfloat16, 'off' "
-                        "elsewhere (refused with --engine vllm)")
+                   help="CPU float32 and bfloat16: hold GEMM weights prepacked ('lm_head', 'all' projections, or 'off' "
+                        "for torch's default GEMM): bfloat16 on CPUs with AVX-512-BF16 in the project's blocked layout "
+                        "for its own batch-invariant GEMM, otherwise oneDNN's layout; 'auto' = 'all' on CPU float32 and "
+                        "bfloat16, 'off' elsewhere (refused with --engine vllm)")
     # The three C++ CPU paths share their choices: 'cpp' (built at first start), 'torch', 'auto'.
     cpp_flags = (
         ("--decode-kernel", "CPU decode attention: 'cpp' reads K/V in place from the block pool with a C++ kernel "

@@ -1,7 +1,7 @@
 // The Python module of the CPU kernels (built by refengine/paged_kernel.py): the paged attention
-// ops, the fused element-wise ops of fused_ops.cpp and the GGUF
-// quantized GEMM of quant_gguf.cpp. Every op releases the GIL: the engine
-// thread must not hold it while a kernel runs.
+// ops, the fused element-wise ops of fused_ops.cpp, the GGUF quantized GEMM of quant_gguf.cpp
+// and the bf16 GEMM of gemm_bf16.cpp. Every op releases the GIL: the engine thread must not hold
+// it while a kernel runs.
 #include <torch/extension.h>
 
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor table,
@@ -17,6 +17,8 @@ std::vector<torch::Tensor> act_quant(torch::Tensor x, int64_t impl);
 void gguf_gemm(torch::Tensor q, torch::Tensor d, torch::Tensor ds, torch::Tensor s16, torch::Tensor raw,
                int64_t qtype, torch::Tensor out, int64_t col0, int64_t impl);
 bool gguf_has_avx2();
+torch::Tensor bf16_gemm(torch::Tensor x, torch::Tensor wp, int64_t n, c10::optional<torch::Tensor> bias);
+bool bf16_gemm_available();
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto nogil = py::call_guard<py::gil_scoped_release>();
@@ -37,4 +39,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("d"), py::arg("ds"), py::arg("s16"), py::arg("raw"), py::arg("qtype"), py::arg("out"),
         py::arg("col0") = 0, py::arg("impl") = 0, nogil);
   m.def("gguf_has_avx2", &gguf_has_avx2, "the GGUF kernels were built with AVX2 + FMA");
+  m.def("bf16_gemm", &bf16_gemm, "x [M, K] @ W^T for a bf16 weight blocked by refengine.linear.pack_bf16 "
+        "(AVX-512-BF16; batch-invariant)", py::arg("x"), py::arg("wp"), py::arg("n"), py::arg("bias") = py::none(), nogil);
+  m.def("bf16_gemm_available", &bf16_gemm_available, "bf16_gemm was built (the CPU has AVX-512-BF16)");
 }

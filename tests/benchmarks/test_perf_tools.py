@@ -68,6 +68,15 @@ def test_linear_bench_checks_and_records_every_projection(smollm2_dir, tmp_path)
     assert all(x["rows"] == 3 and x["plain_ms"] > 0 and x["packed_ms"] > 0 and x["of_peak"] > 0 for x in doc["rows"])
     assert doc["command"].startswith("python -m benchmarks kernel linear ")
     assert set(doc["layer_share_of_peak"]) == {"3"} and doc["layer_share_of_peak"]["3"] > 0
+    from refengine.linear import bf16_gemm_kernels
+
+    if bf16_gemm_kernels() is not None:      # bf16 rows where the project's GEMM is built (AVX-512-BF16)
+        r = subprocess.run([sys.executable, "-m", "benchmarks", "kernel", "linear", "--rows", "3", "--repeats", "1",
+                            "--threads", "1", "--dtype", "bfloat16", "--out", str(out)], capture_output=True,
+                           text=True, cwd=ROOT, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        rows = json.loads(out.read_text())["rows"]
+        assert all(x["bf16_gemm_ms"] > 0 and x["bf16_gemm_vs_onednn"] > 0 for x in rows) and "bf16 GEMM" in r.stdout
 
 
 def test_engine_ab_parses_config_overrides():
@@ -168,6 +177,7 @@ def test_cpu_peak_reads_a_memory_bandwidth():
 def test_profile_vs_vllm_groups_operators():
     prof = load("engine.profile_vs_vllm")
     assert prof.family("_C::onednn_mm") == prof.family("mkldnn::_linear_pointwise") == "gemm"
+    assert prof.family("swiftserve::bf16_gemm") == "gemm"
     assert prof.family("swiftserve::paged_prefill") == prof.family("_C::cpu_attention_with_kv_cache") == "attention"
     assert prof.family("aten::silu") == "elementwise" and prof.family("aten::index_select") == "other"
 

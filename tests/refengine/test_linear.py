@@ -1,5 +1,6 @@
 """Prepacked CPU GEMM weights (refengine/linear.py): same results as F.linear, honest fallbacks,
-explicit requests refused where they cannot apply, and the same greedy tokens in the engine."""
+explicit requests refused where they cannot apply, and the same greedy tokens in the engine; the
+bf16 GEMM (csrc/gemm_bf16.cpp) against float32 sums, batch-invariant, on its blocked layout."""
 
 import pytest
 import torch
@@ -7,12 +8,15 @@ import torch.nn.functional as F
 
 from refengine.config import EngineConfig
 from refengine.engine import LLMEngine
-from refengine.linear import Linear, PackedLinear, make_linear
+from refengine.linear import Bf16Linear, Linear, PackedLinear, bf16_gemm_kernels, make_linear, pack_bf16
 from refengine.linear import resolve_packed_linear
 from refengine.sampling_params import SamplingParams
 
 needs_packing = pytest.mark.skipif(not isinstance(make_linear(torch.randn(8, 4), None, True), PackedLinear),
                                    reason="oneDNN prepacking unavailable in this torch build")
+PACKED = (PackedLinear, Bf16Linear)
+needs_bf16_gemm = pytest.mark.skipif(bf16_gemm_kernels() is None,
+                                     reason="the bf16 GEMM needs AVX-512-BF16 and the C++ kernels")
 
 
 @needs_packing
@@ -24,9 +28,10 @@ def test_packed_matches_f_linear(lead, bias, dtype):
     w = torch.randn(96, 40, generator=g).to(dtype)
     b = torch.randn(96, generator=g).to(dtype) if bias else None
     mod = make_linear(w, b, True)
-    if not isinstance(mod, PackedLinear) and dtype == torch.bfloat16:
+    if not isinstance(mod, PACKED) and dtype == torch.bfloat16:
         pytest.skip(f"no bfloat16 prepacking here: {mod.note}")        # AVX2-only CPUs
-    assert isinstance(mod, PackedLinear)
+    # bf16 on AVX-512-BF16 CPUs: the project's GEMM; elsewhere oneDNN's layout
+    assert isinstance(mod, Bf16Linear if dtype == torch.bfloat16 and bf16_gemm_kernels() else PackedLinear)
     x = torch.randn(*lead, 40, generator=g).to(dtype)
     y = mod(x)
     assert y.shape == (*lead, 96) and y.dtype == dtype
@@ -64,7 +69,7 @@ def test_engine_greedy_tokens_identical_packed_or_not(smollm2_dir):
     for mode in ("off", "all"):
         eng = LLMEngine(EngineConfig(model=str(smollm2_dir), packed_linear=mode, max_model_len=256,
                                      kv_cache_memory_gb=0.05))
-        packed = sum(isinstance(m, PackedLinear) for m in eng.runner.model.modules())
+        packed = sum(isinstance(m, PACKED) for m in eng.runner.model.modules())
         assert (packed > 0) == (mode == "all")
         eng.add_request("r", prompt, SamplingParams(max_tokens=16, temperature=0))
         toks: list[int] = []
@@ -73,3 +78,41 @@ def test_engine_greedy_tokens_identical_packed_or_not(smollm2_dir):
                 toks += o.new_token_ids
         outs[mode] = toks
     assert len(outs["off"]) == 16 and outs["off"] == outs["all"]
+
+
+def test_pack_bf16_layout():
+    w = torch.arange(20 * 6, dtype=torch.float32).view(20, 6).to(torch.bfloat16)
+    p = pack_bf16(w)
+    assert p.shape == (2, 3, 16, 2)
+    for b, q, i, j in ((0, 0, 0, 1), (0, 2, 15, 0), (1, 1, 3, 1)):
+        assert p[b, q, i, j] == w[16 * b + i, 2 * q + j]
+    assert p[1, :, 4:].abs().sum() == 0                       # rows past n are zeros
+
+
+@needs_bf16_gemm
+@pytest.mark.parametrize("n, k", [(96, 40), (17, 64), (1000, 576), (64, 2)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_gemm_matches_float32_sums_and_is_batch_invariant(n, k, bias):
+    g = torch.Generator().manual_seed(n + k)
+    w = torch.randn(n, k, generator=g).to(torch.bfloat16)
+    b = torch.randn(n, generator=g).to(torch.bfloat16) if bias else None
+    mod = make_linear(w, b, True)
+    assert isinstance(mod, Bf16Linear)
+    x = torch.randn(37, k, generator=g).to(torch.bfloat16)
+    y = mod(x)
+    ref = x.float() @ w.float().T + (b.float() if bias else 0)
+    # float32 sums of exact bf16 products, rounded once: within a bf16 ulp (2^-8 relative) of ref
+    torch.testing.assert_close(y.float(), ref, rtol=8e-3, atol=1e-2)
+    # every row the same bits alone, in any batch (tiles of 6 rows, units of 64 outputs)
+    for rows in ((0, 1), (5, 12), (30, 37), (0, 37)):
+        assert torch.equal(mod(x[rows[0]:rows[1]]), y[rows[0]:rows[1]])
+    assert mod(x[:0]).shape == (0, n) and mod(x.view(37, 1, k)).shape == (37, 1, n)
+
+
+@needs_bf16_gemm
+def test_bf16_gemm_refuses_a_mismatched_weight():
+    k = bf16_gemm_kernels()
+    with pytest.raises(RuntimeError, match="packed weight"):
+        k.bf16_gemm(torch.zeros(2, 8, dtype=torch.bfloat16), pack_bf16(torch.zeros(16, 10, dtype=torch.bfloat16)), 16)
+    odd = make_linear(torch.zeros(16, 9, dtype=torch.bfloat16), None, True)
+    assert not isinstance(odd, Bf16Linear)                    # an odd K has no pairs: oneDNN's layout
