@@ -26,7 +26,10 @@
 //
 // impl: 0 = the AVX2 + FMA kernel (compiled where the CPU has them: AVX-512 CPUs run it too),
 //       1 = the portable scalar kernel (the reference the AVX2 kernel is tested against; it is
-//       also what runs where AVX2 is missing).
+//       also what runs where AVX2 is missing),
+//       2 = the AVX-512 VNNI kernel for Q4_0 / Q4_1 / Q4_K (vpdpbusd: unsigned nibbles times int8
+//       activations summed in groups of 4 into int32 lanes, 64 values an instruction; the other
+//       formats run impl 0's code), where gguf_has_vnni() says so.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -40,6 +43,14 @@
 #define SWIFTSERVE_GGUF_AVX2 1
 #else
 #define SWIFTSERVE_GGUF_AVX2 0
+#endif
+// The AVX-512 VNNI kernel (impl 2) is compiled where the build targets AVX-512 BW + DQ; VNNI itself
+// only inside its functions (CFLAGS keep -mno-avx512vnni, see refengine/paged_kernel.py) and it
+// runs only where the CPU reports it (gguf_has_vnni).
+#if SWIFTSERVE_GGUF_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+#define SWIFTSERVE_GGUF_VNNI 1
+#else
+#define SWIFTSERVE_GGUF_VNNI 0
 #endif
 
 namespace {
@@ -345,6 +356,102 @@ void dot_avx2(int64_t t, const uint8_t* w, const Act* a, int64_t K, float* out) 
   for (int r = 0; r < R; ++r) out[r] = hsum8(acc[r]) + side[r];
 }
 
+#if SWIFTSERVE_GGUF_VNNI
+// ---------------------------------------------------------------------------------------------
+// AVX-512 VNNI kernel (Q4_0, Q4_1, Q4_K): one weight row against R activation rows, two 32-value
+// blocks a step. Lanes 0-7 of a step's int32 sums are the first block's, 8-15 the second's; each
+// half is scaled by its own weight scale x activation scale. Minimums (Q4_1, Q4_K) and Q4_0's -8
+// go through the activation block sums as in the AVX2 kernel. Every row runs the same operations
+// whatever R is (batch-invariant).
+
+__attribute__((target("avx512vnni"))) inline __m512i dot_u8s8_512(__m512i u, __m512i s) {
+  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
+}
+
+inline __m512 halves(float lo, float hi) {               // lanes 0-7 lo, 8-15 hi
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(lo)), _mm256_castps_pd(_mm256_set1_ps(hi)), 1));
+}
+
+inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+
+// Activation scales d[i], d[i + 1] as lanes 0-7 and 8-15 (one 8-byte load and a permute).
+inline __m512 scale_pair(const float* d) {
+  const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(d)))));
+}
+
+template <int R>
+__attribute__((target("avx512vnni"))) void dot_vnni(int64_t t, const uint8_t* w, const Act* a, int64_t K, float* out) {
+  const Fmt f = fmt_of(t);
+  const int64_t nblk = K / f.block;
+  __m512 acc[R];
+  float side[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm512_setzero_ps();
+    side[r] = 0.f;
+  }
+  if (t == Q4_0 || t == Q4_1) {
+    const int off = t == Q4_0 ? 2 : 4;
+    int64_t i = 0;
+    for (; i + 2 <= nblk; i += 2, w += 2 * f.bytes) {
+      const __m512i wq = join(nibbles32(w + off), nibbles32(w + f.bytes + off));
+      const __m512 ws = halves(h2f(w), h2f(w + f.bytes));
+      const float mw0 = t == Q4_1 ? h2f(w + 2) : 0.f, mw1 = t == Q4_1 ? h2f(w + f.bytes + 2) : 0.f;
+      for (int r = 0; r < R; ++r) {
+        __m512i p = dot_u8s8_512(wq, _mm512_loadu_si512(a[r].q + 32 * i));
+        if (t == Q4_0)
+          p = _mm512_sub_epi32(p, join(_mm256_set1_epi32(a[r].s16[2 * i] + a[r].s16[2 * i + 1]),
+                                       _mm256_set1_epi32(a[r].s16[2 * i + 2] + a[r].s16[2 * i + 3])));
+        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(ws, scale_pair(a[r].d + i)), _mm512_cvtepi32_ps(p), acc[r]);
+        if (t == Q4_1) {
+          side[r] = std::fma(mw0, a[r].ds[i], side[r]);
+          side[r] = std::fma(mw1, a[r].ds[i + 1], side[r]);
+        }
+      }
+    }
+    if (i < nblk) {                                      // an odd count ends on one block (low half)
+      const __m512i wq = join(nibbles32(w + off), _mm256_setzero_si256());
+      const __m512 ws = halves(h2f(w), 0.f);
+      const float mw0 = t == Q4_1 ? h2f(w + 2) : 0.f;
+      for (int r = 0; r < R; ++r) {
+        __m512i p = dot_u8s8_512(wq, _mm512_maskz_loadu_epi8(0xFFFFFFFFULL, a[r].q + 32 * i));
+        if (t == Q4_0) p = _mm512_sub_epi32(p, join(_mm256_set1_epi32(a[r].s16[2 * i] + a[r].s16[2 * i + 1]),
+                                                      _mm256_setzero_si256()));
+        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(ws, halves(a[r].d[i], 0.f)), _mm512_cvtepi32_ps(p), acc[r]);
+        if (t == Q4_1) side[r] = std::fma(mw0, a[r].ds[i], side[r]);
+      }
+    }
+  } else {  // Q4_K: 8 sub-blocks of 32; bytes 32 j2 .. 32 j2 + 31 of qs hold sub-blocks 2 j2 (low nibbles), 2 j2 + 1
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    for (int64_t i = 0; i < nblk; ++i, w += f.bytes) {
+      const float d = h2f(w), dmin = h2f(w + 2);
+      float dsc[8], dm[8];
+      for (int j = 0; j < 8; ++j) {
+        int sc, m;
+        k4_scale_min(j, w + 4, &sc, &m);
+        dsc[j] = d * static_cast<float>(sc);
+        dm[j] = -(dmin * static_cast<float>(m));
+      }
+      for (int j2 = 0; j2 < 4; ++j2) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 + 32 * j2));
+        const __m512i wq = join(_mm256_and_si256(raw, m4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+        const __m512 ws = halves(dsc[2 * j2], dsc[2 * j2 + 1]);
+        const int64_t ab = 8 * i + 2 * j2;
+        for (int r = 0; r < R; ++r) {
+          const __m512i p = dot_u8s8_512(wq, _mm512_loadu_si512(a[r].q + 32 * ab));
+          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(ws, scale_pair(a[r].d + ab)), _mm512_cvtepi32_ps(p), acc[r]);
+          side[r] = std::fma(dm[2 * j2], a[r].ds[ab], side[r]);
+          side[r] = std::fma(dm[2 * j2 + 1], a[r].ds[ab + 1], side[r]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]) + side[r];
+}
+
+bool vnni_format(int64_t t) { return t == Q4_0 || t == Q4_1 || t == Q4_K; }
+#endif
+
 template <typename T>
 void quant_row_avx2(const T* x, int64_t K, int8_t* q, float* d, float* ds, int32_t* s16) {
   const __m256 sign = _mm256_set1_ps(-0.f);
@@ -419,6 +526,8 @@ torch::Tensor gguf_dequant(torch::Tensor raw, int64_t qtype, int64_t cols) {
   return out;
 }
 
+bool gguf_has_vnni();
+
 std::vector<torch::Tensor> act_quant(torch::Tensor x, int64_t impl) {
   TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "act_quant: CPU float32 or bfloat16");
@@ -439,7 +548,7 @@ std::vector<torch::Tensor> act_quant(torch::Tensor x, int64_t impl) {
         float* dsm = ds.data_ptr<float>() + m * nb;
         int32_t* sm = s16.data_ptr<int32_t>() + m * 2 * nb;
 #if SWIFTSERVE_GGUF_AVX2
-        if (impl == 0) {
+        if (impl == 0 || impl == 2) {
           quant_row_avx2(xp + m * K, K, qm, dm, dsm, sm);
           continue;
         }
@@ -469,6 +578,7 @@ void gguf_gemm(torch::Tensor q, torch::Tensor d, torch::Tensor ds, torch::Tensor
   TORCH_CHECK(out.dim() == 2 && out.size(0) == M && out.stride(1) == 1 && col0 >= 0 && col0 + N <= out.size(1) &&
               (out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16), "gguf_gemm: out [M, >= col0 + N] "
               "float32 or bfloat16 with contiguous rows");
+  TORCH_CHECK(impl != 2 || gguf_has_vnni(), "gguf_gemm: impl 2 (AVX-512 VNNI) is not available here");
   if (M == 0 || N == 0) return;
   const int64_t rb = raw.size(1), ld = out.stride(0), nb = K / 32;
   const uint8_t* wp = raw.data_ptr<uint8_t>();
@@ -484,24 +594,30 @@ void gguf_gemm(torch::Tensor q, torch::Tensor d, torch::Tensor ds, torch::Tensor
         const int64_t n1 = std::min(N, n0 + tile);
         int64_t m = 0;
 #if SWIFTSERVE_GGUF_AVX2
-        if (impl == 0) {
+        // 4-row tiles, then single rows: the same per-row operations either way (dot4 and dot1 are
+        // one template at R = 4 and R = 1).
+        auto tiles = [&](auto dot4, auto dot1) {
           for (; m + 4 <= M; m += 4) {
             const Act a[4] = {act(m), act(m + 1), act(m + 2), act(m + 3)};
             for (int64_t n = n0; n < n1; ++n) {
               float r[4];
-              dot_avx2<4>(qtype, wp + n * rb, a, K, r);
+              dot4(qtype, wp + n * rb, a, K, r);
               for (int k = 0; k < 4; ++k) store_out(op + (m + k) * ld + n, r[k]);
             }
           }
-          for (; m < M; ++m) {          // the same per-row operations as the 4-row tile above
+          for (; m < M; ++m) {
             const Act a[1] = {act(m)};
             for (int64_t n = n0; n < n1; ++n) {
               float r[1];
-              dot_avx2<1>(qtype, wp + n * rb, a, K, r);
+              dot1(qtype, wp + n * rb, a, K, r);
               store_out(op + m * ld + n, r[0]);
             }
           }
-        }
+        };
+#if SWIFTSERVE_GGUF_VNNI
+        if (impl == 2 && vnni_format(qtype)) tiles(dot_vnni<4>, dot_vnni<1>);
+#endif
+        if (impl == 0 || impl == 2) tiles(dot_avx2<4>, dot_avx2<1>);
 #endif
         for (; m < M; ++m) {
           const Act a = act(m);
@@ -518,3 +634,11 @@ void gguf_gemm(torch::Tensor q, torch::Tensor d, torch::Tensor ds, torch::Tensor
 }
 
 bool gguf_has_avx2() { return SWIFTSERVE_GGUF_AVX2 != 0; }
+
+bool gguf_has_vnni() {
+#if SWIFTSERVE_GGUF_VNNI
+  return __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}

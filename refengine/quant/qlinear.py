@@ -46,6 +46,8 @@ class GGUFLinear(nn.Module):
             self.register_buffer(f"raw{i}", r.raw, persistent=False)
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
         self.formats = [r.qtype for r in self.runs]
+        # gguf_gemm's AVX-512 VNNI kernel (Q4_0 / Q4_1 / Q4_K; other formats run the AVX2 code) where the CPU has it
+        self.impl = 2 if kernels.gguf_has_vnni() else 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -58,7 +60,7 @@ class GGUFLinear(nn.Module):
                 acts = self.k.act_quant(x2, 0)
                 col = 0
                 for r in self.runs:
-                    self.k.gguf_gemm(*acts, r.raw, r.ggml_type, out, col, 0)
+                    self.k.gguf_gemm(*acts, r.raw, r.ggml_type, out, col, self.impl)
                     col += r.shape[0]
         if self.bias is not None:
             out += self.bias.to(out.dtype)

@@ -25,7 +25,7 @@ def k():
 
 
 def _impls(k):
-    return [0, 1] if k.gguf_has_avx2() else [1]
+    return ([0, 1] if k.gguf_has_avx2() else [1]) + ([2] if k.gguf_has_vnni() else [])
 
 
 @pytest.mark.parametrize("qtype", FORMATS)
@@ -65,6 +65,24 @@ def test_gemm_equals_exact_product_of_quantized_operands(k, qtype):
         assert torch.equal(out[:, :3], torch.full((7, 3), 7.0))           # columns before col0 untouched
         err = (out[:, 3:].double() - ref).abs().max() / ref.abs().max()
         assert err < 2e-6, (impl, err)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+def test_vnni_gemm_with_an_odd_block_count(k, qtype):
+    """impl 2 takes two 32-value blocks a step: a row of 17 blocks ends on one (masked) block."""
+    if not k.gguf_has_vnni():
+        pytest.skip("no AVX-512 VNNI here (impl 2 is refused)")
+    N, K = 37, 544
+    raw = formats.quantize(qtype, torch.randn(N, K, generator=torch.Generator().manual_seed(8)) * 0.05)
+    x = torch.randn(5, K, generator=torch.Generator().manual_seed(9))
+    acts = k.act_quant(x, 0)
+    ref = (acts[0].double() * acts[1].double().repeat_interleave(32, 1)) @ formats.dequantize(qtype, raw, K).double().t()
+    out = torch.empty(5, N)
+    k.gguf_gemm(*acts, raw, formats.FORMATS[qtype].ggml_type, out, 0, 2)
+    assert (out.double() - ref).abs().max() / ref.abs().max() < 2e-6
+    one = torch.empty(1, N)                                           # a row alone: the same bits
+    k.gguf_gemm(*(a[3:4].contiguous() for a in acts), raw, formats.FORMATS[qtype].ggml_type, one, 0, 2)
+    assert torch.equal(one[0], out[3])
 
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q4_K", "Q6_K"])
