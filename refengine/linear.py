@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from refengine.paged_kernel import named
+from refengine.paged_kernel import build, named
 from refengine.quant.plan import dense_parts, quant_layer
 
 def _ops_available() -> str | None:
@@ -92,8 +92,6 @@ class PackedLinear(nn.Module):
 def bf16_gemm_kernels():
     """The CPU kernels' module when it has the bf16 GEMM (built with AVX-512-BF16), else None."""
     try:
-        from refengine.paged_kernel import build
-
         module = build().module
     except Exception:                         # no compiler: oneDNN's layout, as before
         return None
@@ -118,7 +116,8 @@ class Bf16Linear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.k = kernels
         self.packed = nn.Parameter(pack_bf16(weight), requires_grad=False)
-        self.bias = nn.Parameter(bias.to(weight.dtype), requires_grad=False) if bias is not None else None
+        # the bf16 bias held as float32 (exact): the kernel adds it to the float32 sums, no conversion per call
+        self.bias = nn.Parameter(bias.to(weight.dtype).float(), requires_grad=False) if bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -167,10 +166,8 @@ def make_linear(weight, bias: torch.Tensor | None, packed: bool, plan=None) -> n
         why = _ops_available()
     if why is None and (kernels := _bf16_kernels_for(weight)) is not None:
         mod = Bf16Linear(weight, bias, kernels)
-        why = _self_check(mod, weight, bias)
-        if why is None:
+        if _self_check(mod, weight, bias) is None:     # a failure would be a kernel bug: oneDNN's layout then
             return mod
-        why = None                          # cannot happen unless the kernel is wrong: oneDNN's layout instead
     if why is None:
         try:
             mod = PackedLinear(weight, bias)

@@ -29,7 +29,8 @@ from benchmarks.lib.records import ROOT, UsageError, bench_argv, run_child, writ
 
 # Operator name (as the profiler reports it) -> family; anything else is "other".
 FAMILIES = {
-    "gemm": ("mkldnn::_linear_pointwise", "swiftserve::bf16_gemm", "_C::onednn_mm", "aten::addmm", "aten::mm", "aten::linear"),
+    "gemm": ("mkldnn::_linear_pointwise", "swiftserve::bf16_gemm", "_C::onednn_mm", "aten::addmm", "aten::mm",
+             "aten::linear"),
     "attention": ("swiftserve::paged_prefill", "swiftserve::paged_decode", "_C::cpu_attention_with_kv_cache",
                   "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math"),
     "elementwise": ("aten::mul", "aten::silu", "aten::add", "aten::pow", "aten::neg", "aten::cat", "aten::rsqrt",

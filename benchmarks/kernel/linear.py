@@ -9,9 +9,9 @@ and each row count (decode batches and prefill chunks), times ``F.linear`` and t
 prepacked module of refengine/linear.py in interleaved rounds (median of ``--repeats``),
 checks that both give the same output, and prints the ratio packed / plain and the faster
 path's rate in GFLOP/s (2 x rows x in x out per call) and as a fraction of this CPU's measured
-peak for the dtype; with the bf16 GEMM, its time too and its ratio to oneDNN's (``bf16_gemm_ms``,
-``bf16_gemm_vs_onednn``; the layer share then counts the fastest of the three) (benchmarks/kernel/cpu_peak.py: float32 FMAs, or bf16 dot products with
-``--dtype bfloat16``). This is what
+peak for the dtype (benchmarks/kernel/cpu_peak.py: float32 FMAs, or bf16 dot products with
+``--dtype bfloat16``); with the bf16 GEMM, its time too and its ratio to oneDNN's
+(``bf16_gemm_ms``, ``bf16_gemm_vs_onednn``; the rate then counts the fastest of the three). This is what
 ``--packed-linear auto`` was chosen from; rerun it on another CPU before trusting the default.
 """
 

@@ -1,6 +1,6 @@
 // bf16 GEMM for the reference engine's linear layers on CPUs with AVX-512-BF16:
 //
-//   bf16_gemm(x [M, K] bf16, wp [N16, K2, 16, 2] bf16, n, bias [n] bf16 | None) -> [M, n] bf16
+//   bf16_gemm(x [M, K] bf16, wp [N16, K2, 16, 2] bf16, n, bias [n] float32 | None) -> [M, n] bf16
 //
 // wp is the weight W [n, K] (out x in, as nn.Linear) blocked once at load time by
 // refengine.linear.pack_bf16: N16 = ceil(n / 16) blocks of 16 output rows, K2 = K / 2 pairs of
@@ -60,7 +60,7 @@ inline void tile(const uint32_t* x, int64_t ldx, const uint16_t* wb, int nb, int
   for (int j = 0; j < B && 16 * j < cols; ++j) {
     const int64_t c = cols - 16 * j;
     const __mmask16 mk = c >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << c) - 1);
-    const __m512 bj = bias ? _mm512_loadu_ps(bias + 16 * j) : _mm512_setzero_ps();
+    const __m512 bj = bias ? _mm512_maskz_loadu_ps(mk, bias + 16 * j) : _mm512_setzero_ps();
     for (int r = 0; r < R; ++r) {
       const __m256i y = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][j], bj));   // round to nearest even
       _mm256_mask_storeu_epi16(out + r * ldo + 16 * j, mk, y);
@@ -95,19 +95,15 @@ torch::Tensor bf16_gemm(torch::Tensor x, torch::Tensor wp, int64_t n, c10::optio
   const int64_t M = x.size(0), K = x.size(1), nblk = wp.size(0), k2 = wp.size(1);
   TORCH_CHECK(K == 2 * k2 && n > 16 * (nblk - 1) && n <= 16 * nblk, "bf16_gemm: x [", M, ", ", K, "] against a ",
               "packed weight of ", 2 * k2, " inputs and ", nblk, " blocks for ", n, " outputs");
-  // Bias in float32, padded to whole blocks (zeros past n).
-  torch::Tensor bias32;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == n, "bias: [", n, "]");
-    bias32 = torch::zeros({16 * nblk}, x.options().dtype(at::kFloat));
-    bias32.narrow(0, 0, n).copy_(*bias);
-  }
+  const bool has_bias = bias.has_value() && bias->defined();
+  TORCH_CHECK(!has_bias || (bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n),
+              "bias: contiguous float32 [", n, "]");
   auto out = torch::empty({M, n}, x.options());
   if (M == 0 || n == 0) return out;
   const auto* xp = reinterpret_cast<const uint32_t*>(x.data_ptr<at::BFloat16>());
   const auto* w = reinterpret_cast<const uint16_t*>(wp.data_ptr<at::BFloat16>());
   auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  const float* bp = bias32.defined() ? bias32.data_ptr<float>() : nullptr;
+  const float* bp = has_bias ? bias->data_ptr<float>() : nullptr;
   static constexpr auto tiles = table(std::make_integer_sequence<int, MR>{});
   // Threads take whole units, several at decode row counts (a unit is then ~1-4 us of work).
   const int64_t units = (nblk + NB - 1) / NB;

@@ -99,6 +99,16 @@ inline void k4_scale_min(int j, const uint8_t* s, int* sc, int* m) {
   }
 }
 
+// Q4_K block w: each sub-block's scale d * sc and negated min -(dmin * m), as the SIMD kernels use them.
+inline void k4_scales(const uint8_t* w, float d, float dmin, float* dsc, float* dm) {
+  for (int j = 0; j < 8; ++j) {
+    int sc, m;
+    k4_scale_min(j, w + 4, &sc, &m);
+    dsc[j] = d * static_cast<float>(sc);
+    dm[j] = -(dmin * static_cast<float>(m));
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Reference dequantization of one row.
 
@@ -308,12 +318,7 @@ void dot_avx2(int64_t t, const uint8_t* w, const Act* a, int64_t K, float* out) 
     } else if (t == Q4_K) {
       const float d = h2f(w), dmin = h2f(w + 2);
       float dsc[8], dm[8];
-      for (int j = 0; j < 8; ++j) {
-        int sc, m;
-        k4_scale_min(j, w + 4, &sc, &m);
-        dsc[j] = d * static_cast<float>(sc);
-        dm[j] = -(dmin * static_cast<float>(m));
-      }
+      k4_scales(w, d, dmin, dsc, dm);
       for (int j2 = 0; j2 < 4; ++j2) {
         const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 + 32 * j2));
         const __m256i wq[2] = {_mm256_and_si256(raw, m4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4)};
@@ -426,12 +431,7 @@ __attribute__((target("avx512vnni"))) void dot_vnni(int64_t t, const uint8_t* w,
     for (int64_t i = 0; i < nblk; ++i, w += f.bytes) {
       const float d = h2f(w), dmin = h2f(w + 2);
       float dsc[8], dm[8];
-      for (int j = 0; j < 8; ++j) {
-        int sc, m;
-        k4_scale_min(j, w + 4, &sc, &m);
-        dsc[j] = d * static_cast<float>(sc);
-        dm[j] = -(dmin * static_cast<float>(m));
-      }
+      k4_scales(w, d, dmin, dsc, dm);
       for (int j2 = 0; j2 < 4; ++j2) {
         const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 + 32 * j2));
         const __m512i wq = join(_mm256_and_si256(raw, m4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
