@@ -78,7 +78,7 @@ def make_pack(args) -> int:
         return 1
     arrays = payloads.corpus_windows(corpus, model_dir, args.seq_len, args.chat_repeats, args.seed,
                                      args.train_tokens, args.heldout_windows)
-    files.update(payloads.save_windows(arrays, staging))
+    windows_files = payloads.save_windows(arrays, staging)
     shipped = SHIPPED if args.shipped is None and args.model == "smollm2" else (args.shipped or [])
     try:
         for rel in shipped:
@@ -100,12 +100,14 @@ def make_pack(args) -> int:
             "model_name": model_dir.name,
             "shipped": {"files": {shipped_pack_name(rel): rel for rel in shipped}, "base": model_dir.name},
             "resume": {"files": resume}}
+    model_files: dict[str, Path] = {}
     if args.model == "smollm2":
         gguf = payloads.smollm2_gguf(staging)
-        files[gguf.name], meta["model_file"] = gguf, gguf.name
+        model_files[gguf.name], meta["model_file"] = gguf, gguf.name
     elif args.model != "none":
         meta["model_file"] = f"{model_dir.name}.tar"
-        files[meta["model_file"]] = payloads.tar_model(model_dir, staging / meta["model_file"])
+        model_files[meta["model_file"]] = payloads.tar_model(model_dir, staging / meta["model_file"])
+    vllm_files: dict[str, Path] = {}
     if args.vllm != "none":
         from gpubundle.vllm_pack import payload_for_args
 
@@ -114,8 +116,11 @@ def make_pack(args) -> int:
         except (ImageVenvError, RuntimeError, OSError) as exc:
             print(f"cannot pack vLLM {args.vllm}: {exc}", file=sys.stderr)
             return 1
-        files.update(vp.files)
-        meta["vllm"] = vp.meta
+        vllm_files, meta["vllm"] = vp.files, vp.meta
+    # carry order = arrival order: vLLM right after the wheels, so its stages (the 8B benchmark needs no
+    # model) run while the model's parts still travel; the model last, since the model stage places the
+    # shipped tensors and windows once, when the model completes
+    files = {**files, **vllm_files, **windows_files, **model_files}
     manifest = build_pack(out, files, part, meta)
     shutil.rmtree(staging, ignore_errors=True)
     n = manifest["parts"]

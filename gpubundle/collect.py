@@ -79,10 +79,12 @@ def _logs(work: Path, pack_manifest: Path | None, dest: Path) -> None:
     extra = [work / "tests.xml", work / "bench.json", work / "state.json", pack_manifest] + \
             [run_dir / n for n in ("train_log.jsonl", "run.json", "init.json")] + \
             [work / n for n in ("vllm-tests.xml", "vllm-results.json")] + \
-            sorted((work / "vllm-8b").glob("*.json")) + sorted((work / "vllm-8b").glob("server-*.log"))
+            sorted((work / "vllm-8b").glob("*.json")) + sorted((work / "vllm-8b").glob("server-*.log")) + \
+            [f for f in sorted((work / "vllm-probes").glob("*")) if f.suffix in (".log", ".json")]
     with tarfile.open(dest, "w:gz") as t:
         for f in sorted((work / "logs").glob("*.log")) + [f for f in extra if f and f.is_file()]:
-            t.add(f, arcname=f"gpu-check/{f.name}")
+            sub = "vllm-probes/" if f.parent.name == "vllm-probes" else ""
+            t.add(f, arcname=f"gpu-check/{sub}{f.name}")
 
 
 def summary_md(res: dict) -> str:

@@ -73,15 +73,34 @@ def on_cuda_with_graphs(r: dict) -> bool:
             and r.get("graphs", {}).get("num_cudagraph_captured", 0) > 0)
 
 
+def probe_dir() -> Path | None:
+    """``vllm-probes/`` beside the results file (each probe's live log and partial ``--out``; the
+    session collects it, so a stage stopped by its time limit still shows where every group was),
+    or None when no results file is named."""
+    path = os.environ.get(RESULTS_ENV)
+    if not path:
+        return None
+    d = Path(path).parent / "vllm-probes"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
 def record(group: str, results: list[dict]) -> None:
-    """Add one probe run's records under ``group`` to the file ``$SWIFTSERVE_GPU_VLLM_RESULTS`` names."""
+    """Add one probe run's records under ``group`` to the file ``$SWIFTSERVE_GPU_VLLM_RESULTS`` names.
+    xdist workers finish at the same time: the read-modify-write holds an exclusive lock."""
+    import fcntl
+
     path = os.environ.get(RESULTS_ENV)
     if not path:
         return
     p = Path(path)
-    doc = json.loads(p.read_text()) if p.is_file() else {}
-    doc[group] = results
-    p.write_text(json.dumps(doc, indent=1))
+    with open(p.with_name(p.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        doc = json.loads(p.read_text()) if p.is_file() else {}
+        doc[group] = results
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1))
+        tmp.replace(p)
 
 
 def summary(doc: dict) -> dict:

@@ -24,6 +24,7 @@ run is recorded there for the session's summary. Skipped without CUDA or such a 
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 from gpu_support import ROOT, needs_2_gpus, needs_cuda, prepared_smollm2
@@ -55,16 +56,24 @@ def vllm_python() -> str:
 def run_probe(py: str, models: list[str], tmp_path, *args: str, group: str | None = None) -> list[dict]:
     # bfloat16 on both sides (vLLM on the GPU, the reference engine on the CPU): the dtype users serve
     tmp_path.mkdir(parents=True, exist_ok=True)
-    out = tmp_path / "probe.json"
+    live = R.probe_dir() if group else None       # the GPU session's: collected even after a time-out
+    out = (live or tmp_path) / f"{group or 'probe'}.json"
+    log = (live or tmp_path) / f"{group or 'probe'}.log"
     cmd = [py, "-m", "swiftserve_vllm.probe", "--compare", "--no-enforce-eager", "--prefill-len", str(PREFILL),
            "--max-tokens", str(MAX_TOKENS), "--dtype", "bfloat16", "--kv-gb", str(KV_GB),
            "--gpu-memory-utilization", GPU_SHARE, "--ref-kernels", "torch", "--out", str(out),
            *sum((["--model", m] for m in models), []), *args]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    t0 = time.monotonic()
+    with open(log, "w") as f:                     # streamed, not captured: a killed run leaves its log
+        f.write(" ".join(cmd) + "\n")
+        f.flush()
+        r = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, text=True, timeout=1800)
     results = json.loads(out.read_text()) if out.is_file() else []
+    for rec in results:
+        rec["probe_seconds"] = round(time.monotonic() - t0, 1)
     if group:
         R.record(group, results)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
+    assert r.returncode == 0, log.read_text(errors="replace")[-6000:]
     return results
 
 

@@ -167,5 +167,43 @@ def test_the_plan_names_estimates_and_the_parts_each_stage_waits_for(tmp_path):
     by = {ln.split()[0]: ln for ln in lines[1:-1]}
     assert "waits for part2" in by["vllm"] and "waits for" not in by["model"]
     assert "after vllm, model" in by["vllm-tests"] and "done in an earlier call" in by["bench"]
-    assert "(estimate)" in by["vllm-8b"] and "(estimate)" not in by["tests"]
+    assert "(estimate)" in by["vllm-tests"] and "(estimate)" not in by["tests"]
     assert "vllm-8b" in text and lines[-1].startswith("estimated device time")
+
+
+RECORD = """
+import sys
+from gpubundle import vllm_results
+for i in range(20):
+    vllm_results.record(f"{sys.argv[1]}-{i}", [{"tokens": [[i]]}])
+"""
+
+
+def test_probe_records_of_groups_finishing_at_once_are_all_kept(tmp_path, monkeypatch):
+    # six xdist workers record into one file: an unlocked read-modify-write lost groups
+    path = tmp_path / "vllm-results.json"
+    env = {**os.environ, vllm_results.RESULTS_ENV: str(path), "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", RECORD, f"g{k}"], env=env) for k in range(4)]
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    assert len(json.loads(path.read_text())) == 80
+    monkeypatch.setenv(vllm_results.RESULTS_ENV, str(path))
+    assert vllm_results.probe_dir() == tmp_path / "vllm-probes" and (tmp_path / "vllm-probes").is_dir()
+    monkeypatch.delenv(vllm_results.RESULTS_ENV)
+    assert vllm_results.probe_dir() is None
+
+
+def test_the_output_folder_carries_each_probe_log_even_of_a_stopped_stage(tmp_path):
+    # the first GPU run's vllm-tests stage was stopped by its time limit and brought back no probe output
+    import tarfile
+
+    from gpubundle.collect import collect
+
+    work = tmp_path / "work"
+    (work / "vllm-probes").mkdir(parents=True)
+    (work / "vllm-probes" / "g1.log").write_text("Capturing CUDA graphs ...\n")
+    (work / "vllm-probes" / "g1.json").write_text("[]")
+    cfg = SessionConfig(root=tmp_path, work=work, out=tmp_path / "out", pack=tmp_path / "pack").resolved()
+    collect(cfg, {"vllm-tests": {"status": "timeout"}}, {}, 1, 1.0)
+    with tarfile.open(tmp_path / "out" / "logs.tar.gz") as t:
+        names = t.getnames()
+    assert {"gpu-check/vllm-probes/g1.log", "gpu-check/vllm-probes/g1.json"} <= set(names)
