@@ -40,7 +40,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("d"), py::arg("ds"), py::arg("s16"), py::arg("raw"), py::arg("qtype"), py::arg("out"),
         py::arg("col0") = 0, py::arg("impl") = 0, nogil);
   m.def("gguf_has_avx2", &gguf_has_avx2, "the GGUF kernels were built with AVX2 + FMA");
-  m.def("gguf_has_vnni", &gguf_has_vnni, "gguf_gemm's impl 2 (AVX-512 VNNI, Q4_0 / Q4_1 / Q4_K) runs here");
+  m.def("gguf_has_vnni", &gguf_has_vnni, "gguf_gemm's impl 2 (AVX-512 VNNI, Q4_0 / Q4_1 / Q4_K / Q6_K) runs here");
   m.def("bf16_gemm", &bf16_gemm, "x [M, K] @ W^T for a bf16 weight blocked by refengine.linear.pack_bf16 "
         "(AVX-512-BF16; batch-invariant)", py::arg("x"), py::arg("wp"), py::arg("n"), py::arg("bias") = py::none(), nogil);
   m.def("bf16_gemm_available", &bf16_gemm_available, "bf16_gemm was built (the CPU has AVX-512-BF16)");

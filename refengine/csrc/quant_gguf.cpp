@@ -27,9 +27,10 @@
 // impl: 0 = the AVX2 + FMA kernel (compiled where the CPU has them: AVX-512 CPUs run it too),
 //       1 = the portable scalar kernel (the reference the AVX2 kernel is tested against; it is
 //       also what runs where AVX2 is missing),
-//       2 = the AVX-512 VNNI kernel for Q4_0 / Q4_1 / Q4_K (vpdpbusd: unsigned nibbles times int8
-//       activations summed in groups of 4 into int32 lanes, 64 values an instruction; the other
-//       formats run impl 0's code), where gguf_has_vnni() says so.
+//       2 = the AVX-512 VNNI kernel for Q4_0 / Q4_1 / Q4_K / Q6_K (vpdpbusd: unsigned 4- or 6-bit
+//       values times int8 activations summed in groups of 4 into int32 lanes, 64 values an
+//       instruction; Q8_0 runs impl 0's code, already at the memory's rate), where gguf_has_vnni()
+//       says so.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -363,7 +364,7 @@ void dot_avx2(int64_t t, const uint8_t* w, const Act* a, int64_t K, float* out) 
 
 #if SWIFTSERVE_GGUF_VNNI
 // ---------------------------------------------------------------------------------------------
-// AVX-512 VNNI kernel (Q4_0, Q4_1, Q4_K): one weight row against R activation rows, two 32-value
+// AVX-512 VNNI kernel (Q4_0, Q4_1, Q4_K, Q6_K): one weight row against R activation rows, two 32-value
 // blocks a step. Lanes 0-7 of a step's int32 sums are the first block's, 8-15 the second's; each
 // half is scaled by its own weight scale x activation scale. Minimums (Q4_1, Q4_K) and Q4_0's -8
 // go through the activation block sums as in the AVX2 kernel. Every row runs the same operations
@@ -378,6 +379,32 @@ inline __m512 halves(float lo, float hi) {               // lanes 0-7 lo, 8-15 h
 }
 
 inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+
+// Permute indices: lanes 0-7 = element j, 8-15 = j + 1 (pair_index); lanes 4 s .. 4 s + 3 = element
+// j + s for s < 4 (quad_index).
+inline __m512i pair_index(int j) {
+  return _mm512_set_epi32(j + 1, j + 1, j + 1, j + 1, j + 1, j + 1, j + 1, j + 1, j, j, j, j, j, j, j, j);
+}
+inline __m512i quad_index(int j) {
+  return _mm512_set_epi32(j + 3, j + 3, j + 3, j + 3, j + 2, j + 2, j + 2, j + 2,
+                          j + 1, j + 1, j + 1, j + 1, j, j, j, j);
+}
+
+// k4_scales for 8 lanes at once: the 12 bytes of 6-bit scales and mins unpacked as 32-bit words
+// (scales 0-3 / mins 0-3: the low 6 bits of bytes 0-3 / 4-7; scales 4-7 / mins 4-7: the low / high
+// nibbles of bytes 8-11 with the top 2 bits of bytes 0-3 / 4-7 above them); the same float products.
+inline void k4_scales_vec(const uint8_t* w, float d, float dmin, __m256& dsc, __m256& dm) {
+  uint32_t u[3];
+  std::memcpy(u, w + 4, 12);
+  const uint32_t sc_lo = u[0] & 0x3f3f3f3fu, m_lo = u[1] & 0x3f3f3f3fu;
+  const uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+  const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+  auto lanes = [](uint32_t lo, uint32_t hi) {       // 8 bytes -> 8 float lanes
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(hi), static_cast<int>(lo))));
+  };
+  dsc = _mm256_mul_ps(_mm256_set1_ps(d), lanes(sc_lo, sc_hi));
+  dm = _mm256_mul_ps(_mm256_set1_ps(-dmin), lanes(m_lo, m_hi));
+}
 
 // Activation scales d[i], d[i + 1] as lanes 0-7 and 8-15 (one 8-byte load and a permute).
 inline __m512 scale_pair(const float* d) {
@@ -426,30 +453,77 @@ __attribute__((target("avx512vnni"))) void dot_vnni(int64_t t, const uint8_t* w,
         if (t == Q4_1) side[r] = std::fma(mw0, a[r].ds[i], side[r]);
       }
     }
-  } else {  // Q4_K: 8 sub-blocks of 32; bytes 32 j2 .. 32 j2 + 31 of qs hold sub-blocks 2 j2 (low nibbles), 2 j2 + 1
+  } else if (t == Q4_K) {
+    // 8 sub-blocks of 32; bytes 32 j2 .. 32 j2 + 31 of qs hold sub-blocks 2 j2 (low nibbles), 2 j2 + 1.
+    // Per block and row, the 8 weight-scale x activation-scale products in one multiply (comb: lanes
+    // 0-7); a step picks its two sub-blocks' (lanes 0-7, 8-15) with one permute. The mins go through
+    // the activation block sums, 8 at once.
     const __m256i m4 = _mm256_set1_epi8(0xF);
+    const __m512i pick[4] = {pair_index(0), pair_index(2), pair_index(4), pair_index(6)};
+    __m256 side8[R];
+    for (int r = 0; r < R; ++r) side8[r] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nblk; ++i, w += f.bytes) {
-      const float d = h2f(w), dmin = h2f(w + 2);
-      float dsc[8], dm[8];
-      k4_scales(w, d, dmin, dsc, dm);
+      __m256 vdsc, vdm;
+      k4_scales_vec(w, h2f(w), h2f(w + 2), vdsc, vdm);
+      __m512 comb[R];
+      for (int r = 0; r < R; ++r) {
+        comb[r] = _mm512_castps256_ps512(_mm256_mul_ps(vdsc, _mm256_loadu_ps(a[r].d + 8 * i)));
+        side8[r] = _mm256_fmadd_ps(vdm, _mm256_loadu_ps(a[r].ds + 8 * i), side8[r]);
+      }
       for (int j2 = 0; j2 < 4; ++j2) {
         const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 + 32 * j2));
         const __m512i wq = join(_mm256_and_si256(raw, m4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
-        const __m512 ws = halves(dsc[2 * j2], dsc[2 * j2 + 1]);
         const int64_t ab = 8 * i + 2 * j2;
         for (int r = 0; r < R; ++r) {
           const __m512i p = dot_u8s8_512(wq, _mm512_loadu_si512(a[r].q + 32 * ab));
-          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(ws, scale_pair(a[r].d + ab)), _mm512_cvtepi32_ps(p), acc[r]);
-          side[r] = std::fma(dm[2 * j2], a[r].ds[ab], side[r]);
-          side[r] = std::fma(dm[2 * j2 + 1], a[r].ds[ab + 1], side[r]);
+          acc[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pick[j2], comb[r]), _mm512_cvtepi32_ps(p), acc[r]);
         }
       }
     }
+    for (int r = 0; r < R; ++r) side[r] = hsum8(side8[r]);
+  } else {  // Q6_K
+    // 16 sub-blocks of 16 values with int8 scales; a step's 64 values are two activation blocks and
+    // four sub-blocks (int32 lanes 4 s' .. 4 s' + 3 are sub-block s' of the four). Per block and row:
+    // comb[s] = d * sc[s] * (activation scale of sub-block s), one vector of 16; a step picks its four
+    // with one permute. The -32 offset: -32 * sum_s comb[s] * (sum of the activations of sub-block s).
+    const __m256i m4 = _mm256_set1_epi8(0xF), three = _mm256_set1_epi8(3);
+    const __m512i pick[4] = {quad_index(0), quad_index(4), quad_index(8), quad_index(12)};
+    const __m512i act_of_sub = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    __m512 off[R];
+    for (int r = 0; r < R; ++r) off[r] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nblk; ++i, w += f.bytes) {
+      const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 192));
+      const __m512 dsc = _mm512_mul_ps(_mm512_set1_ps(h2f(w + 208)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8)));
+      __m512 comb[R];
+      for (int r = 0; r < R; ++r) {
+        const __m512 ad = _mm512_permutexvar_ps(act_of_sub, _mm512_castps256_ps512(_mm256_loadu_ps(a[r].d + 8 * i)));
+        comb[r] = _mm512_mul_ps(dsc, ad);
+        off[r] = _mm512_fmadd_ps(comb[r], _mm512_cvtepi32_ps(_mm512_loadu_si512(a[r].s16 + 16 * i)), off[r]);
+      }
+      for (int h = 0; h < 2; ++h) {
+        const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * h));
+        const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 128 + 32 * h));
+        for (int gp = 0; gp < 2; ++gp) {            // values 32 g .. 32 g + 31 of the half, g = 2 gp, 2 gp + 1
+          const __m256i l0 = gp ? _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4) : _mm256_and_si256(lo, m4);
+          const __m256i l1 = gp ? _mm256_and_si256(_mm256_srli_epi16(hi, 4), m4) : _mm256_and_si256(hi, m4);
+          const __m256i t0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4 * gp), three), 4);
+          const __m256i t1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4 * gp + 2), three), 4);
+          const __m512i wq = join(_mm256_or_si256(l0, t0), _mm256_or_si256(l1, t1));     // 0..63
+          const int64_t ab = 8 * i + 4 * h + 2 * gp;
+          for (int r = 0; r < R; ++r) {
+            const __m512i p = dot_u8s8_512(wq, _mm512_loadu_si512(a[r].q + 32 * ab));
+            acc[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pick[2 * h + gp], comb[r]), _mm512_cvtepi32_ps(p), acc[r]);
+          }
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) side[r] = -32.f * _mm512_reduce_add_ps(off[r]);
   }
   for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]) + side[r];
 }
 
-bool vnni_format(int64_t t) { return t == Q4_0 || t == Q4_1 || t == Q4_K; }
+bool vnni_format(int64_t t) { return t == Q4_0 || t == Q4_1 || t == Q4_K || t == Q6_K; }
 #endif
 
 template <typename T>
