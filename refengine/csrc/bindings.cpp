@@ -1,7 +1,7 @@
 // The Python module of the CPU kernels (built by refengine/paged_kernel.py): the paged attention
-// ops, the fused element-wise ops of fused_ops.cpp, the GGUF quantized GEMM of quant_gguf.cpp
-// and the bf16 GEMM of gemm_bf16.cpp. Every op releases the GIL: the engine thread must not hold
-// it while a kernel runs.
+// ops, the fused element-wise ops of fused_ops.cpp, the GGUF quantized GEMM of quant_gguf.cpp,
+// the bf16 GEMM of gemm_bf16.cpp and the W8A8 activation ops of int8_act.cpp. Every op releases
+// the GIL: the engine thread must not hold it while a kernel runs.
 #include <torch/extension.h>
 
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor table,
@@ -18,6 +18,8 @@ void gguf_gemm(torch::Tensor q, torch::Tensor d, torch::Tensor ds, torch::Tensor
                int64_t qtype, torch::Tensor out, int64_t col0, int64_t impl);
 bool gguf_has_avx2();
 bool gguf_has_vnni();
+std::tuple<torch::Tensor, torch::Tensor> int8_quant_rows(torch::Tensor x, int64_t qmax);
+void int8_rescale(torch::Tensor y, torch::Tensor s, torch::Tensor bias, torch::Tensor out);
 torch::Tensor bf16_gemm(torch::Tensor x, torch::Tensor wp, int64_t n, c10::optional<torch::Tensor> bias);
 bool bf16_gemm_available();
 
@@ -43,5 +45,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_has_vnni", &gguf_has_vnni, "gguf_gemm's impl 2 (AVX-512 VNNI, Q4_0 / Q4_1 / Q4_K / Q6_K) runs here");
   m.def("bf16_gemm", &bf16_gemm, "x [M, K] @ W^T for a bf16 weight blocked by refengine.linear.pack_bf16 "
         "(AVX-512-BF16; batch-invariant)", py::arg("x"), py::arg("wp"), py::arg("n"), py::arg("bias") = py::none(), nogil);
+  m.def("int8_quant_rows", &int8_quant_rows, "W8A8 activations: rows -> (u8 with the zero point qmax + 1, scales)",
+        py::arg("x"), py::arg("qmax"), nogil);
+  m.def("int8_rescale", &int8_rescale, "out = y * s[:, None] (+ bias), rounded once to out's dtype (W8A8 output)",
+        py::arg("y"), py::arg("s"), py::arg("bias"), py::arg("out"), nogil);
   m.def("bf16_gemm_available", &bf16_gemm_available, "bf16_gemm was built (the CPU has AVX-512-BF16)");
 }

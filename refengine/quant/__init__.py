@@ -5,7 +5,7 @@
 - ``qtensor.QTensor``: a matrix kept in its blocks.
 - ``gguf_source.GGUFWeights``: a GGUF file as a weight source in HF names (``load_format="gguf"``).
 - ``qlinear``: ``GGUFLinear`` / ``GGUFEmbedding`` over the C++ kernels (csrc/quant_gguf.cpp).
-- ``int8``: W8A8 (compressed-tensors checkpoints, ``Int8Linear`` over oneDNN's int8 GEMM).
+- ``int8``: W8A8 (compressed-tensors checkpoints, ``Int8Linear`` over oneDNN's int8 GEMM, the rows' quantize and rescale in C++).
 - ``plan``: the ``QuantPlan`` a model is built with, and how the decoder loads its weights.
 
 The model runner calls ``open_gguf`` + ``gguf_plan`` for ``EngineConfig.load_format == "gguf"`` and

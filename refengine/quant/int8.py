@@ -131,14 +131,31 @@ def _vnni_flags() -> bool:
     return "avx512_vnni" in flags or "avx_vnni" in flags or "amx_int8" in flags
 
 
-class Int8Kernels:
-    """oneDNN's int8 linear, with the activation range that keeps its sums exact on this CPU."""
+_NO_BIAS = torch.empty(0)
 
-    def __init__(self) -> None:
+
+def _cpp_kernels():
+    """The C++ kernels' module when it builds and has the W8A8 activation ops, else None."""
+    from refengine.paged_kernel import build
+
+    try:
+        module = build().module
+    except Exception:                      # no compiler: the torch code, the same bits
+        return None
+    return module if hasattr(module, "int8_quant_rows") else None
+
+
+class Int8Kernels:
+    """oneDNN's int8 linear, with the activation range that keeps its sums exact on this CPU.
+    The rows' quantization and the output's rescale run as the C++ kernels' ``int8_quant_rows`` /
+    ``int8_rescale`` (one pass each, bit-equal to the torch code beside them) when they build."""
+
+    def __init__(self, fused: bool = True) -> None:
         ops = torch.ops.onednn
         if not (hasattr(ops, "qlinear_prepack") and hasattr(ops, "qlinear_pointwise")):
             raise RuntimeError(f"torch {torch.__version__} has no oneDNN int8 linear (torch.ops.onednn.qlinear_*)")
         self.prepack, self.run = ops.qlinear_prepack, ops.qlinear_pointwise
+        self.cpp = _cpp_kernels() if fused else None
         self.qmax = 127 if self._exact(127) else 63
         if self.qmax == 63:
             log.info("int8 GEMM: no VNNI (saturating u8 x s8 pairs): activations take 7 bits")
@@ -157,9 +174,26 @@ class Int8Kernels:
     def gemm(self, xq: torch.Tensor, sx: torch.Tensor, packed: torch.Tensor, sw: torch.Tensor, qmax: int) -> torch.Tensor:
         """``xq [M, K]`` integer values (float) -> float32 ``[M, N]`` = (xq @ Wq^T) * sw * sx[:, None]."""
         zp = qmax + 1                                      # u8 = q + zp in [1, 2 * qmax + 1]
-        y = self.run((xq + zp).to(torch.uint8), 1.0, zp, packed, sw, torch.zeros(sw.shape[0], dtype=torch.int64),
-                     None, 1.0, 0, torch.float32, "none", [], "")
-        return y.mul_(sx.unsqueeze(1))
+        return self.gemm_u8((xq + zp).to(torch.uint8), packed, sw, qmax).mul_(sx.unsqueeze(1))
+
+    def gemm_u8(self, xu: torch.Tensor, packed: torch.Tensor, sw: torch.Tensor, qmax: int) -> torch.Tensor:
+        """``xu [M, K]`` u8 (the values plus the zero point qmax + 1) -> float32 ``(xu - zp) @ Wq^T * sw``."""
+        return self.run(xu, 1.0, qmax + 1, packed, sw, torch.zeros(sw.shape[0], dtype=torch.int64),
+                        None, 1.0, 0, torch.float32, "none", [], "")
+
+    def linear(self, x: torch.Tensor, packed: torch.Tensor, sw: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``x [M, K]`` -> ``[M, N]`` in x's dtype: quantize the rows, the int8 GEMM, rescale (+ bias)."""
+        if self.cpp is None:
+            xq, sx = self.quant_rows(x)
+            y = self.gemm(xq, sx, packed, sw, self.qmax)
+            if bias is not None:
+                y += bias.float()
+            return y.to(x.dtype)
+        xu, sx = self.cpp.int8_quant_rows(x.contiguous(), self.qmax)
+        y = self.gemm_u8(xu, packed, sw, self.qmax)
+        out = y if x.dtype == torch.float32 else torch.empty(y.shape, dtype=x.dtype)
+        self.cpp.int8_rescale(y, sx, bias.float().contiguous() if bias is not None else _NO_BIAS, out)
+        return out
 
     def quant_rows(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-row symmetric quantization: (integer values as float32 [M, K], scales [M])."""
@@ -183,11 +217,8 @@ class Int8Linear(nn.Module):
         if x2.shape[0] == 0:
             return x.new_empty(*lead, self.out_features)
         with named("swiftserve::int8_linear"):
-            xq, sx = self.k.quant_rows(x2)
-            y = self.k.gemm(xq, sx, self.packed, self.scale, self.k.qmax)
-        if self.bias is not None:
-            y += self.bias.float()
-        return y.to(x.dtype).view(*lead, self.out_features)
+            y = self.k.linear(x2, self.packed, self.scale, self.bias)
+        return y.view(*lead, self.out_features)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, W8A8 (activations {self.k.qmax * 2 + 1} levels)"

@@ -58,6 +58,28 @@ def test_int8_linear_is_the_product_of_its_quantized_operands(kernels):
     assert torch.equal(lin(x[2:3])[0], y[2])                           # rows independent of the batch
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fused_row_kernels_equal_the_torch_code(kernels, dtype, with_bias):
+    """The C++ quantize / rescale (one pass each) give the torch code's bits: the same u8 values and
+    scales (ties rounded to even, an all-zero row, an odd width's tail), the same outputs."""
+    if kernels.cpp is None:
+        pytest.skip("C++ kernels not built: the torch code runs")
+    torch_only = copy.copy(kernels)
+    torch_only.cpp = None
+    w = Int8Weight.quantize(torch.randn(72, 333) * 0.05)
+    bias = torch.randn(72).to(dtype) if with_bias else None
+    x = (torch.randn(9, 333) * 3).to(dtype)
+    x[0] = 0
+    x[1, :6] = torch.tensor([0.5, -0.5, 1.5, -2.5, 2.5, 100.0]).to(dtype)
+    xq, sx = kernels.quant_rows(x)
+    xu, sx2 = kernels.cpp.int8_quant_rows(x, kernels.qmax)
+    assert torch.equal(sx, sx2) and torch.equal((xq + kernels.qmax + 1).to(torch.uint8), xu)
+    packed = kernels.prepack(w.q, [1, 333])
+    got, ref = kernels.linear(x, packed, w.scale, bias), torch_only.linear(x, packed, w.scale, bias)
+    assert got.dtype == dtype and torch.equal(got, ref)
+
+
 def test_smoothing_changes_nothing_in_float():
     from modelkit.quantize import _smooth
 
