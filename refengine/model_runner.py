@@ -113,7 +113,7 @@ class ModelRunner:
         if config.load_format == "dummy":             # random weights of the config's shape (benchmarks)
             weights = DummyWeights(spec, config.seed)
         elif config.load_format == "auto":            # safetensors; a W8A8 checkpoint keeps its int8 weights
-            weights, quant = open_safetensors(config.model, self.device, self.dtype)
+            weights, quant = open_safetensors(config.model, self.device, self.dtype, config.fused_ops)
         elif config.load_format == "gguf":            # the directory's GGUF, blocks kept (refengine.quant)
             weights, quant = open_gguf(config.model, spec), gguf_plan(self.device, self.dtype)
         else:

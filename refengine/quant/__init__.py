@@ -5,7 +5,8 @@
 - ``qtensor.QTensor``: a matrix kept in its blocks.
 - ``gguf_source.GGUFWeights``: a GGUF file as a weight source in HF names (``load_format="gguf"``).
 - ``qlinear``: ``GGUFLinear`` / ``GGUFEmbedding`` over the C++ kernels (csrc/quant_gguf.cpp).
-- ``int8``: W8A8 (compressed-tensors checkpoints, ``Int8Linear`` over oneDNN's int8 GEMM, the rows' quantize and rescale in C++).
+- ``int8``: W8A8 (compressed-tensors checkpoints, ``Int8Linear`` over oneDNN's int8 GEMM; the rows'
+  quantize and rescale in C++).
 - ``plan``: the ``QuantPlan`` a model is built with, and how the decoder loads its weights.
 
 The model runner calls ``open_gguf`` + ``gguf_plan`` for ``EngineConfig.load_format == "gguf"`` and
@@ -49,9 +50,10 @@ def gguf_plan(device: torch.device, dtype: torch.dtype) -> QuantPlan:
     return QuantPlan(dtype, "Q8_0", gguf=kernel.module if kernel is not None else None)
 
 
-def open_safetensors(model_dir: str | Path, device: torch.device, dtype: torch.dtype):
+def open_safetensors(model_dir: str | Path, device: torch.device, dtype: torch.dtype, fused_ops: str = "auto"):
     """(weight source, plan): the directory's safetensors, and for a compressed-tensors W8A8
-    checkpoint the int8 plan (oneDNN's int8 GEMM on CPU; elsewhere dequantized at load)."""
+    checkpoint the int8 plan (oneDNN's int8 GEMM on CPU; elsewhere dequantized at load); its rows'
+    quantize / rescale in the C++ kernels unless ``fused_ops`` is "torch" (no extension to build)."""
     import json
 
     from refengine.quant.int8 import CompressedTensorsWeights, Int8Kernels, w8a8_scheme
@@ -65,7 +67,7 @@ def open_safetensors(model_dir: str | Path, device: torch.device, dtype: torch.d
     kernels = None
     if device.type == "cpu":
         try:
-            kernels = Int8Kernels()
+            kernels = Int8Kernels(fused=fused_ops != "torch")
         except RuntimeError as exc:
             log.warning("W8A8 checkpoint without int8 kernels (%s): dequantized to %s at load", exc, dtype)
     else:
