@@ -182,17 +182,18 @@ class Int8Kernels:
                         None, 1.0, 0, torch.float32, "none", [], "")
 
     def linear(self, x: torch.Tensor, packed: torch.Tensor, sw: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """``x [M, K]`` -> ``[M, N]`` in x's dtype: quantize the rows, the int8 GEMM, rescale (+ bias)."""
+        """``x [M, K]`` -> ``[M, N]`` in x's dtype: quantize the rows, the int8 GEMM, rescale (+ ``bias``,
+        float32)."""
         if self.cpp is None:
             xq, sx = self.quant_rows(x)
             y = self.gemm(xq, sx, packed, sw, self.qmax)
             if bias is not None:
-                y += bias.float()
+                y += bias
             return y.to(x.dtype)
         xu, sx = self.cpp.int8_quant_rows(x.contiguous(), self.qmax)
         y = self.gemm_u8(xu, packed, sw, self.qmax)
         out = y if x.dtype == torch.float32 else torch.empty(y.shape, dtype=x.dtype)
-        self.cpp.int8_rescale(y, sx, bias.float().contiguous() if bias is not None else _NO_BIAS, out)
+        self.cpp.int8_rescale(y, sx, bias if bias is not None else _NO_BIAS, out)
         return out
 
     def quant_rows(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,6 +211,8 @@ class Int8Linear(nn.Module):
         self.packed = nn.Parameter(kernels.prepack(w.q.contiguous(), [1, self.in_features]), requires_grad=False)
         self.register_buffer("scale", w.scale.float().contiguous(), persistent=False)
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+        # float32 once here, not per call: what the rescale adds
+        self.register_buffer("bias_f32", bias.float().contiguous() if bias is not None else None, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -217,7 +220,7 @@ class Int8Linear(nn.Module):
         if x2.shape[0] == 0:
             return x.new_empty(*lead, self.out_features)
         with named("swiftserve::int8_linear"):
-            y = self.k.linear(x2, self.packed, self.scale, self.bias)
+            y = self.k.linear(x2, self.packed, self.scale, self.bias_f32)
         return y.view(*lead, self.out_features)
 
     def extra_repr(self) -> str:

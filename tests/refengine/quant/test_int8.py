@@ -76,7 +76,8 @@ def test_fused_row_kernels_equal_the_torch_code(kernels, dtype, with_bias):
     xu, sx2 = kernels.cpp.int8_quant_rows(x, kernels.qmax)
     assert torch.equal(sx, sx2) and torch.equal((xq + kernels.qmax + 1).to(torch.uint8), xu)
     packed = kernels.prepack(w.q, [1, 333])
-    got, ref = kernels.linear(x, packed, w.scale, bias), torch_only.linear(x, packed, w.scale, bias)
+    b32 = bias.float() if bias is not None else None
+    got, ref = kernels.linear(x, packed, w.scale, b32), torch_only.linear(x, packed, w.scale, b32)
     assert got.dtype == dtype and torch.equal(got, ref)
 
 
