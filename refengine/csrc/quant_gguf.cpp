@@ -6,10 +6,12 @@
 //   act_quant(x [M, K] f32|bf16) -> (q [M, K] i8, d [M, K/32] f32, ds [M, K/32] f32, s16 [M, K/16] i32)
 //       each row's 32-value blocks as int8 with a float32 scale d (d = max|x| / 127, q = round(x / d),
 //       ties to even), ds = d * sum(q) of the block and s16 the sums of q over each 16 values;
-//   gguf_gemm(q, d, ds, s16, raw [N, rb], qtype, out [M, *] f32|bf16, col0, impl)
+//   gguf_gemm(q, d, ds, s16, raw [N, rb], qtype, out [M, *] f32|bf16, col0, impl, group)
 //       out[m, col0 + n] = sum_k x[m, k] * W[n, k] with x the quantized activations above and W the
 //       blocks as stored: per weight block an exact integer dot product of the int8 activations and
 //       the block's integer values, then float32 scaling (weight scale times activation scale).
+//       group 4 (Q4_K, impl 2): raw's rows interleaved in groups of 4 (block i of rows 4 g .. 4 g + 3
+//       adjacent: refengine.quant.qtensor.QTensor.interleaved), the same results.
 //
 // The activations are quantized per row and every output element is computed by the same
 // sequence of operations whatever M is and whichever rows share a tile, so results do not
@@ -390,26 +392,95 @@ inline __m512i quad_index(int j) {
                           j + 1, j + 1, j + 1, j + 1, j, j, j, j);
 }
 
-// k4_scales for 8 lanes at once: the 12 bytes of 6-bit scales and mins unpacked as 32-bit words
-// (scales 0-3 / mins 0-3: the low 6 bits of bytes 0-3 / 4-7; scales 4-7 / mins 4-7: the low / high
-// nibbles of bytes 8-11 with the top 2 bits of bytes 0-3 / 4-7 above them); the same float products.
-inline void k4_scales_vec(const uint8_t* w, float d, float dmin, __m256& dsc, __m256& dm) {
-  uint32_t u[3];
-  std::memcpy(u, w + 4, 12);
-  const uint32_t sc_lo = u[0] & 0x3f3f3f3fu, m_lo = u[1] & 0x3f3f3f3fu;
-  const uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
-  const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
-  auto lanes = [](uint32_t lo, uint32_t hi) {       // 8 bytes -> 8 float lanes
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(hi), static_cast<int>(lo))));
-  };
-  dsc = _mm256_mul_ps(_mm256_set1_ps(d), lanes(sc_lo, sc_hi));
-  dm = _mm256_mul_ps(_mm256_set1_ps(-dmin), lanes(m_lo, m_hi));
+// Q4_K block w's 8 scales (int32 lanes 0-7) and 8 mins (lanes 8-15), decoded with vector ops from its
+// 12 packed bytes (k4_scale_min's layout: scales 0-3 / mins 0-3 the low 6 bits of bytes 0-3 / 4-7;
+// scales 4-7 / mins 4-7 the low / high nibbles of bytes 8-11 with the top 2 bits of bytes 0-3 / 4-7
+// above them). The 4 bytes loaded after the 12 are ignored.
+inline __m512i k4_scales_512(const uint8_t* w) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 4));          // words u0 u1 u2 (u3 unused)
+  const __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x3f));                            // words 0, 1: sc 0-3, m 0-3
+  const __m128i nib = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 2, 2)),
+                                                   _mm_set_epi32(4, 0, 0, 0)), _mm_set1_epi8(0x0f));
+  const __m128i top = _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 0, 0)), 2),
+                                    _mm_set1_epi8(0x30));                             // (u >> 6 & 3) << 4 a byte
+  const __m128i all = _mm_blend_epi32(lo, _mm_or_si128(nib, top), 0xC);                // sc 0-3, m 0-3, sc 4-7, m 4-7
+  return _mm512_cvtepu8_epi32(_mm_shuffle_epi32(all, _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
+// Weight rows far enough ahead for the memory to deliver them in time: used where several activation
+// rows make a step compute-bound (R > 1); one row streams best on the hardware's own prefetch.
+template <int R>
+inline void prefetch_ahead(const uint8_t* w) {
+  if constexpr (R > 1) {
+    for (int c = 0; c < 256; c += 64) _mm_prefetch(reinterpret_cast<const char*>(w + 2048 + c), _MM_HINT_T0);
+  }
 }
 
 // Activation scales d[i], d[i + 1] as lanes 0-7 and 8-15 (one 8-byte load and a permute).
 inline __m512 scale_pair(const float* d) {
   const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
   return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(d)))));
+}
+
+// Q4_K on VNNI: NR weight rows against R activation rows, block i of weight row n at
+// w0 + n * rs + i * bs (rows as stored: bs = 144; rows interleaved in groups of 4: rs = 144, bs = 576).
+// Per block and weight row: the 8 sub-block scales d * sc (lanes 0-7) and negated mins -(dmin * m)
+// (8-15) in one vector, times the activation scales (0-7) and block sums (8-15) of each activation
+// row: comb. Each 64-value step (sub-blocks 2 j2, 2 j2 + 1: the low and high nibbles of 32 bytes) picks
+// its two scales (lanes 0-7, 8-15) with one permute; the mins' term accumulates in lanes 8-15 of side.
+// Every (weight row, activation row) pair runs the same operations in the same order whatever NR and
+// R are (batch-invariant; k4_vnni<1, 4> on interleaved rows gives the bits of k4_vnni<1, 1> on stored
+// ones). out[n * R + r].
+template <int R, int NR>
+__attribute__((target("avx512vnni"))) void k4_vnni(const uint8_t* w0, int64_t rs, int64_t bs, const Act* a,
+                                                    int64_t nblk, float* out) {
+  const __m512i m4 = _mm512_set1_epi8(0xF);
+  const __m512i hi_nibbles = _mm512_set_epi64(0x0004000400040004LL, 0x0004000400040004LL, 0x0004000400040004LL,
+                                              0x0004000400040004LL, 0, 0, 0, 0);   // 16-bit shifts: 0 low, 4 high
+  const __m512 neg_hi = _mm512_castsi512_ps(_mm512_set_epi32(INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN,
+      INT32_MIN, INT32_MIN, INT32_MIN, 0, 0, 0, 0, 0, 0, 0, 0));
+  const __m512i dd_index = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  __m512 acc[NR][R], side[NR][R];
+  for (int n = 0; n < NR; ++n)
+    for (int r = 0; r < R; ++r) acc[n][r] = side[n][r] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < nblk; ++i) {
+    __m512 act[R];
+    for (int r = 0; r < R; ++r)
+      act[r] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a[r].d + 8 * i)),
+                                  _mm256_loadu_ps(a[r].ds + 8 * i), 1);
+    __m512 comb[NR][R];
+    for (int n = 0; n < NR; ++n) {
+      const uint8_t* w = w0 + n * rs + i * bs;
+      prefetch_ahead<R>(w);
+      uint32_t dpair;                                  // d and dmin: one conversion of 4 bytes
+      std::memcpy(&dpair, w, 4);
+      const __m512 dd = _mm512_xor_ps(_mm512_permutexvar_ps(dd_index, _mm512_castps128_ps512(
+          _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dpair))))), neg_hi);
+      const __m512 scm = _mm512_mul_ps(dd, _mm512_cvtepi32_ps(k4_scales_512(w)));
+      for (int r = 0; r < R; ++r) {
+        comb[n][r] = _mm512_mul_ps(scm, act[r]);
+        side[n][r] = _mm512_mask3_fmadd_ps(scm, act[r], side[n][r], 0xFF00);
+      }
+    }
+    for (int j2 = 0; j2 < 4; ++j2) {
+      const __m512i pick = pair_index(2 * j2);
+      __m512i x[R];
+      for (int r = 0; r < R; ++r) x[r] = _mm512_loadu_si512(a[r].q + 32 * (8 * i + 2 * j2));
+      for (int n = 0; n < NR; ++n) {
+        // the 32 bytes in both halves; 16-bit lanes of the high half shifted by 4: the high nibbles
+        const __m512i raw = _mm512_broadcast_i64x4(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + n * rs + i * bs + 16 + 32 * j2)));
+        const __m512i wq = _mm512_and_si512(_mm512_srlv_epi16(raw, hi_nibbles), m4);
+        for (int r = 0; r < R; ++r) {
+          const __m512i p = dot_u8s8_512(wq, x[r]);
+          acc[n][r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pick, comb[n][r]), _mm512_cvtepi32_ps(p), acc[n][r]);
+        }
+      }
+    }
+  }
+  for (int n = 0; n < NR; ++n)
+    for (int r = 0; r < R; ++r)
+      out[n * R + r] = _mm512_reduce_add_ps(acc[n][r]) + hsum8(_mm512_extractf32x8_ps(side[n][r], 1));
 }
 
 template <int R>
@@ -454,33 +525,8 @@ __attribute__((target("avx512vnni"))) void dot_vnni(int64_t t, const uint8_t* w,
       }
     }
   } else if (t == Q4_K) {
-    // 8 sub-blocks of 32; bytes 32 j2 .. 32 j2 + 31 of qs hold sub-blocks 2 j2 (low nibbles), 2 j2 + 1.
-    // Per block and row, the 8 weight-scale x activation-scale products in one multiply (comb: lanes
-    // 0-7); a step picks its two sub-blocks' (lanes 0-7, 8-15) with one permute. The mins go through
-    // the activation block sums, 8 at once.
-    const __m256i m4 = _mm256_set1_epi8(0xF);
-    const __m512i pick[4] = {pair_index(0), pair_index(2), pair_index(4), pair_index(6)};
-    __m256 side8[R];
-    for (int r = 0; r < R; ++r) side8[r] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nblk; ++i, w += f.bytes) {
-      __m256 vdsc, vdm;
-      k4_scales_vec(w, h2f(w), h2f(w + 2), vdsc, vdm);
-      __m512 comb[R];
-      for (int r = 0; r < R; ++r) {
-        comb[r] = _mm512_castps256_ps512(_mm256_mul_ps(vdsc, _mm256_loadu_ps(a[r].d + 8 * i)));
-        side8[r] = _mm256_fmadd_ps(vdm, _mm256_loadu_ps(a[r].ds + 8 * i), side8[r]);
-      }
-      for (int j2 = 0; j2 < 4; ++j2) {
-        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 + 32 * j2));
-        const __m512i wq = join(_mm256_and_si256(raw, m4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
-        const int64_t ab = 8 * i + 2 * j2;
-        for (int r = 0; r < R; ++r) {
-          const __m512i p = dot_u8s8_512(wq, _mm512_loadu_si512(a[r].q + 32 * ab));
-          acc[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pick[j2], comb[r]), _mm512_cvtepi32_ps(p), acc[r]);
-        }
-      }
-    }
-    for (int r = 0; r < R; ++r) side[r] = hsum8(side8[r]);
+    k4_vnni<R, 1>(w, 0, f.bytes, a, nblk, out);
+    return;
   } else {  // Q6_K
     // 16 sub-blocks of 16 values with int8 scales; a step's 64 values are two activation blocks and
     // four sub-blocks (int32 lanes 4 s' .. 4 s' + 3 are sub-block s' of the four). Per block and row:
@@ -492,6 +538,7 @@ __attribute__((target("avx512vnni"))) void dot_vnni(int64_t t, const uint8_t* w,
     __m512 off[R];
     for (int r = 0; r < R; ++r) off[r] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nblk; ++i, w += f.bytes) {
+      prefetch_ahead<R>(w);
       const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 192));
       const __m512 dsc = _mm512_mul_ps(_mm512_set1_ps(h2f(w + 208)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8)));
       __m512 comb[R];
@@ -640,7 +687,7 @@ std::vector<torch::Tensor> act_quant(torch::Tensor x, int64_t impl) {
 }
 
 void gguf_gemm(torch::Tensor q, torch::Tensor d, torch::Tensor ds, torch::Tensor s16, torch::Tensor raw,
-               int64_t qtype, torch::Tensor out, int64_t col0, int64_t impl) {
+               int64_t qtype, torch::Tensor out, int64_t col0, int64_t impl, int64_t group) {
   const Fmt f = fmt_of(qtype);
   TORCH_CHECK(q.scalar_type() == at::kChar && q.dim() == 2 && q.is_contiguous(), "gguf_gemm: q i8 [M, K] (act_quant)");
   const int64_t M = q.size(0), K = q.size(1), N = raw.size(0);
@@ -653,13 +700,16 @@ void gguf_gemm(torch::Tensor q, torch::Tensor d, torch::Tensor ds, torch::Tensor
               (out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16), "gguf_gemm: out [M, >= col0 + N] "
               "float32 or bfloat16 with contiguous rows");
   TORCH_CHECK(impl != 2 || gguf_has_vnni(), "gguf_gemm: impl 2 (AVX-512 VNNI) is not available here");
+  TORCH_CHECK(group == 1 || (group == 4 && qtype == Q4_K && impl == 2 && N % 4 == 0), "gguf_gemm: rows interleaved in "
+              "groups of ", group, " (QTensor.interleaved) are run for Q4_K by impl 2 only, with rows a multiple of 4");
   if (M == 0 || N == 0) return;
   const int64_t rb = raw.size(1), ld = out.stride(0), nb = K / 32;
   const uint8_t* wp = raw.data_ptr<uint8_t>();
   const Act base{q.data_ptr<int8_t>(), d.data_ptr<float>(), ds.data_ptr<float>(), s16.data_ptr<int32_t>()};
   auto act = [&](int64_t m) { return Act{base.q + m * K, base.d + m * nb, base.ds + m * nb, base.s16 + m * 2 * nb}; };
   // Small M (decode): at least ~8 tiles per thread, so that 2 threads split rows evenly.
-  const int64_t tile = std::max<int64_t>(4, std::min(rows_per_tile(rb), N / (8 * at::get_num_threads())));
+  // (a multiple of 4 rows: an interleaved group stays in one tile)
+  const int64_t tile = std::max<int64_t>(4, std::min(rows_per_tile(rb), N / (8 * at::get_num_threads())) / 4 * 4);
   auto run = [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     T* op = reinterpret_cast<T*>(out.data_ptr()) + col0;
@@ -689,6 +739,28 @@ void gguf_gemm(torch::Tensor q, torch::Tensor d, torch::Tensor ds, torch::Tensor
           }
         };
 #if SWIFTSERVE_GGUF_VNNI
+        if (group == 4) {
+          // Q4_K rows interleaved in 4s: block i of rows 4 g .. 4 g + 3 adjacent (576 bytes). Activation
+          // rows in 4s run one weight row at a time (k4_vnni<4, 1>, reading every 4th block); single
+          // rows run a group at once (k4_vnni<1, 4>: one sequential stream for 4 independent dots).
+          const int64_t bb = f.bytes;
+          for (; m + 4 <= M; m += 4) {
+            const Act a[4] = {act(m), act(m + 1), act(m + 2), act(m + 3)};
+            for (int64_t n = n0; n < n1; ++n) {
+              float r[4];
+              k4_vnni<4, 1>(wp + (n / 4) * 4 * rb + (n % 4) * bb, 0, 4 * bb, a, K / f.block, r);
+              for (int k = 0; k < 4; ++k) store_out(op + (m + k) * ld + n, r[k]);
+            }
+          }
+          for (; m < M; ++m) {
+            const Act a[1] = {act(m)};
+            for (int64_t n = n0; n < n1; n += 4) {
+              float r[4];
+              k4_vnni<1, 4>(wp + n * rb, bb, 4 * bb, a, K / f.block, r);
+              for (int k = 0; k < 4; ++k) store_out(op + m * ld + n + k, r[k]);
+            }
+          }
+        }
         if (impl == 2 && vnni_format(qtype)) tiles(dot_vnni<4>, dot_vnni<1>);
 #endif
         if (impl == 0 || impl == 2) tiles(dot_avx2<4>, dot_avx2<1>);

@@ -26,7 +26,7 @@ def _runs(parts: list[QTensor]) -> list[QTensor]:
     """Consecutive parts of one format merged (one GEMM call each); a lone part keeps its storage."""
     runs: list[list[QTensor]] = []
     for p in parts:
-        if runs and runs[-1][0].qtype == p.qtype:
+        if runs and (runs[-1][0].qtype, runs[-1][0].group) == (p.qtype, p.group):
             runs[-1].append(p)
         else:
             runs.append([p])
@@ -46,8 +46,11 @@ class GGUFLinear(nn.Module):
             self.register_buffer(f"raw{i}", r.raw, persistent=False)
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
         self.formats = [r.qtype for r in self.runs]
-        # gguf_gemm's AVX-512 VNNI kernel (Q4_0 / Q4_1 / Q4_K; other formats run the AVX2 code) where the CPU has it
+        # gguf_gemm's AVX-512 VNNI kernel (Q4_0 / Q4_1 / Q4_K / Q6_K; the others run the AVX2 code) where the
+        # CPU has it; interleaved rows (QTensor.group, the plan's choice) only run there
         self.impl = 2 if kernels.gguf_has_vnni() else 0
+        if self.impl != 2 and any(r.group != 1 for r in self.runs):
+            raise ValueError("GGUFLinear: rows interleaved for the VNNI kernel on a CPU without it")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -60,7 +63,7 @@ class GGUFLinear(nn.Module):
                 acts = self.k.act_quant(x2, 0)
                 col = 0
                 for r in self.runs:
-                    self.k.gguf_gemm(*acts, r.raw, r.ggml_type, out, col, self.impl)
+                    self.k.gguf_gemm(*acts, r.raw, r.ggml_type, out, col, self.impl, r.group)
                     col += r.shape[0]
         if self.bias is not None:
             out += self.bias.to(out.dtype)
@@ -78,7 +81,7 @@ class GGUFEmbedding(nn.Module):
         self.k, self.dtype = kernels, dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = self.weight.raw.index_select(0, ids.reshape(-1))
+        rows = self.weight.index_rows(ids.reshape(-1)).raw
         with named("swiftserve::gguf_embedding"):
             x = self.k.gguf_dequant(rows, self.weight.ggml_type, self.weight.cols)
         return x.to(self.dtype).view(*ids.shape, self.weight.cols)

@@ -119,3 +119,50 @@ def test_linear_parts_in_several_formats_and_bf16(k):
     assert yb.dtype == torch.bfloat16
     assert torch.equal(GGUFLinear(parts, None, k)(x.bfloat16()), GGUFLinear(parts, None, k)(x.bfloat16().float()).bfloat16())
     assert lin(torch.empty(0, K)).shape == (0, 128)
+
+
+def test_interleaved_rows_keep_every_method_and_the_bits(k):
+    """QTensor.interleaved(4): the same blocks in the order the VNNI kernel reads 4 Q4_K rows a step;
+    dequantization, row lookup, concatenation and the GEMM give what the stored order gives."""
+    K = 512
+    q = QTensor.quantize(torch.randn(24, K, generator=torch.Generator().manual_seed(11)) * 0.05, "Q4_K")
+    g = q.interleaved(4)
+    assert g.group == 4 and not torch.equal(g.raw, q.raw) and torch.equal(g.rows_raw(), q.raw)
+    assert torch.equal(g.dequantize(), q.dequantize())
+    idx = torch.tensor([5, 0, 23, 5, 12])
+    assert torch.equal(g.index_rows(idx).raw, q.index_rows(idx).raw)
+    both = QTensor.cat([g, g.to("cpu")])
+    assert both.group == 4 and torch.equal(both.rows_raw(), torch.cat([q.raw, q.raw]))
+    with pytest.raises(ValueError):
+        QTensor.cat([g, q])
+    with pytest.raises(ValueError):
+        QTensor("Q4_K", q.raw[:6], K, group=4)
+    if not k.gguf_has_vnni():
+        with pytest.raises(RuntimeError):
+            k.gguf_gemm(*k.act_quant(torch.randn(1, K), 0), g.raw, g.ggml_type, torch.empty(1, 24), 0, 0, 4)
+        return
+    x = torch.randn(9, K, generator=torch.Generator().manual_seed(12))
+    acts = k.act_quant(x, 0)
+    ref = torch.empty(9, 24)
+    k.gguf_gemm(*acts, q.raw, q.ggml_type, ref, 0, 2)
+    got = torch.empty(9, 24)
+    k.gguf_gemm(*acts, g.raw, g.ggml_type, got, 0, 2, 4)          # rows in 4s (k4_vnni<4, 1>) and alone (<1, 4>)
+    assert torch.equal(got, ref)
+    for i in (0, 8):                                               # a row alone: the batch's bits
+        one = torch.empty(1, 24)
+        k.gguf_gemm(*(a[i:i + 1].contiguous() for a in acts), g.raw, g.ggml_type, one, 0, 2, 4)
+        assert torch.equal(one[0], ref[i])
+    lin, lin_g = GGUFLinear([q], None, k), GGUFLinear([g, g], None, k)
+    assert torch.equal(lin_g(x), torch.cat([lin(x), lin(x)], 1))
+    with pytest.raises(RuntimeError, match="groups of 4"):        # only Q4_K, impl 2, rows in 4s
+        k.gguf_gemm(*acts, g.raw, g.ggml_type, got, 0, 0, 4)
+
+
+def test_the_plan_interleaves_q4_k_only_where_the_vnni_kernel_runs(k):
+    from refengine.quant.plan import QuantPlan
+
+    plan = QuantPlan(torch.float32, "Q8_0", gguf=k)
+    q4k = QTensor.quantize(torch.randn(8, 256) * 0.05, "Q4_K")
+    assert plan.layout(q4k).group == (4 if k.gguf_has_vnni() else 1)
+    assert plan.layout(QTensor.quantize(torch.randn(6, 256) * 0.05, "Q4_K")).group == 1     # rows not in 4s
+    assert plan.layout(QTensor.quantize(torch.randn(8, 256) * 0.05, "Q6_K")).group == 1
