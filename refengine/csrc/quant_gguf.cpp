@@ -495,11 +495,25 @@ __attribute__((target("avx512vnni"))) void dot_vnni(int64_t t, const uint8_t* w,
   }
   if (t == Q4_0 || t == Q4_1) {
     const int off = t == Q4_0 ? 2 : 4;
+    // A step's two blocks A, B: their 16 quant bytes as 128-bit lanes A, A, B, B with the 16-bit words of
+    // lanes 1 and 3 shifted by 4, masked: A's low nibbles, A's high, B's low, B's high (nibbles32's order).
+    // Their fp16 d (and Q4_1's m) converted in one instruction: [dA, mA, dB, mB].
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    const __m512i nib_shift = _mm512_set_epi64(0x0004000400040004LL, 0x0004000400040004LL, 0, 0,
+                                               0x0004000400040004LL, 0x0004000400040004LL, 0, 0);
+    const __m512i d_lanes = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
     int64_t i = 0;
     for (; i + 2 <= nblk; i += 2, w += 2 * f.bytes) {
-      const __m512i wq = join(nibbles32(w + off), nibbles32(w + f.bytes + off));
-      const __m512 ws = halves(h2f(w), h2f(w + f.bytes));
-      const float mw0 = t == Q4_1 ? h2f(w + 2) : 0.f, mw1 = t == Q4_1 ? h2f(w + f.bytes + 2) : 0.f;
+      const __m512i ab = _mm512_castsi256_si512(_mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(w + f.bytes + off),
+                                                                    reinterpret_cast<const __m128i*>(w + off)));
+      const __m512i wq = _mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_i64x2(ab, ab, 0x50), nib_shift), m4);
+      uint32_t ua, ub;
+      std::memcpy(&ua, w, 4);
+      std::memcpy(&ub, w + f.bytes, 4);
+      const __m128 dm = _mm_cvtph_ps(_mm_set_epi32(0, 0, static_cast<int>(ub), static_cast<int>(ua)));
+      const __m512 ws = _mm512_permutexvar_ps(d_lanes, _mm512_castps128_ps512(dm));
+      const float mw0 = t == Q4_1 ? _mm_cvtss_f32(_mm_movehdup_ps(dm)) : 0.f;
+      const float mw1 = t == Q4_1 ? _mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 3)) : 0.f;
       for (int r = 0; r < R; ++r) {
         __m512i p = dot_u8s8_512(wq, _mm512_loadu_si512(a[r].q + 32 * i));
         if (t == Q4_0)
