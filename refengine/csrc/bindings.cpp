@@ -13,6 +13,8 @@ torch::Tensor add_rms_norm_(torch::Tensor x, torch::Tensor r, torch::Tensor w, d
 void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 torch::Tensor silu_mul(torch::Tensor gu);
 torch::Tensor gguf_dequant(torch::Tensor raw, int64_t qtype, int64_t cols);
+torch::Tensor gguf_linear(torch::Tensor x, const std::vector<torch::Tensor>& raws, const std::vector<int64_t>& qtypes,
+                          const std::vector<int64_t>& groups, int64_t impl);
 std::vector<torch::Tensor> act_quant(torch::Tensor x, int64_t impl);
 void gguf_gemm(torch::Tensor q, torch::Tensor d, torch::Tensor ds, torch::Tensor s16, torch::Tensor raw,
                int64_t qtype, torch::Tensor out, int64_t col0, int64_t impl, int64_t group);
@@ -41,6 +43,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_gemm", &gguf_gemm, "out[:, col0:col0+N] = x @ W^T, x from act_quant, W GGUF blocks [N, bytes]",
         py::arg("q"), py::arg("d"), py::arg("ds"), py::arg("s16"), py::arg("raw"), py::arg("qtype"), py::arg("out"),
         py::arg("col0") = 0, py::arg("impl") = 0, py::arg("group") = 1, nogil);
+  m.def("gguf_linear", &gguf_linear, "x @ W^T for W the rows of `raws` (one format and grouping each), x quantized "
+        "once (act_quant + one gguf_gemm per run)", py::arg("x"), py::arg("raws"), py::arg("qtypes"), py::arg("groups"),
+        py::arg("impl") = 0, nogil);
   m.def("gguf_has_avx2", &gguf_has_avx2, "the GGUF kernels were built with AVX2 + FMA");
   m.def("gguf_has_vnni", &gguf_has_vnni, "gguf_gemm's impl 2 (AVX-512 VNNI, Q4_0 / Q4_1 / Q4_K / Q6_K) runs here");
   m.def("bf16_gemm", &bf16_gemm, "x [M, K] @ W^T for a bf16 weight blocked by refengine.linear.pack_bf16 "

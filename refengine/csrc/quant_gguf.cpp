@@ -12,6 +12,9 @@
 //       the block's integer values, then float32 scaling (weight scale times activation scale).
 //       group 4 (Q4_K, impl 2): raw's rows interleaved in groups of 4 (block i of rows 4 g .. 4 g + 3
 //       adjacent: refengine.quant.qtensor.QTensor.interleaved), the same results.
+//   gguf_linear(x [M, K] f32|bf16, raws, qtypes, groups, impl) -> [M, sum of rows] in x's dtype
+//       act_quant once, then one gguf_gemm per run of rows into its own columns (a fused q/k/v whose
+//       parts are stored in different formats): a linear layer in one call.
 //
 // The activations are quantized per row and every output element is computed by the same
 // sequence of operations whatever M is and whichever rows share a tile, so results do not
@@ -791,6 +794,24 @@ void gguf_gemm(torch::Tensor q, torch::Tensor d, torch::Tensor ds, torch::Tensor
   } else {
     run(static_cast<float*>(nullptr));
   }
+}
+
+torch::Tensor gguf_linear(torch::Tensor x, const std::vector<torch::Tensor>& raws, const std::vector<int64_t>& qtypes,
+                          const std::vector<int64_t>& groups, int64_t impl) {
+  TORCH_CHECK(!raws.empty() && raws.size() == qtypes.size() && raws.size() == groups.size(),
+              "gguf_linear: one format and one grouping per run of rows");
+  int64_t n_out = 0;
+  for (const auto& r : raws) n_out += r.size(0);
+  TORCH_CHECK(x.dim() == 2, "gguf_linear: x [M, K]");
+  auto out = torch::empty({x.size(0), n_out}, x.options());
+  if (x.size(0) == 0) return out;
+  const auto acts = act_quant(x, 0);
+  int64_t col = 0;
+  for (size_t i = 0; i < raws.size(); ++i) {
+    gguf_gemm(acts[0], acts[1], acts[2], acts[3], raws[i], qtypes[i], out, col, impl, groups[i]);
+    col += raws[i].size(0);
+  }
+  return out;
 }
 
 bool gguf_has_avx2() { return SWIFTSERVE_GGUF_AVX2 != 0; }

@@ -2,10 +2,10 @@
 
 ``GGUFLinear(parts, bias, kernels)``: ``forward(x [..., in]) -> [..., out]`` with the weight the
 row-concatenation of ``parts`` (fused q/k/v or gate/up whose parts may be stored in different
-formats, as a Q4_K_M file stores v in Q6_K and q, k in Q4_K). Each call quantizes the rows of
-``x`` once (int8 per 32 values, ``act_quant``) and runs one integer-dot GEMM per run of parts in
-one format, each writing its columns of one output (csrc/quant_gguf.cpp). Float32 or bfloat16 in
-and out (other dtypes go through float32).
+formats, as a Q4_K_M file stores v in Q6_K and q, k in Q4_K). Each call is one ``gguf_linear``:
+it quantizes the rows of ``x`` once (int8 per 32 values, ``act_quant``) and runs one integer-dot
+GEMM per run of parts in one format, each writing its columns of one output (csrc/quant_gguf.cpp).
+Float32 or bfloat16 in and out (other dtypes go through float32).
 
 ``GGUFEmbedding(weight, kernels, dtype)``: rows of a quantized embedding, dequantized on lookup
 (the tied LM head runs on the same bytes, never a second copy).
@@ -51,23 +51,20 @@ class GGUFLinear(nn.Module):
         self.impl = 2 if kernels.gguf_has_vnni() else 0
         if self.impl != 2 and any(r.group != 1 for r in self.runs):
             raise ValueError("GGUFLinear: rows interleaved for the VNNI kernel on a CPU without it")
+        # what gguf_linear takes, once (each run's rows, format and grouping)
+        self._call = ([r.raw for r in self.runs], [r.ggml_type for r in self.runs], [r.group for r in self.runs])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if x2.dtype not in KERNEL_DTYPES:
             x2 = x2.float()
-        out = torch.empty(x2.shape[0], self.out_features, dtype=x2.dtype)
-        if x2.shape[0]:
-            with named("swiftserve::gguf_gemm"):
-                acts = self.k.act_quant(x2, 0)
-                col = 0
-                for r in self.runs:
-                    self.k.gguf_gemm(*acts, r.raw, r.ggml_type, out, col, self.impl, r.group)
-                    col += r.shape[0]
+        with named("swiftserve::gguf_gemm"):
+            out = self.k.gguf_linear(x2, *self._call, self.impl)
         if self.bias is not None:
             out += self.bias.to(out.dtype)
-        return out.view(*lead, self.out_features).to(x.dtype)
+        out = out.view(*lead, self.out_features)
+        return out if out.dtype == x.dtype else out.to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, formats={'+'.join(self.formats)}"
