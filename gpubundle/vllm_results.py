@@ -103,16 +103,21 @@ def record(group: str, results: list[dict]) -> None:
         tmp.replace(p)
 
 
+def _fp8(r: dict) -> bool:
+    return r.get("kv_cache_dtype", "auto") != "auto" or bool(r.get("quantization"))
+
+
 def summary(doc: dict) -> dict:
     """The summary keys a results file supports: ``vllm_gpu_runs`` once any plugin model produced
-    tokens on CUDA with graphs, ``vllm_cuda_graph_greedy_parity`` over every run compared with a
-    reference (absent when none was)."""
+    tokens on CUDA with graphs, ``vllm_cuda_graph_greedy_parity`` over every 16-bit run compared with
+    a reference (absent when none was). Runs with an FP8 KV cache or FP8 weights are not parity runs
+    against the bf16 reference (their tests ask for the first token and a log-prob gap instead)."""
     runs = [r for group in doc.values() for r in group]
     graphed = [r for r in runs if on_cuda_with_graphs(r) and r.get("tokens")]
     out: dict = {}
     if graphed:
         out["vllm_gpu_runs"] = True
-        compared = [r for r in graphed if reference_of(r) is not None]
+        compared = [r for r in graphed if reference_of(r) is not None and not _fp8(r)]
         if compared:
             out["vllm_cuda_graph_greedy_parity"] = all(compiled_parity(r) for r in compared)
     return out

@@ -7,7 +7,7 @@
   plugin's entry point declared in ``<work>/vllm/plugin``, and ``import vllm`` with the plugin
   registered, in a subprocess, as vLLM's processes will. Its record keeps the paths.
 - ``vllm-tests``: ``pytest tests/gpu -m vllm`` with that vLLM, its independent groups at once
-  (``-n 6 --dist loadgroup`` where the image has pytest-xdist: six small engines share the GPU,
+  (``-n 7 --dist loadgroup`` where the image has pytest-xdist: seven small engines share the GPU,
   and their start-ups, mostly compilation on the CPU, overlap); each probe run is recorded in
   ``<work>/vllm-results.json`` (``vllm_results``), from which ``collect`` derives the summary keys.
 - ``vllm-8b``: ``python -m benchmarks serve vllm_gpu_8b`` (SwiftKV against stock vLLM at a Llama-3.1-8B shape);
@@ -97,7 +97,7 @@ def _needs(ctx: Context, model: bool) -> dict | None:
     return None
 
 
-PARALLEL = 6                     # tests/gpu/test_vllm_gpu.py's xdist groups on one GPU
+PARALLEL = 7                     # tests/gpu/test_vllm_gpu.py's xdist groups on one GPU (tp: 2 GPUs)
 
 
 def _has_xdist(python: str, env: dict) -> bool:

@@ -15,9 +15,10 @@ also runs the reference engine (and, for ZACK checkpoints, the pure-torch refere
 ``reference.zack_greedy``) and reports parity: the same greedy tokens, and the reference's
 log-probs of vLLM's tokens (``reference_logprobs``, teacher-forced) with the largest gap to vLLM's
 own (``reference_logprob_gap``: near-ties cannot hide a difference or fake one). ``quantization``:
-the checkpoint's method as vLLM read it (``compressed-tensors`` for ``modelkit quantize``'s W8A8);
-``quantized`` (one rank): every quantized layer's error against the checkpoint's dequantized
-weights (``quant_check``). Prints and writes JSON; with ``--out`` the file is
+the checkpoint's method as vLLM read it (``compressed-tensors`` for ``modelkit quantize``'s W8A8), or
+the online one ``--quantization`` asks for (``fp8``: vLLM quantizes a 16-bit checkpoint's linear
+weights to FP8 at load, on GPUs); ``quantized`` (one rank): every quantized layer's error against
+the checkpoint's dequantized (or, online, its own 16-bit) weights (``quant_check``). Prints and writes JSON; with ``--out`` the file is
 rewritten after every model, so a run stopped part-way keeps what it measured.
 
 Parity against a ZACK checkpoint directory, for example:
@@ -39,7 +40,7 @@ DEFAULT_PROMPTS = [[1, 504, 3575, 282, 4649, 314], [1, 9690, 198, 2683, 359, 253
 def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefill_len: int,
                 kv_gb: float, max_model_len: int, eager: bool | None = None, tp: int = 1, pp: int = 1,
                 kv_cache_dtype: str = "auto", dtype: str = "auto", gpu_share: float | None = None,
-                speculative: dict | None = None) -> dict:
+                speculative: dict | None = None, quantization: str | None = None) -> dict:
     from refengine.config import EngineConfig
     from swiftserve_vllm import compat as V
     from swiftserve_vllm.settings import VllmOptions, build_settings
@@ -59,6 +60,8 @@ def probe_model(model_dir: str, prompts: list[list[int]], max_tokens: int, prefi
     # The same KV budget on every platform (on a GPU the worker's default is a share of its memory):
     # capacities compare across models, and no engine takes the card for a small model.
     kwargs.setdefault("kv_cache_memory_bytes", int(kv_gb * 2 ** 30))
+    if quantization:                  # vLLM's online method on a 16-bit checkpoint (``fp8``: FP8 weights on a GPU)
+        kwargs["quantization"] = quantization
     llm = V.LLM(**kwargs)
     try:
         cc = llm.llm_engine.vllm_config.cache_config
@@ -173,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--pipeline-parallel-size", type=int, default=1)
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3"])
+    p.add_argument("--quantization", default=None, choices=["fp8"],
+                   help="vLLM's online quantization of the checkpoint's linear weights (fp8: FP8 weights, GPUs)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="model dtype of vLLM and of the --compare reference engine (auto: the worker's default "
                         "for vLLM, i.e. float32 on CPU; the reference engine then runs float32)")
@@ -207,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         run = dict(prompts=prompts, max_tokens=args.max_tokens, prefill_len=args.prefill_len, kv_gb=args.kv_gb,
                    max_model_len=args.max_model_len, tp=args.tensor_parallel_size, pp=args.pipeline_parallel_size,
                    kv_cache_dtype=args.kv_cache_dtype, dtype=args.dtype, gpu_share=args.gpu_memory_utilization,
-                   speculative=args.speculative_config)
+                   speculative=args.speculative_config, quantization=args.quantization)
         r = probe_model(model_dir, eager=args.eager, **run)
         if args.also_eager:
             e = probe_model(model_dir, eager=True, **run)

@@ -1,5 +1,8 @@
 """Each quantized linear layer of the plugin's model against its checkpoint (run inside vLLM).
 
+(Also for vLLM's online FP8, ``--quantization fp8`` on a bf16 checkpoint: each FP8 layer against
+the checkpoint's own weight; its error is the FP8 rounding of weights and activations.)
+
 A W8A8 checkpoint (``modelkit quantize``: compressed-tensors, int8 weights with a float scale per
 output channel, int8 activations per token at run time) is loaded by vLLM's own quantized linear
 layers; the plugin only says which checkpoint tensors (``X.weight`` and ``X.weight_scale``) go to
@@ -33,17 +36,31 @@ def _checkpoint(model_dir: str) -> dict[str, torch.Tensor]:
     return out
 
 
+def _quantized_online(model, layer: str) -> bool:
+    """The layer's weight was quantized by vLLM at load (``--quantization fp8`` on a 16-bit checkpoint)."""
+    try:
+        w = model.get_submodule(layer).weight
+    except AttributeError:
+        return False
+    return w.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
 def reference_weights(model, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Layer name -> its dequantized weight [out, in] as the checkpoint defines it (shards in order)."""
+    """Layer name -> its dequantized weight [out, in] as the checkpoint defines it (shards in order); for
+    a layer vLLM quantized itself at load, the checkpoint's own 16-bit weight."""
     parts: dict[str, list[tuple[int, torch.Tensor]]] = {}
     for name, w in tensors.items():
-        scale = tensors.get(name + "_scale")
-        if not name.endswith(".weight") or scale is None:
+        if not name.endswith(".weight"):
             continue
         target = parameter_for(model, name)
         if target is None:
             continue
         pname, shard = target
+        scale = tensors.get(name + "_scale")
+        if scale is None:
+            if not _quantized_online(model, pname.removesuffix(".weight")):
+                continue
+            scale = torch.ones(())
         order = 0 if shard is None else _SHARD_ORDER.get(shard, shard)
         parts.setdefault(pname.removesuffix(".weight"), []).append((order, w.float() * scale.float()))
     return {layer: torch.cat([w for _, w in sorted(ps, key=lambda p: p[0])]) for layer, ps in parts.items()}

@@ -6,6 +6,8 @@ Python that has a CUDA build of vLLM (this one, e.g. with the GPU session's vLLM
 ``.venv-vllm``), on one model (or two) with a fixed KV budget, compiled and (``--also-eager``) eager:
 - ``g1`` / ``g2``: the shipped SmolLM2 SwiftKV checkpoints g=1 and g=2 (AcrossKV);
 - ``fp8``: g=1 with vLLM's FP8 KV cache;
+- ``fp8-weights``: g=1 with its linear weights quantized to FP8 by vLLM at load (``--quantization fp8``,
+  what Snowflake's FP8 SwiftKV checkpoints carry), every FP8 layer checked against the checkpoint;
 - ``zack``: ZACK at uniform rank 32 over a 6-query / 2-KV-head cut of SwiftKV g=2;
 - ``zack-lw``: layer-wise ranks 64/32 over that cut: caches of two head sizes, which vLLM puts
   in separate KV-cache groups and the plugin's KV-sharing fix serves;
@@ -150,6 +152,21 @@ def test_fp8_kv_cache_with_cuda_graphs_matches_eager(vllm_python, tmp_path_facto
     assert R.agree(fp8["tokens"], fp8["reference_tokens"], 1, fp8["top2"]), (fp8["tokens"], fp8["reference_tokens"])
     assert 0.9 < fp8["kv_capacity_tokens"] / expected_capacity(fp8["model"], 1) <= 1.01   # 1 byte per element
     assert (fp8["tokens_head"], fp8["tokens_tail"]) == (PREFILL, 1)
+
+
+@pytest.mark.xdist_group("fp8-weights")
+def test_fp8_weights_on_the_swiftkv_model_with_cuda_graphs(vllm_python, tmp_path_factory):
+    (r,) = _probe(vllm_python, tmp_path_factory, "fp8-weights", [G1], "--quantization", "fp8")
+    _graphed_and_on_v1(r)
+    assert r["quantization"] == "fp8" and r["swiftkv"] is True
+    # 15 layers < l x (qkv, o, gate_up, down) + 15 later x (q, o, gate_up, down) + the fused SwiftKV K/V,
+    # each within FP8's rounding of the checkpoint's bf16 layer (a shard or scale in the wrong rows: tens of %)
+    q = r["quantized"]
+    assert q["quantized_layers"] == 121 and q["quantized_max_rel_error"] < 0.1, q
+    assert (r["tokens_head"], r["tokens_tail"]) == (PREFILL, 1)
+    # against the bf16 reference engine: the first token (the prefill), and vLLM's tokens likely to it
+    assert R.agree(r["tokens"], r["reference_tokens"], 1, r["top2"]), (r["tokens"], r["reference_tokens"])
+    assert r["reference_logprob_gap"] < 1.0, (r["tokens"], r["reference_logprobs"], r["top2"])
 
 
 @pytest.mark.xdist_group("zack")

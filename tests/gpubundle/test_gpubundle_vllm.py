@@ -124,6 +124,10 @@ def test_parity_rules_and_the_summary_they_give():
     assert vllm_results.summary({"g": [_run(a, ref=a), _run(a, ref=[[5] * 7] * 2)]})[
         "vllm_cuda_graph_greedy_parity"] is False
     assert vllm_results.summary({"g": [_run(a, ref=a, graphs=0), _run(a, ref=a, device="cpu")]}) == {}
+    fp8 = [{**_run(a, ref=[[5] * 7] * 2), "kv_cache_dtype": "fp8_e4m3"}, {**_run(a, ref=[[5] * 7] * 2),
+                                                                           "quantization": "fp8"}]
+    assert vllm_results.summary({"g": [_run(a, ref=a)], "fp8": fp8})["vllm_cuda_graph_greedy_parity"] is True
+    assert vllm_results.summary({"fp8": fp8}) == {"vllm_gpu_runs": True}      # FP8 runs: not bf16 parity runs
 
 
 def test_summary_keys_come_only_from_a_cuda_session(tmp_path):
