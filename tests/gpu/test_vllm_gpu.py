@@ -14,7 +14,7 @@ Python that has a CUDA build of vLLM (this one, e.g. with the GPU session's vLLM
 - ``heads``: ZACK without SwiftKV at uniform ranks 32 and 40 (head sizes FA3 runs in its 64-wide
   kernel), compiled only, against the torch reference of ZACK's semantics.
 The groups are independent (``xdist_group``): the GPU session runs them at once on one GPU
-(``pytest -n 6 --dist loadgroup``; each engine takes a small share of the memory).
+(``pytest -n 7 --dist loadgroup``; each engine takes a small share of the memory).
 Rules (``gpubundle.vllm_results``): the compiled run captured CUDA graphs, on vLLM's
 V1 runner; its tokens equal the reference engine's (or ZACK's torch reference) and the eager
 run's until they part, if ever, at a near-tie of its own; prompt tokens never reach SwiftKV's
@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.gpu, pytest.mark.vllm, needs_cuda]
 PREFILL = 256
 MAX_TOKENS = 12
 KV_GB = 0.5
-GPU_SHARE = "0.12"           # gpu_memory_utilization per engine: six at once fit one GPU
+GPU_SHARE = "0.12"           # gpu_memory_utilization per engine: seven at once fit one GPU
 G1, G2 = "SmolLM2-135M-Instruct-SwiftKV", "SmolLM2-135M-Instruct-SwiftKV-AcrossKV2"
 
 
