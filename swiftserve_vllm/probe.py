@@ -18,8 +18,9 @@ own (``reference_logprob_gap``: near-ties cannot hide a difference or fake one).
 the checkpoint's method as vLLM read it (``compressed-tensors`` for ``modelkit quantize``'s W8A8), or
 the online one ``--quantization`` asks for (``fp8``: vLLM quantizes a 16-bit checkpoint's linear
 weights to FP8 at load, on GPUs); ``quantized`` (one rank): every quantized layer's error against
-the checkpoint's dequantized (or, online, its own 16-bit) weights (``quant_check``). Prints and writes JSON; with ``--out`` the file is
-rewritten after every model, so a run stopped part-way keeps what it measured.
+the checkpoint's dequantized (or, online, its own 16-bit) weights (``quant_check``). Prints and
+writes JSON; with ``--out`` the file is rewritten after every model, so a run stopped part-way
+keeps what it measured.
 
 Parity against a ZACK checkpoint directory, for example:
   .venv-vllm/bin/python -m swiftserve_vllm.probe --model /path/to/zack-dir --compare \

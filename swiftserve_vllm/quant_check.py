@@ -56,13 +56,16 @@ def reference_weights(model, tensors: dict[str, torch.Tensor]) -> dict[str, torc
         if target is None:
             continue
         pname, shard = target
+        layer = pname.removesuffix(".weight")
         scale = tensors.get(name + "_scale")
-        if scale is None:
-            if not _quantized_online(model, pname.removesuffix(".weight")):
-                continue
-            scale = torch.ones(())
+        if scale is not None:
+            full = w.float() * scale.float()
+        elif _quantized_online(model, layer):
+            full = w.float()
+        else:
+            continue
         order = 0 if shard is None else _SHARD_ORDER.get(shard, shard)
-        parts.setdefault(pname.removesuffix(".weight"), []).append((order, w.float() * scale.float()))
+        parts.setdefault(layer, []).append((order, full))
     return {layer: torch.cat([w for _, w in sorted(ps, key=lambda p: p[0])]) for layer, ps in parts.items()}
 
 

@@ -40,7 +40,8 @@ class QuantPlan:
         """``q`` in the row order its kernel reads fastest: Q4_K rows interleaved in 4s where the VNNI
         kernel runs (one sequential stream for 4 rows at a token; ~1.2x its rate here, results
         unchanged: docs/models.md), else as stored (every other format, and W8A8's ``Int8Weight``)."""
-        if isinstance(q, QTensor) and q.qtype == "Q4_K" and q.shape[0] % 4 == 0 and self.gguf is not None and self.gguf.gguf_has_vnni():
+        if (isinstance(q, QTensor) and q.qtype == "Q4_K" and q.shape[0] % 4 == 0
+                and self.gguf is not None and self.gguf.gguf_has_vnni()):
             return q.interleaved(4)
         return q
 
