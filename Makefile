@@ -90,10 +90,13 @@ run: install $(if $(filter vllm,$(ENGINE)),vllm-env)
 # pytest exit code 5 (no tests collected, e.g. a -k filter) is not a failure. `make test` runs every
 # tier in one session (tests/tier_support.py); `make test-fast` (no model, no
 # processes: the inner loop, a few minutes), `make test-model`, `make test-e2e` run one tier.
+# TEST_WORKERS pytest-xdist workers share the tests out a module at a time (each with one OpenMP
+# thread: tests/conftest.py); 0 runs them in this process.
+TEST_WORKERS ?= 2
 TIER_fast  := not model and not e2e
 TIER_model := model and not e2e
 TIER_e2e   := e2e
-PYTEST = $(BIN)/python -m pytest --durations=30 $(1) $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+PYTEST = $(BIN)/python -m pytest --durations=30 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(1) $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 
 # What the model and e2e tiers need before pytest: the model prepared, the CPU kernels built.
 test-setup: install $(if $(filter 1,$(WITH_VLLM)),vllm-env)

@@ -13,6 +13,14 @@ import tier_support
 # keep float32 unless a test asks; tests/swiftcommon/test_cpu_dtype.py covers the rule itself.
 os.environ.setdefault("SWIFTSERVE_CPU_DTYPE", "float32")
 
+# Under pytest-xdist (``make test``: TEST_WORKERS workers, 2 by default), one OpenMP thread per worker
+# and per process a test starts. Two workers' torch (each 2 threads by default) on 2 cores made
+# model tests up to 15x slower and the whole suite slower than one worker: a preempted thread stalls
+# the others at every parallel region (swiftcommon/priority.py). Set before torch is imported here.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if XDIST_WORKER:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @pytest.fixture(scope="session")
 def smollm2_dir():
@@ -39,10 +47,16 @@ def zack_dir(smollm2_dir, tmp_path_factory):
 # ---- tiers (tests/tier_support.py) ---------------------------------------------------------------
 def pytest_configure(config):
     tier_support.install_guards()
+    if config.getoption("--reliability-out", default=None) and config.getoption("numprocesses", default=None):
+        # each xdist worker would keep and write its own counts over the others'
+        raise pytest.UsageError("--reliability-out counts in one process: run it with -n 0")
 
 
 def pytest_collection_modifyitems(config, items):
     tier_support.classify(items)
+    tier_support.unique_nodeids(items)
+    if XDIST_WORKER:
+        tier_support.longest_first(items)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -45,6 +45,43 @@ def classify(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.model)
 
 
+def unique_nodeids(items: list[pytest.Item]) -> None:
+    """schemathesis gives the tests it makes for each API operation one node id (the operation is only
+    in ``item.name``); pytest-xdist schedules by node id and ran only the first of them (17 of 19 lost,
+    silently). Each such item gets its name, operation included, as its node id's last part."""
+    seen: dict[str, int] = {}
+    for item in items:
+        seen[item.nodeid] = seen.get(item.nodeid, 0) + 1
+    for item in items:
+        if seen[item.nodeid] > 1:
+            new = item.nodeid.rsplit("::", 1)[0] + "::" + item.name
+            try:
+                from _pytest.nodeid import coerce_node_id      # pytest >= 9 keeps the id as an object
+                item._id = coerce_node_id(new)
+            except ImportError:
+                item._nodeid = new
+    ids = [item.nodeid for item in items]
+    left = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) < len(ids) else []
+    if left:           # a test xdist would not run: fail the collection, never lose it silently
+        raise pytest.UsageError(f"tests with the same node id: {left[:5]}")
+
+
+def longest_first(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test`` runs ``--dist loadfile``: a module is one unit of work, its
+    servers started once): order the modules so that those that start processes, the slow ones first,
+    go out before the in-process ones. xdist hands units out in collection order as workers free up
+    (``--no-loadscope-reorder``; its default orders them by test count),
+    and a long module handed out last would leave the other worker idle while it runs. Tests keep
+    their order inside a module."""
+    rank = {}
+    for item in items:
+        tier = tier_of(item)
+        r = 0 if tier == "e2e" and item.get_closest_marker("slow") else TIERS[::-1].index(tier) + 1
+        rank[item.module] = min(rank.get(item.module, r), r)
+    first = {m: i for i, m in enumerate(dict.fromkeys(item.module for item in items))}
+    items.sort(key=lambda item: (rank[item.module], first[item.module]))
+
+
 def enter(item: pytest.Item) -> None:
     global _current
     _current = tier_of(item)
