@@ -96,7 +96,7 @@ TEST_WORKERS ?= 2
 TIER_fast  := not model and not e2e
 TIER_model := model and not e2e
 TIER_e2e   := e2e
-PYTEST = $(BIN)/python -m pytest --durations=30 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(1) $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+PYTEST = $(BIN)/python -m pytest --durations=30 -n $(TEST_WORKERS) --dist loadfile $(1) $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 
 # What the model and e2e tiers need before pytest: the model prepared, the CPU kernels built.
 test-setup: install $(if $(filter 1,$(WITH_VLLM)),vllm-env)

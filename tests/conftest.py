@@ -55,8 +55,6 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     tier_support.classify(items)
     tier_support.unique_nodeids(items)
-    if XDIST_WORKER:
-        tier_support.longest_first(items)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -66,22 +66,6 @@ def unique_nodeids(items: list[pytest.Item]) -> None:
         raise pytest.UsageError(f"tests with the same node id: {left[:5]}")
 
 
-def longest_first(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``make test`` runs ``--dist loadfile``: a module is one unit of work, its
-    servers started once): order the modules so that those that start processes, the slow ones first,
-    go out before the in-process ones. xdist hands units out in collection order as workers free up
-    (``--no-loadscope-reorder``; its default orders them by test count),
-    and a long module handed out last would leave the other worker idle while it runs. Tests keep
-    their order inside a module."""
-    rank = {}
-    for item in items:
-        tier = tier_of(item)
-        r = 0 if tier == "e2e" and item.get_closest_marker("slow") else TIERS[::-1].index(tier) + 1
-        rank[item.module] = min(rank.get(item.module, r), r)
-    first = {m: i for i, m in enumerate(dict.fromkeys(item.module for item in items))}
-    items.sort(key=lambda item: (rank[item.module], first[item.module]))
-
-
 def enter(item: pytest.Item) -> None:
     global _current
     _current = tier_of(item)
