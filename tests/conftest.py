@@ -17,8 +17,7 @@ os.environ.setdefault("SWIFTSERVE_CPU_DTYPE", "float32")
 # and per process a test starts. Two workers' torch (each 2 threads by default) on 2 cores made
 # model tests up to 15x slower and the whole suite slower than one worker: a preempted thread stalls
 # the others at every parallel region (swiftcommon/priority.py). Set before torch is imported here.
-XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
-if XDIST_WORKER:
+if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 

@@ -12,6 +12,8 @@ declarations true: a test outside the e2e tier that starts a process (``subproce
 which ``asyncio``'s subprocesses use too, or ``multiprocessing``; the worker's own constraint
 compiler children and libraries' machine probes excepted) fails naming the marker to add, and so does a test
 outside the model and e2e tiers that prepares the model. ``make test`` runs every tier.
+Collection also makes every node id unique (``unique_nodeids``): pytest-xdist, which ``make test``
+runs, would run only the first of a repeated one.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import multiprocessing.process
 import subprocess
 import traceback
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -49,19 +52,16 @@ def unique_nodeids(items: list[pytest.Item]) -> None:
     """schemathesis gives the tests it makes for each API operation one node id (the operation is only
     in ``item.name``); pytest-xdist schedules by node id and ran only the first of them (17 of 19 lost,
     silently). Each such item gets its name, operation included, as its node id's last part."""
-    seen: dict[str, int] = {}
+    repeated = {i for i, n in Counter(item.nodeid for item in items).items() if n > 1}
     for item in items:
-        seen[item.nodeid] = seen.get(item.nodeid, 0) + 1
-    for item in items:
-        if seen[item.nodeid] > 1:
+        if item.nodeid in repeated:
             new = item.nodeid.rsplit("::", 1)[0] + "::" + item.name
             try:
                 from _pytest.nodeid import coerce_node_id      # pytest >= 9 keeps the id as an object
                 item._id = coerce_node_id(new)
             except ImportError:
                 item._nodeid = new
-    ids = [item.nodeid for item in items]
-    left = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) < len(ids) else []
+    left = sorted(i for i, n in Counter(item.nodeid for item in items).items() if n > 1)
     if left:           # a test xdist would not run: fail the collection, never lose it silently
         raise pytest.UsageError(f"tests with the same node id: {left[:5]}")
 
