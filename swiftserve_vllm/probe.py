@@ -9,7 +9,9 @@ read from the model through ``LLM.apply_model``; with SwiftKV's fast prefill onl
 token reaches the later layers), vLLM's compilation and CUDA-graph mode, the model runner it
 picked and the CUDA graphs its workers captured (``compat.compilation_counters``).
 ``--also-eager`` loads each model a second time with ``enforce_eager`` (no compilation, no
-graphs) and records its tokens (``eager_tokens``). ``--in-process`` runs vLLM's engine core (and,
+graphs) and records its tokens (``eager_tokens``); ``--eager-model`` probes a model with
+``enforce_eager`` only, after the ``--model`` ones (one process for a compiled model and eager
+ones). ``--in-process`` runs vLLM's engine core (and,
 with one rank, the model) in this process. With ``--compare`` it
 also runs the reference engine (and, for ZACK checkpoints, the pure-torch reference of
 ``reference.zack_greedy``) and reports parity: the same greedy tokens, and the reference's
@@ -166,7 +168,10 @@ def logprob_gap(top2: list[list[list]], ref: list[list[float]]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m swiftserve_vllm.probe", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", action="append", required=True, help="model directory or shipped name (repeatable)")
+    p.add_argument("--model", action="append", default=[], help="model directory or shipped name (repeatable)")
+    p.add_argument("--eager-model", action="append", default=[],
+                   help="a model probed with enforce_eager whatever --enforce-eager says, after the --model ones "
+                        "(repeatable): one probe process for a compiled model and eager ones")
     p.add_argument("--prompt", action="append", type=json.loads, help="prompt token ids as a JSON list (repeatable)")
     p.add_argument("--max-tokens", type=int, default=12)
     p.add_argument("--prefill-len", type=int, default=256)
@@ -201,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="reference engine's KV methods as JSON (its --kv-methods), e.g. for its ZACK")
     p.add_argument("--out", default=None, help="write the JSON here too")
     args = p.parse_args(argv)
+    if not args.model and not args.eager_model:
+        p.error("give at least one --model or --eager-model")
     if args.in_process:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"     # vLLM reads it when each LLM is built
     from modelkit.models import resolve_model
@@ -208,13 +215,13 @@ def main(argv: list[str] | None = None) -> int:
 
     prompts = args.prompt or DEFAULT_PROMPTS
     results = []
-    for name in args.model:
+    for name, eager in [(m, args.eager) for m in args.model] + [(m, True) for m in args.eager_model]:
         model_dir = str(resolve_model(name))
         run = dict(prompts=prompts, max_tokens=args.max_tokens, prefill_len=args.prefill_len, kv_gb=args.kv_gb,
                    max_model_len=args.max_model_len, tp=args.tensor_parallel_size, pp=args.pipeline_parallel_size,
                    kv_cache_dtype=args.kv_cache_dtype, dtype=args.dtype, gpu_share=args.gpu_memory_utilization,
                    speculative=args.speculative_config, quantization=args.quantization)
-        r = probe_model(model_dir, eager=args.eager, **run)
+        r = probe_model(model_dir, eager=eager, **run)
         if args.also_eager:
             e = probe_model(model_dir, eager=True, **run)
             r.update(eager_tokens=e["tokens"], eager_tokens_head=e["tokens_head"], eager_tokens_tail=e["tokens_tail"])

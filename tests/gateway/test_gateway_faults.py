@@ -309,7 +309,7 @@ def test_kv_pool_exhausted_preempts_and_loses_nothing(procs, reliability_log, sm
     port = free_port()
     worker = start(procs, Proc([sys.executable, "-m", "worker", "--model", str(smollm2_dir), "--port", str(port),
                                 "--served-model-name", "m", "--max-model-len", "64", "--block-size", "16",
-                                "--num-kv-blocks", "5", "--torch-threads", "2", "--log-level", "warning"],
+                                "--num-kv-blocks", "5", "--torch-threads", "1", "--log-level", "warning"],
                                f"http://127.0.0.1:{port}")).wait_ready(180)
     gw = start(procs, gateway([worker.url]))
     body = {**STREAM, "prompt": "Write a long story about a dragon.", "max_tokens": 40, "ignore_eos": True,

