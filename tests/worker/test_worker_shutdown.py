@@ -67,9 +67,9 @@ def test_sigterm_past_the_deadline_aborts_cleanly(smollm2_dir, tmp_path):
                              "--drain-timeout", "1"], stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_healthy(url, proc, 180, log)
-        results, started = [], threading.Event()
+        results, started = [], [threading.Event() for _ in range(2)]
 
-        def stream():
+        def stream(started: threading.Event):
             body = {"model": "m", "prompt": "Tell me a story.", "max_tokens": 400, "ignore_eos": True, "stream": True}
             with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
                 text = ""
@@ -78,10 +78,11 @@ def test_sigterm_past_the_deadline_aborts_cleanly(smollm2_dir, tmp_path):
                     started.set()
                 results.append(text)
 
-        clients = [threading.Thread(target=stream) for _ in range(2)]
+        clients = [threading.Thread(target=stream, args=(e,)) for e in started]
         for c in clients:
             c.start()
-        assert started.wait(60)
+        # Both streams in flight before SIGTERM: a request that arrives after it gets a 503 instead.
+        assert all(e.wait(60) for e in started)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         for c in clients:
