@@ -3,7 +3,7 @@
     PYTHONPATH=$PWD python -m studies.hostile_overlap [--passes 2] [--rounds 3]
 
 Starts the stack of ``benchmarks/serve/hostile.py`` (``swiftserve up --workers 1``, every limit at
-its default) and runs its part 2 ``--passes`` times: 10 normal chats alone, then normal chats in a
+its default) and runs its part 2 (``latency_timeline``) ``--passes`` times: 10 normal chats alone, then normal chats in a
 loop while the regressions of ``benchmarks.lib.fuzz.regressions`` are sent one after another
 ``--rounds`` times. Prints the alone median and max, and for each normal request that overlapped a
 regression its latency and the (body bytes, ms, status) of every regression it overlapped: a
@@ -15,49 +15,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
-
-from benchmarks.lib.fuzz import regressions
 from benchmarks.lib.procs import free_port
-from benchmarks.serve.hostile import NORMAL, Stack, tame
+from benchmarks.serve.hostile import Stack, latency_timeline
 
 
 async def one_pass(stack: Stack, rounds: int) -> None:
-    body = {"model": stack.model, **NORMAL}
-    bodies = [(path, tame(json.dumps(case).encode(), stack.model, path)) for path, case in regressions()]
-    async with httpx.AsyncClient(timeout=120) as client:
-        async def normal() -> tuple[float, float]:
-            t = time.monotonic()
-            await client.post(stack.gw + "/v1/chat/completions", json=body)
-            return t, time.monotonic()
-
-        alone = [await normal() for _ in range(10)]
-        hostile: list[tuple[float, float, int, int]] = []
-        beside: list[tuple[float, float]] = []
-        stop = asyncio.Event()
-
-        async def normals() -> None:
-            while not stop.is_set():
-                beside.append(await normal())
-
-        async def hostiles() -> None:
-            for _ in range(rounds):
-                for path, raw in bodies:
-                    t = time.monotonic()
-                    r = await client.post(stack.gw + path, content=raw, headers={"content-type": "application/json"})
-                    hostile.append((t, time.monotonic(), r.status_code, len(raw)))
-            stop.set()
-
-        await asyncio.gather(normals(), hostiles())
-    ms = [1e3 * (e - s) for s, e in alone]
+    alone, beside, hostile = await latency_timeline(stack, 10, rounds, 120.0)
+    ms = [1e3 * (e - s) for s, e, _ in alone]
     print(f"alone: median {statistics.median(ms):.1f} ms, max {max(ms):.1f} ms")
-    for s, e in beside:
+    for s, e, _ in beside:
         over = [(n, round(1e3 * (he - hs)), st) for hs, he, st, n in hostile if s < he and e > hs]
         if over:
             print(f"normal {1e3 * (e - s):7.1f} ms beside {over}")

@@ -220,7 +220,9 @@ class EngineWatch:
 
 
 # ---- part 2: latency of a normal request beside hostile ones ------------------------------------
-async def normal_latency(stack: Stack, alone: int, rounds: int, timeout: float) -> dict:
+async def latency_timeline(stack: Stack, alone: int, rounds: int, timeout: float) -> tuple[list, list, list]:
+    """(alone, beside, hostile): (start, end, status) of the normal requests measured alone and of
+    those sent while the regressions ran; (start, end, status, body bytes) of each regression."""
     from benchmarks.lib.fuzz import regressions
 
     body = {"model": stack.model, **NORMAL}
@@ -234,7 +236,7 @@ async def normal_latency(stack: Stack, alone: int, rounds: int, timeout: float) 
             return t, time.monotonic(), r.status_code
 
         solo = [await normal() for _ in range(alone)]
-        hostile: list[tuple[float, float, int]] = []
+        hostile: list[tuple[float, float, int, int]] = []
         beside: list[tuple[float, float, int]] = []
         stop = asyncio.Event()
 
@@ -247,18 +249,23 @@ async def normal_latency(stack: Stack, alone: int, rounds: int, timeout: float) 
                 for path, raw in bodies:
                     t = time.monotonic()
                     r = await client.post(stack.gw + path, content=raw, headers={"content-type": "application/json"})
-                    hostile.append((t, time.monotonic(), r.status_code))
+                    hostile.append((t, time.monotonic(), r.status_code, len(raw)))
             stop.set()
 
         await asyncio.gather(normals(), hostiles())
+    return solo, beside, hostile
+
+
+async def normal_latency(stack: Stack, alone: int, rounds: int, timeout: float) -> dict:
+    solo, beside, hostile = await latency_timeline(stack, alone, rounds, timeout)
     ms = [1e3 * (e - s) for s, e, _ in solo]
-    overlapping = [1e3 * (e - s) for s, e, _ in beside if any(s < he and e > hs for hs, he, _ in hostile)]
+    overlapping = [1e3 * (e - s) for s, e, _ in beside if any(s < he and e > hs for hs, he, *_ in hostile)]
     return {"alone_median_ms": round(statistics.median(ms), 1), "alone_max_ms": round(max(ms), 1),
             "beside_hostile": len(overlapping), "beside_median_ms": round(statistics.median(overlapping), 1),
             "beside_max_ms": round(max(overlapping), 1),
             "normal_statuses": sorted({c for *_, c in solo + beside}),
-            "hostile_requests": len(hostile), "hostile_statuses": sorted({c for *_, c in hostile}),
-            "hostile_max_ms": round(max(1e3 * (e - s) for s, e, _ in hostile), 1)}
+            "hostile_requests": len(hostile), "hostile_statuses": sorted({c for _, _, c, _ in hostile}),
+            "hostile_max_ms": round(max(1e3 * (e - s) for s, e, *_ in hostile), 1)}
 
 
 # ---- part 3: a dead engine --------------------------------------------------------------------------
