@@ -43,6 +43,7 @@ import re
 from contextlib import contextmanager
 from pathlib import Path
 
+from refengine import omp_wait
 from swiftcommon import envs
 
 log = logging.getLogger(__name__)
@@ -85,20 +86,23 @@ def with_hugepage_tunable(tunables: str | None) -> str:
 
 @contextmanager
 def spawn_environment(huge_pages: bool):
-    """While it is open, ``GLIBC_TUNABLES`` asks for huge pages (when ``huge_pages``): a process
-    spawned inside inherits it. Restored on exit, so this process's later children do not."""
-    if not huge_pages:
-        yield
-        return
-    before = envs.glibc_tunables()
-    os.environ["GLIBC_TUNABLES"] = with_hugepage_tunable(before)
+    """While it is open, the environment asks for what the engine process needs from the libraries it
+    loads: huge pages from glibc (``GLIBC_TUNABLES``, when ``huge_pages``) and a short OpenMP spin
+    (``refengine.omp_wait``); a process spawned inside inherits it. Restored on exit, so this process's
+    later children do not."""
+    overrides = omp_wait.spawn_overrides()
+    if huge_pages:
+        overrides["GLIBC_TUNABLES"] = with_hugepage_tunable(envs.glibc_tunables())
+    before = {k: os.environ.get(k) for k in overrides}
+    os.environ.update(overrides)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("GLIBC_TUNABLES", None)
-        else:
-            os.environ["GLIBC_TUNABLES"] = before
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def anon_huge_mib(smaps_rollup: Path = Path("/proc/self/smaps_rollup")) -> float | None:

@@ -78,6 +78,17 @@ def glibc_tunables() -> str | None:
     return _get("GLIBC_TUNABLES")
 
 
+def gomp_spincount() -> str | None:
+    """The user's own GOMP_SPINCOUNT (libgomp's spin before a waiting thread sleeps), kept for the
+    engine process instead of refengine/omp_wait.py's."""
+    return _get("GOMP_SPINCOUNT")
+
+
+def omp_wait_policy() -> str | None:
+    """The user's own OMP_WAIT_POLICY (ACTIVE / PASSIVE): refengine/omp_wait.py then sets no spin count."""
+    return _get("OMP_WAIT_POLICY")
+
+
 def cpu_dtype() -> str | None:
     """The dtype the worker's ``--dtype auto`` picks on CPU (SWIFTSERVE_CPU_DTYPE: float32 | bfloat16);
     None = the measured rule of swiftcommon.cpu_dtype (bfloat16 where the CPU has native bf16)."""
@@ -97,6 +108,7 @@ LIMIT_VARIABLES = (
     "SWIFTSERVE_MAX_TOOLS",              # worker: tools per request
     "SWIFTSERVE_MAX_CONSTRAINT_BYTES",   # worker: one constraint (schema, regex, grammar, choices, tools' schemas)
     "SWIFTSERVE_CONSTRAINT_TIMEOUT",     # worker: seconds to compile a constraint at the edge
+    "SWIFTSERVE_SCREEN_BODY_BYTES",      # worker: bodies this large are checked in a child process first (0: never)
     "SWIFTSERVE_ENGINE_STEP_TIMEOUT",    # worker: seconds without engine progress = a hung engine
     "SWIFTSERVE_MAX_HEADER_BYTES",       # gateway: request line + headers
     "SWIFTSERVE_MAX_HEADERS",            # gateway: header lines per request

@@ -32,3 +32,15 @@ def background_priority() -> None:
             os.setpriority(os.PRIO_PROCESS, tid, BACKGROUND_NICE)
     except (AttributeError, OSError):
         pass
+
+
+def lower_priority_of(pid: int) -> None:
+    """Lower the main thread of child process ``pid`` to ``BACKGROUND_NICE`` from its parent, right after
+    starting it, so that its start (imports, tokenizer) already runs at background priority (no-op where
+    unsupported)."""
+    try:
+        if os.getpriority(os.PRIO_PROCESS, pid) < BACKGROUND_NICE:
+            os.setpriority(os.PRIO_PROCESS, pid, BACKGROUND_NICE)
+    except (AttributeError, OSError):
+        pass
+

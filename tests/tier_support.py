@@ -10,7 +10,7 @@ in a module that starts processes); ``model`` is derived from the fixtures a tes
 (``MODEL_FIXTURES``, directly or through other fixtures) or declared. Two guards keep the
 declarations true: a test outside the e2e tier that starts a process (``subprocess.Popen``,
 which ``asyncio``'s subprocesses use too, or ``multiprocessing``; the worker's own constraint
-compiler children and libraries' machine probes excepted) fails naming the marker to add, and so does a test
+compiler and body-screen children and libraries' machine probes excepted) fails naming the marker to add, and so does a test
 outside the model and e2e tiers that prepares the model. ``make test`` runs every tier.
 Collection also makes every node id unique (``unique_nodeids``): pytest-xdist, which ``make test``
 runs, would run only the first of a repeated one.
@@ -101,11 +101,12 @@ _popen_init = subprocess.Popen.__init__
 
 
 # Processes every tier may start: the worker's constraint compiler children (``python -m
-# worker.constraints``: part of the worker app under test, no model, about a second to start), and
+# worker.constraints``: part of the worker app under test, no model, about a second to start) and its
+# large-body screen (``python -m worker.body_screen``: no model, half a second), and
 # libraries' own probes of the machine (the openai SDK's ``uname -p``; torch's ``c++ -dumpversion`` and
 # ``ninja -v``, which finds the kernel build that ``make test`` made up to date, before loading it;
 # matplotlib's ``fc-list``, which it runs once to build its font cache on a machine that has none).
-PART_OF_THE_APP = (("-m", "worker.constraints"),)
+PART_OF_THE_APP = (("-m", "worker.constraints"), ("-m", "worker.body_screen"))
 LIBRARY_PROBES = frozenset({"uname", "ninja", "ldconfig", "which", "lscpu", "fc-list"})
 VERSION_FLAGS = frozenset({"--version", "-dumpversion", "-dumpfullversion"})
 

@@ -9,9 +9,10 @@ not compile. ``check(items, timeout)`` answers for all of a request's constraint
 within ``timeout`` seconds (``--constraint-timeout``); the first that fails raises
 ``ConstraintError`` naming its field and the reason, with no library internals.
 
-Where: child processes (``python -m worker.constraints``), at most ``PROCESSES``, each
-compiling one constraint at a time, at a lower CPU priority (``swiftcommon.priority``); the event
-loop only writes a line and awaits the answer.
+Where: child processes (``python -m worker.constraints``, each a ``worker.child_process.LineChild``),
+at most ``PROCESSES``, each compiling one constraint at a time, at a lower CPU priority
+(``swiftcommon.priority``); the event loop only writes a line and awaits the answer. The first
+child starts with the worker (``warm``), so that the first constraint does not pay its start.
 A compile that runs past the time left is stopped by killing its child, which is started
 again in the background (a child that crashes is replaced the same way). A child needs
 neither torch nor the model: llguidance and the tokenizer (handed over as its
@@ -37,11 +38,11 @@ import time
 from refengine.structured.grammar import GrammarError, check, compile_check, tidy
 from refengine.structured.spec import StructuredSpec
 from swiftcommon.priority import background_priority
+from worker.child_process import ChildFailed, LineChild
 
 log = logging.getLogger(__name__)
 
 PROCESSES = 2               # children compiling at once (the second starts only when two checks overlap)
-START_TIMEOUT_S = 120.0     # a child's start (imports, tokenizer), not counted in a request's time limit
 CACHE_ENTRIES = 512
 CACHE_BYTES = 16 << 20
 
@@ -54,60 +55,18 @@ class ConstraintError(Exception):
         self.param, self.reason = param, reason
 
 
-class _Child:
-    """One compile process; ``ask`` sends one spec and waits at most ``timeout`` s for its answer."""
+class _Child(LineChild):
+    """One compile process; ``check`` sends one spec and waits at most ``timeout`` s for its answer."""
 
-    def __init__(self, argv: list[str]) -> None:
-        self.argv = argv
-        self.proc: asyncio.subprocess.Process | None = None
-        self.starting: asyncio.Task | None = None
-
-    async def ready(self) -> None:
-        """Start the child unless it runs (or is starting); raises if it cannot start."""
-        if self.starting is None or self.starting.done() and (self.proc is None or self.proc.returncode is not None):
-            self.starting = asyncio.ensure_future(self._start())
-        await asyncio.shield(self.starting)
-
-    async def _start(self) -> None:
-        proc = await asyncio.create_subprocess_exec(*self.argv, stdin=asyncio.subprocess.PIPE,
-                                                    stdout=asyncio.subprocess.PIPE, limit=1 << 20)
-        try:
-            line = await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            line = b"(no answer)"
-        if line.strip() != b'"ready"':
-            proc.kill()
-            raise RuntimeError(f"the constraint compiler did not start: {line[:200]!r}")
-        self.proc = proc
-
-    async def ask(self, spec: StructuredSpec, timeout: float) -> str | None:
+    async def check(self, spec: StructuredSpec, timeout: float) -> str | None:
         """None when ``spec`` compiles; else the reason. A child past ``timeout`` is killed and restarted."""
         msg = json.dumps({"kind": spec.kind, "text": spec.text, "ws": spec.whitespace_pattern}) + "\n"
-        self.proc.stdin.write(msg.encode())
         try:
-            await self.proc.stdin.drain()
-            line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
-        except asyncio.TimeoutError:
-            self.restart()
-            return "it did not compile within the time limit (--constraint-timeout)"
-        except (ConnectionError, OSError):
-            line = b""
-        if not line:
-            self.restart()
-            return "the grammar compiler failed on it"
+            line = await self.ask(msg.encode(), timeout)
+        except ChildFailed as exc:
+            return "it did not compile within the time limit (--constraint-timeout)" if exc.timed_out \
+                else "the grammar compiler failed on it"
         return json.loads(line)["error"]
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.kill()
-        if self.proc is not None and getattr(self.proc, "_transport", None) is not None:
-            self.proc._transport.close()            # its pipes now, not when the loop may be gone
-        self.proc = None
-
-    def restart(self) -> None:
-        self.kill()
-        self.starting = asyncio.ensure_future(self._start())      # in the background: ready for the next check
-        self.starting.add_done_callback(lambda t: t.cancelled() or t.exception())   # logged by ready() if needed
 
 
 class ConstraintChecker:
@@ -128,12 +87,16 @@ class ConstraintChecker:
             with os.fdopen(fd, "w") as f:
                 f.write(backend.to_str())
             argv += [self._file, str(vocab_size), ",".join(map(str, eos_token_ids))]
-        self._children = [_Child(argv) for _ in range(PROCESSES)]
+        self._children = [_Child(argv, "constraint compiler") for _ in range(PROCESSES)]
         self._idle = list(self._children)
         self._free = asyncio.Semaphore(PROCESSES)
         self._cache: collections.OrderedDict[StructuredSpec, str | None] = collections.OrderedDict()
         self._cache_bytes = 0
         self.compiled = 0
+
+    def warm(self) -> None:
+        """Start the first child now, in the background (on the event loop)."""
+        self._children[0].start_soon()
 
     async def check(self, items: list[tuple[str, StructuredSpec]], timeout: float) -> None:
         """Raise ``ConstraintError`` for the first of ``items`` ((field, spec), in order) that cannot be
@@ -164,7 +127,7 @@ class ConstraintChecker:
                 return f"the request's constraints did not compile within the time limit of {timeout:g} s " \
                        "(--constraint-timeout)"
             t0 = time.monotonic()
-            reason = await child.ask(spec, budget[0])
+            reason = await child.check(spec, budget[0])
             budget[0] -= time.monotonic() - t0
         finally:
             self._idle.append(child)

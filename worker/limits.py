@@ -7,7 +7,7 @@ without one (chunked) is counted as it arrives and refused as soon as it passes 
 (the ``HTTPException`` raised from ``receive`` reaches the app's handler).
 
 ``RequestLimits`` (``WorkerConfig.limits``, from ``--max-prompt-bytes``, ``--max-stop-strings``,
-``--max-tools``, ``--max-constraint-bytes``, ``--constraint-timeout``; each flag's default
+``--max-tools``, ``--max-constraint-bytes``, ``--constraint-timeout``, ``--screen-body-bytes``; each flag's default
 comes from ``SWIFTSERVE_<FLAG>``): what the edge refuses with a 400 naming the field before
 tokenising or compiling anything. ``add_limit_flags`` / ``limits_from_args`` are the flags.
 """
@@ -30,6 +30,7 @@ class RequestLimits:
     max_tools: int = 128                        # tools per request (OpenAI's limit)
     max_constraint_bytes: int = 128 * 1024      # one constraint's text; tool_choice "required": all tools' schemas
     constraint_timeout: float = 2.0             # seconds to compile a constraint (and its first mask) at the edge
+    screen_body_bytes: int = 512 * 1024         # bodies this large are first checked off the loop; 0: never
 
 
 _FLAGS = (  # flag, field, help
@@ -45,7 +46,13 @@ _FLAGS = (  # flag, field, help
     ("--constraint-timeout", "constraint_timeout",
      "seconds a constraint may take to compile against the tokenizer (in a child process, with its first token "
      "mask); longer: 400"),
+    ("--screen-body-bytes", "screen_body_bytes",
+     "a generation request body of at least this many bytes is parsed, counted and validated first in a child "
+     "process, so that a refused one never holds the event loop (worker.body_screen); 0: never"),
 )
+
+
+_ZERO_OK = ("max_prompt_bytes", "screen_body_bytes")
 
 
 def check_count(n: int, limit: int, what: str, flag: str, param: str) -> None:
@@ -69,9 +76,9 @@ def add_limit_flags(parser: argparse.ArgumentParser) -> None:
 
 def limits_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> RequestLimits:
     values = {field: getattr(args, field) for _, field, _ in _FLAGS}
-    bad = [flag for flag, field, _ in _FLAGS if values[field] < 0 or (field != "max_prompt_bytes" and not values[field])]
+    bad = [flag for flag, field, _ in _FLAGS if values[field] < 0 or (field not in _ZERO_OK and not values[field])]
     if bad and parser is not None:
-        parser.error(f"{bad[0]} must be > 0 (--max-prompt-bytes: >= 0)")
+        parser.error(f"{bad[0]} must be > 0 (--max-prompt-bytes, --screen-body-bytes: >= 0)")
     return RequestLimits(**values)
 
 

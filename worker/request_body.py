@@ -12,6 +12,10 @@ every stop string, plus the text check of ``worker.api.base_request``) on the ev
 handler runs; for a 500,000-stop or 40,000-tool body that took 60-160 ms per request here
 (``benchmarks/serve/hostile.py``; docs/reliability.md). What is not a list of the field's kind
 is left to validation, which names the error as before.
+
+A body of at least ``--screen-body-bytes`` is first offered to ``ServingState.screen``
+(``worker.body_screen``): parsed, counted and validated in a child process, and refused from
+there with the route's own answer, so that a hostile body never holds the event loop.
 """
 
 from __future__ import annotations
@@ -28,6 +32,11 @@ from worker.limits import RequestLimits, check_count
 # (field, limit's attribute, what, flag): the lists counted before validation
 COUNTED = (("stop", "max_stop_strings", "stop strings", "--max-stop-strings"),
            ("tools", "max_tools", "tools", "--max-tools"))
+
+
+def model_ref(cls: type) -> str:
+    """``module:qualname`` of a request model: how a screen child names the model to validate with."""
+    return f"{cls.__module__}:{cls.__qualname__}"
 
 
 def check_counts(body: Any, limits: RequestLimits) -> None:
@@ -52,6 +61,9 @@ def _json_content(request: Request) -> bool:
 class CountedRoute(APIRoute):
     def get_route_handler(self) -> Callable:
         handler = super().get_route_handler()
+        fields = self.dependant.body_params
+        # The request model a screen child validates the body with (one body parameter, not embedded).
+        ref = model_ref(fields[0].field_info.annotation) if len(fields) == 1 else None
 
         async def counted(request: Request):
             if _json_content(request):
@@ -59,6 +71,11 @@ class CountedRoute(APIRoute):
                     raw = await request.body()
                 except ClientDisconnect:            # FastAPI's own answer, as without this route class
                     return await handler(request)
+                screen = request.app.state.serving.screen
+                if raw and ref is not None and screen.applies(len(raw)):
+                    refused = await screen.refusal(ref, raw)
+                    if refused is not None:
+                        raise refused
                 if raw:
                     try:
                         body = parse_json(raw, big_ints="exact")

@@ -7,7 +7,8 @@ stay off the event loop). Prompts of more than ``BIG_PROMPT_BYTES`` go to a seco
 one-thread executor with a copy of the tokenizer (``run_tokenizer``), so a long prompt
 never holds up the short ones queued behind it. Before that, ``check_prompt_bytes``
 refuses a prompt that cannot fit the context by its byte length alone (``worker.limits``),
-and ``check_constraints`` compiles the request's constraints in ``worker.constraints``.
+and ``check_constraints`` compiles the request's constraints in ``worker.constraints``. ``screen``
+checks a large body in a child process before the event loop parses it (``worker.body_screen``).
 
 The engine side of a request, its choices, is ``worker.choices``; the HTTP side (admission,
 streaming or not, disconnects) is ``worker.api.driver``.
@@ -22,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from swiftcommon.priority import background_priority
+from worker.body_screen import BodyScreen
 from worker.config import WorkerConfig
 from worker.constraints import ConstraintChecker, ConstraintError
 from worker.engine_client import EngineClient
@@ -53,6 +55,7 @@ class ServingState:
         # Bytes of the longest token (an upper bound: its text as UTF-8), for the context check by bytes.
         self.max_token_bytes = max((len(t.encode("utf-8", "replace")) for t in tokenizer.get_vocab()), default=1)
         self.constraints: ConstraintChecker | None = None                # started on first use
+        self.screen = BodyScreen(config)     # large bodies' first checks; its child starts on first use
 
     @property
     def vocab_size(self) -> int:
@@ -165,3 +168,4 @@ class ServingState:
             self._big[0].shutdown(wait=False, cancel_futures=True)
         if self.constraints is not None:
             self.constraints.close()
+        self.screen.close()
