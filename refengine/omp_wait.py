@@ -31,7 +31,8 @@ nice 0 / at nice 10; alone figures move +-6 ms from run to run):
 
 Below ~1,000 a waiting thread sleeps before a fast partner finishes and pays a futex wake at every
 region (1.5x slower alone); 2,000 costs nothing measurable alone (an earlier run of the same
-procedure: 79.4 ms alone, 80.4 unset) and keeps the engine within 3x of alone beside a busy core. Iterations, not time: a much faster or slower core moves the knee.
+procedure: 79.4 ms alone, 80.4 unset) and keeps the engine within 3x of alone beside a busy core.
+Iterations, not time: a much faster or slower core moves the knee.
 """
 
 from __future__ import annotations

@@ -43,4 +43,3 @@ def lower_priority_of(pid: int) -> None:
             os.setpriority(os.PRIO_PROCESS, pid, BACKGROUND_NICE)
     except (AttributeError, OSError):
         pass
-

@@ -10,17 +10,18 @@ limits, in the order the route runs them:
 
 1. the JSON parse (``swiftcommon.json_body.parse_json``; bad JSON and a body that is not an object
    are left to the route, which answers them as before);
-2. the counted lists (``worker.request_body.check_counts``: ``stop``, ``tools``);
+2. the counted lists (``stop``, ``tools``); 1 and 2 are the route's own step
+   (``worker.request_body.parse_counted``);
 3. the route's request model, validated as FastAPI validates it (``from_attributes``, locations
    under ``body``), its errors written as the worker writes them
    (``worker.errors.validation_error_to_api_error``);
 4. the first checks of the route's handler, those that read nothing but the request and the
-   worker's configuration (``FIRST_CHECKS``: the model name, then the API's own checks, which
+   worker's configuration (``_first_checks``: the model name, then the API's own checks, which
    build the output constraint and refuse an oversized one).
 
-``BodyScreen.refusal(ref, raw)`` (``ref``: the route's request model, ``worker.request_body.model_ref``) returns the ``APIError`` the route would have answered,
-or None: the body passed (it is then parsed and checked again on the loop, as every body is),
-the child is not running yet (it starts with the worker, in the background), or it did not answer
+``BodyScreen.refusal(ref, raw)`` (``ref``: the route's request model, ``worker.request_body.model_ref``)
+returns the ``APIError`` the route would have answered, or None: the body passed (it is then parsed and checked again on the loop, as every body is),
+the child is not running yet (the first large body starts it and goes the usual way), or it did not answer
 within ``SCREEN_TIMEOUT_S``. So a screened request gets exactly the answer it would have got
 unscreened (``tests/worker/test_body_screen.py`` compares them); only where the work happens
 differs.
@@ -41,7 +42,7 @@ from typing import Any
 from worker.child_process import ChildFailed, LineChild
 from worker.errors import APIError, model_not_found
 from worker.limits import RequestLimits
-from worker.request_body import check_counts
+from worker.request_body import parse_counted
 
 SCREEN_TIMEOUT_S = 10.0      # past this the child is restarted and the body goes the usual way
 
@@ -70,7 +71,7 @@ def _first_checks(ref: str):
 
 
 class BodyScreen:
-    """The worker's screen child (see the module docstring); ``start()`` on the event loop, ``close()`` at exit."""
+    """The worker's screen child (see the module docstring); it starts on the first body it applies to."""
 
     def __init__(self, config) -> None:
         limits = config.limits
@@ -84,10 +85,6 @@ class BodyScreen:
 
     def applies(self, nbytes: int) -> bool:
         return bool(self.min_bytes) and nbytes >= self.min_bytes
-
-    def start(self) -> None:
-        if self.min_bytes:
-            self._child.start_soon()
 
     async def refusal(self, ref: str, raw: bytes) -> APIError | None:
         """The route's answer to ``raw`` if it refuses it by the checks above; None to go on as usual."""
@@ -121,19 +118,14 @@ def screen(ref: str, raw: bytes, cfg: dict) -> APIError | None:
     from fastapi.exceptions import RequestValidationError
     from pydantic import ValidationError
 
-    from swiftcommon.json_body import parse_json
     from worker.errors import validation_error_to_api_error
 
     try:
-        body = parse_json(raw, big_ints="exact")
-    except (ValueError, RecursionError):
-        return None                             # the route's own JSON error
-    if not isinstance(body, dict):
-        return None
-    try:
-        check_counts(body, cfg["limits"])
+        body = parse_counted(raw, cfg["limits"])
     except APIError as exc:
         return exc
+    if not isinstance(body, dict):              # bad JSON (None) or not an object: the route's own answer
+        return None
     try:
         req = _adapter(ref).validate_python(body, from_attributes=True)
     except ValidationError as exc:

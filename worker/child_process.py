@@ -36,15 +36,14 @@ class LineChild:
 
     async def ready(self) -> None:
         """Start the child unless it runs (or is starting); raises if it cannot start."""
-        if self.starting is None or self.starting.done() and (self.proc is None or self.proc.returncode is not None):
-            self.starting = asyncio.ensure_future(self._start())
+        self.start_soon()
         await asyncio.shield(self.starting)
 
     def start_soon(self) -> None:
-        """Start the child in the background (a failure is logged by the next ``ready``)."""
-        if self.starting is None or self.starting.done() and (self.proc is None or self.proc.returncode is not None):
+        """Start the child in the background unless it runs or is starting (``ready`` raises a failed start)."""
+        if self.starting is None or self.starting.done() and not self.running:
             self.starting = asyncio.ensure_future(self._start())
-            self.starting.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self.starting.add_done_callback(lambda t: t.cancelled() or t.exception())   # retrieved: no warning
 
     @property
     def running(self) -> bool:
@@ -88,5 +87,4 @@ class LineChild:
 
     def restart(self) -> None:
         self.kill()
-        self.starting = asyncio.ensure_future(self._start())      # in the background: ready for the next request
-        self.starting.add_done_callback(lambda t: t.cancelled() or t.exception())   # logged by ready() if needed
+        self.start_soon()                       # in the background: ready for the next request

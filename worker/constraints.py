@@ -11,8 +11,8 @@ within ``timeout`` seconds (``--constraint-timeout``); the first that fails rais
 
 Where: child processes (``python -m worker.constraints``, each a ``worker.child_process.LineChild``),
 at most ``PROCESSES``, each compiling one constraint at a time, at a lower CPU priority
-(``swiftcommon.priority``); the event loop only writes a line and awaits the answer. The first
-child starts with the worker (``warm``), so that the first constraint does not pay its start.
+(``swiftcommon.priority``); the event loop only writes a line and awaits the answer. Children
+start on first use.
 A compile that runs past the time left is stopped by killing its child, which is started
 again in the background (a child that crashes is replaced the same way). A child needs
 neither torch nor the model: llguidance and the tokenizer (handed over as its
@@ -93,10 +93,6 @@ class ConstraintChecker:
         self._cache: collections.OrderedDict[StructuredSpec, str | None] = collections.OrderedDict()
         self._cache_bytes = 0
         self.compiled = 0
-
-    def warm(self) -> None:
-        """Start the first child now, in the background (on the event loop)."""
-        self._children[0].start_soon()
 
     async def check(self, items: list[tuple[str, StructuredSpec]], timeout: float) -> None:
         """Raise ``ConstraintError`` for the first of ``items`` ((field, spec), in order) that cannot be

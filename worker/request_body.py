@@ -49,6 +49,17 @@ def check_counts(body: Any, limits: RequestLimits) -> None:
             check_count(len(value), getattr(limits, attr), what, flag, key)
 
 
+def parse_counted(raw: bytes, limits: RequestLimits) -> Any:
+    """``raw`` parsed once (None: not JSON, left to FastAPI's own answer), its counted lists checked
+    (``check_counts``'s 400)."""
+    try:
+        body = parse_json(raw, big_ints="exact")
+    except (ValueError, RecursionError):
+        return None
+    check_counts(body, limits)
+    return body
+
+
 def _json_content(request: Request) -> bool:
     """Whether FastAPI will read this body as JSON (no content type, or application/json or +json)."""
     ctype = request.headers.get("content-type")
@@ -77,13 +88,9 @@ class CountedRoute(APIRoute):
                     if refused is not None:
                         raise refused
                 if raw:
-                    try:
-                        body = parse_json(raw, big_ints="exact")
-                    except (ValueError, RecursionError):
-                        body = None             # FastAPI parses it again and answers with its own error
-                    else:
+                    body = parse_counted(raw, request.app.state.config.limits)
+                    if body is not None:        # else FastAPI parses it again and answers with its own error
                         request._json = body    # what Request.json() returns: FastAPI does not parse again
-                        check_counts(body, request.app.state.config.limits)
             return await handler(request)
 
         return counted
