@@ -13,7 +13,13 @@
    * RSS growth per process: median of the last 10% of the load-phase samples
      against the median of the first 10% after a warm-up fifth of the run; the
      largest is ``rss_growth_pct`` -> at most ``--max-rss-growth-pct``;
-   * open descriptors: the same windows -> growth at most ``--max-fd-growth``;
+   * open descriptors other than sockets (files, pipes, event fds): the same windows
+     -> growth at most ``--max-fd-growth``;
+   * sockets: the same windows -> growth at most ``--max-fd-growth`` plus two per request
+     at the run's peak concurrency. Connection pools (the client's, uvicorn's, the
+     gateway's to the workers) keep up to one idle connection per request that was in
+     flight at once, so a burst late in a short run raises the count without a leak; a
+     leak grows with the number of requests instead and still fails;
    * idle at the end: KV blocks used and in-flight counts back to 0.
 5. Writes ``soak.json`` (samples, verdicts, the exact command) and ``soak.png``.
 
@@ -51,7 +57,8 @@ def add_arguments(p) -> None:
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--sample-interval", type=float, default=5.0)
     p.add_argument("--max-rss-growth-pct", type=float, default=10.0)
-    p.add_argument("--max-fd-growth", type=int, default=20)
+    p.add_argument("--max-fd-growth", type=int, default=20,
+                   help="non-socket descriptors; sockets may also grow by 2 per peak in-flight request")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result-dir", default="results/reliability")
 
@@ -84,11 +91,13 @@ def start_stack(a, port: int, wport: int) -> subprocess.Popen:
 
 
 def sample(procs: dict, workers: list[str], gateway: str, t0: float, done: int) -> dict:
-    s = {"t": time.monotonic() - t0, "done": done, "rss_mb": {}, "fds": {}, "kv_blocks_used": {}, "in_flight": {}}
+    s = {"t": time.monotonic() - t0, "done": done, "rss_mb": {}, "fds": {}, "sockets": {}, "kv_blocks_used": {},
+         "in_flight": {}}
     for name, p in procs.items():
         try:
             s["rss_mb"][name] = p.memory_info().rss / 2**20
             s["fds"][name] = p.num_fds()
+            s["sockets"][name] = len(p.net_connections("all"))
         except Exception:  # noqa: BLE001 - a process that died shows as missing samples
             pass
     for i, w in enumerate(workers):
@@ -171,12 +180,15 @@ async def soak(a, gateway: str, workers: list[str], procs: dict) -> dict:
         records = [RequestRecord(o) for o in offsets]
         samples: list[dict] = []
         t0 = time.monotonic()
-        finished = 0
+        finished = open_now = peak = 0
 
         async def one(i: int) -> None:
-            nonlocal finished
+            nonlocal finished, open_now, peak
             await asyncio.sleep(max(0.0, t0 + offsets[i] - time.monotonic()))
+            open_now += 1
+            peak = max(peak, open_now)
             await send(client, url, bodies[i % len(bodies)], records[i], chat=False)
+            open_now -= 1
             finished += 1
 
         async def sampler() -> None:
@@ -191,27 +203,41 @@ async def soak(a, gateway: str, workers: list[str], procs: dict) -> dict:
         await asyncio.sleep(2)                          # let the last releases land
         idle = await asyncio.to_thread(sample, procs, workers, gateway, t0, finished)
     return {"capacity_rps": capacity, "rate_rps": rate, "records": records, "samples": samples, "idle": idle,
-            "load_seconds": load_end}
+            "load_seconds": load_end, "peak_concurrency": peak}
 
 
 def judge(a, run: dict, procs: dict) -> dict:
     recs = run["records"]
     outcomes = [r.outcome for r in recs]
-    rss, fds = {}, {}
+    samples = run["samples"]
+    # Non-socket descriptors per sample: a sample without a socket count (older runs) counts all.
+    for s in samples:
+        s["other_fds"] = {n: v - s.get("sockets", {}).get(n, 0) for n, v in s["fds"].items()}
+    rss, fds, sockets = {}, {}, {}
     for name in procs:
-        g = growth(run["samples"], "rss_mb", name)
+        g = growth(samples, "rss_mb", name)
         if g:
             rss[name] = {"baseline_mb": g[0], "end_mb": g[1], "growth_pct": 100 * (g[1] - g[0]) / g[0]}
-        f = growth(run["samples"], "fds", name)
+        f = growth(samples, "other_fds", name)
         if f:
             fds[name] = {"baseline": f[0], "end": f[1], "growth": f[1] - f[0]}
+        k = growth(samples, "sockets", name)
+        if k:
+            sockets[name] = {"baseline": k[0], "end": k[1], "growth": k[1] - k[0]}
+    for s in samples:
+        del s["other_fds"]
     idle = run["idle"]
     rss_growth = max((v["growth_pct"] for v in rss.values()), default=None)
     fd_growth = max((v["growth"] for v in fds.values()), default=None)
+    socket_growth = max((v["growth"] for v in sockets.values()), default=None)
+    # Requests open at once: counted by the client, or the gateway's sampled in-flight total.
+    peak = max([run.get("peak_concurrency", 0), *(s["in_flight"].get("gateway", 0) for s in samples)])
+    socket_limit = a.max_fd_growth + 2 * peak
     checks = {
         "no_lost_requests": outcomes.count("lost") == 0,
         "rss_growth_within_limit": rss_growth is not None and rss_growth <= a.max_rss_growth_pct,
         "fd_growth_within_limit": fd_growth is not None and fd_growth <= a.max_fd_growth,
+        "socket_growth_within_limit": socket_growth is None or socket_growth <= socket_limit,
         "kv_blocks_released": bool(idle["kv_blocks_used"]) and not any(idle["kv_blocks_used"].values()),
         "in_flight_zero": bool(idle["in_flight"]) and not any(idle["in_flight"].values()),
     }
@@ -219,7 +245,8 @@ def judge(a, run: dict, procs: dict) -> dict:
         "soak_seconds": run["load_seconds"], "capacity_rps": run["capacity_rps"], "rate_rps": run["rate_rps"],
         "requests": len(recs), "complete": outcomes.count("complete"), "errors": outcomes.count("error"),
         "requests_lost": outcomes.count("lost"), "rss_growth_pct": rss_growth, "fd_growth": fd_growth,
-        "rss": rss, "fds": fds, "idle": idle, "checks": checks, "passed": all(checks.values()),
+        "socket_growth": socket_growth, "socket_growth_limit": socket_limit, "peak_in_flight": peak,
+        "rss": rss, "fds": fds, "sockets": sockets, "idle": idle, "checks": checks, "passed": all(checks.values()),
         "errors_seen": sorted({r.error for r in recs if r.error})[:20],
     }
 

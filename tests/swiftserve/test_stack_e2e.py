@@ -200,7 +200,7 @@ def test_short_soak_against_the_stack(stack_proc, tmp_path):
     assert v["requests"] >= 3 and v["requests_lost"] == 0, v
     assert set(v["rss"]) == {"swiftserve-up", "gateway", "worker1", "worker2"}
     assert v["checks"]["kv_blocks_released"] and v["checks"]["in_flight_zero"], v["idle"]
-    assert v["passed"], v["checks"]
+    assert v["passed"], (v["checks"], v["fds"], v["sockets"], v["peak_in_flight"])
 
 def test_a_killed_worker_is_restarted_while_the_rest_serves(stack_proc, reliability_log):
     """The issue's scenario: SIGKILL one worker during 8 streamed requests. Its streams migrate to
