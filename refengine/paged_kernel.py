@@ -48,7 +48,7 @@ def named(name: str):
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = [CSRC / f for f in ("paged_decode.cpp", "paged_decode_avx2.cpp", "paged_prefill.cpp", "paged_prefill_bf16.cpp",
                                "fused_ops.cpp", "quant_gguf.cpp", "gemm_bf16.cpp", "int8_act.cpp",
-                               "bindings.cpp")]
+                               "decode_stack.cpp", "bindings.cpp")]
 # No VNNI code generation: no kernel here uses VNNI intrinsics, and GCC 12 (Debian 12's compiler)
 # vectorizes a signed int8 x int8 dot-product loop into vpdpbusd, which reads one side as *unsigned*
 # (wrong sums: the scalar Q8_0 GGUF dot gave -20095 for 9857 on a Zen 4 with AVX512-VNNI).

@@ -84,6 +84,12 @@ def gomp_spincount() -> str | None:
     return _get("GOMP_SPINCOUNT")
 
 
+def decode_stack_enabled() -> bool:
+    """SWIFTSERVE_DECODE_STACK=0 runs a pure-decode step's layers as Python modules instead of
+    refengine/decode_stack.py's one C++ call (the same results; for A/B measurements)."""
+    return _get("SWIFTSERVE_DECODE_STACK") not in ("0", "false", "off")
+
+
 def omp_wait_policy() -> str | None:
     """The user's own OMP_WAIT_POLICY (ACTIVE / PASSIVE): refengine/omp_wait.py then sets no spin count."""
     return _get("OMP_WAIT_POLICY")

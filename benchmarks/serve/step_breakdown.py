@@ -52,7 +52,8 @@ def engine_config(args):
     """The worker's EngineConfig for ``--model``/``--dtype`` with every other worker default."""
     from worker.args import build_parser, config_from_args
 
-    wargs = build_parser().parse_args(["--model", args.model, "--dtype", args.dtype, "--max-model-len", "2048"])
+    wargs = build_parser().parse_args(["--model", args.model, "--dtype", args.dtype, "--max-model-len", "2048",
+                                       "--load-format", args.load_format])
     return config_from_args(wargs).engine_config
 
 
@@ -219,7 +220,7 @@ def served_tpot_ms(args, batch: int, port: int) -> float:
     from benchmarks.serve.suite import start, stop
 
     argv = [sys.executable, "-m", "worker", "--model", args.model, "--dtype", args.dtype, "--max-model-len", "2048",
-            "--served-model-name", "m"]
+            "--load-format", args.load_format, "--served-model-name", "m"]
     proc = start(argv, {}, port, Path(args.log_dir) / f"worker-b{batch}.log", 900)
     gaps: list[float] = []
     try:
@@ -253,6 +254,8 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="SmolLM2-135M-Instruct")
     ap.add_argument("--dtype", default="auto", help="the worker's --dtype (default: %(default)s)")
+    ap.add_argument("--load-format", default="auto",
+                    help="the worker's --load-format, e.g. gguf for the model's own GGUF file (default: %(default)s)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--steps", type=int, default=64, help="decode steps measured per batch size")

@@ -1,7 +1,7 @@
 // The Python module of the CPU kernels (built by refengine/paged_kernel.py): the paged attention
 // ops, the fused element-wise ops of fused_ops.cpp, the GGUF quantized GEMM of quant_gguf.cpp,
-// the bf16 GEMM of gemm_bf16.cpp and the W8A8 activation ops of int8_act.cpp. Every op releases
-// the GIL: the engine thread must not hold it while a kernel runs.
+// the bf16 GEMM of gemm_bf16.cpp, the W8A8 activation ops of int8_act.cpp and decode_stack.cpp's
+// layer loop. Every op releases the GIL: the engine thread must not hold it while a kernel runs.
 #include <torch/extension.h>
 
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor table,
@@ -24,9 +24,11 @@ std::tuple<torch::Tensor, torch::Tensor> int8_quant_rows(torch::Tensor x, int64_
 void int8_rescale(torch::Tensor y, torch::Tensor s, torch::Tensor bias, torch::Tensor out);
 torch::Tensor bf16_gemm(torch::Tensor x, torch::Tensor wp, int64_t n, c10::optional<torch::Tensor> bias);
 bool bf16_gemm_available();
+void bind_decode_stack(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto nogil = py::call_guard<py::gil_scoped_release>();
+  bind_decode_stack(m);
   m.def("paged_decode", &paged_decode, "paged decode attention over a block pool (CPU)", py::arg("q"), py::arg("k"),
         py::arg("v"), py::arg("table"), py::arg("lens"), py::arg("scale"), py::arg("starts") = py::none(), nogil);
   m.def("paged_prefill", &paged_prefill, "causal (optionally windowed) prefill attention over a block pool (CPU), "

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from refengine.decode_stack import stack_for
 from refengine.fused_ops import TORCH_OPS, TorchOps, torch_rms_norm
 from refengine.kv.cache import KVCache
 from refengine.linear import make_linear
@@ -198,6 +199,7 @@ class LlamaModel(nn.Module):
         if self.use_swiftkv:
             self._load_swiftkv(w, dtype, device, pack_layers)
         w.close()
+        self._stack_kv = self._stack = None        # refengine.decode_stack's path, per cache
 
     def _load_swiftkv(self, w: WeightSource, dtype, device, pack: bool) -> None:
         l, L, g = self.num_kv_layers, self.spec.num_layers, self.group_size
@@ -221,7 +223,13 @@ class LlamaModel(nn.Module):
         if self.embed_scale is not None:
             h = h * self.embed_scale
         tables = [r.tables(positions) for r in self.ropes]     # [(cos, sin) [T, 1, d]] per RoPE base
-        for i in range(self.num_kv_layers):
+        stack = self._decode_stack(kv)
+        if stack is not None and stack.serves(h, attn_all[0]):     # one C++ call for the layers (same bits)
+            h = stack.run(h, *tables[0], slots[0], attn_all[0])
+            first = self.num_kv_layers
+        else:
+            first = 0
+        for i in range(first, self.num_kv_layers):
             g = kv.layer_group[i]
             h = self.layers[i](h, *tables[self.layer_rope[i]], kv.layers[i], attn_all[g], slots[g])
         if self.use_swiftkv:
@@ -229,6 +237,12 @@ class LlamaModel(nn.Module):
         else:
             h = h[logits_idx]
         return self.ops.rms_norm(h, self.norm, self.spec.rms_norm_eps)
+
+    def _decode_stack(self, kv: KVCache):
+        """refengine.decode_stack's path for this cache (built on the first step that uses it), or None."""
+        if self._stack_kv is not kv:
+            self._stack_kv, self._stack = kv, stack_for(self, kv)
+        return self._stack
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden rows [N, hidden] -> logits [N, vocab] (lm_head, then the family's soft cap)."""
