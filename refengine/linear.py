@@ -98,14 +98,18 @@ def bf16_gemm_kernels():
     return module if module.bf16_gemm_available() else None
 
 
+PACK_UNIT = 4          # 16-output blocks per unit: csrc/gemm_bf16.cpp's NB
+
+
 def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
-    """W [n, K] (K even) -> [ceil(n / 16), K / 2, 16, 2]: element [b, p, i, j] = W[16 b + i, 2 p + j],
-    zero rows past n (csrc/gemm_bf16.cpp's layout)."""
+    """W [n, K] (K even) -> [ceil(n / 64), K / 2, 4, 16, 2]: element [u, p, j, i, t] =
+    W[16 (4 u + j) + i, 2 p + t], zero rows past n (csrc/gemm_bf16.cpp's layout: a unit's four
+    blocks of 16 outputs interleaved pair by pair, one stream per unit)."""
     n, k = weight.shape
-    blocks = (n + 15) // 16
-    padded = torch.zeros(blocks * 16, k, dtype=weight.dtype)
+    units = (n + 16 * PACK_UNIT - 1) // (16 * PACK_UNIT)
+    padded = torch.zeros(units * PACK_UNIT * 16, k, dtype=weight.dtype)
     padded[:n] = weight
-    return padded.view(blocks, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+    return padded.view(units, PACK_UNIT, 16, k // 2, 2).permute(0, 3, 1, 2, 4).contiguous()
 
 
 class Bf16Linear(nn.Module):

@@ -81,12 +81,12 @@ def test_engine_greedy_tokens_identical_packed_or_not(smollm2_dir):
 
 
 def test_pack_bf16_layout():
-    w = torch.arange(20 * 6, dtype=torch.float32).view(20, 6).to(torch.bfloat16)
+    w = torch.arange(70 * 6, dtype=torch.float32).view(70, 6).to(torch.bfloat16)
     p = pack_bf16(w)
-    assert p.shape == (2, 3, 16, 2)
-    for b, q, i, j in ((0, 0, 0, 1), (0, 2, 15, 0), (1, 1, 3, 1)):
-        assert p[b, q, i, j] == w[16 * b + i, 2 * q + j]
-    assert p[1, :, 4:].abs().sum() == 0                       # rows past n are zeros
+    assert p.shape == (2, 3, 4, 16, 2)                        # 2 units of 4 blocks of 16 outputs
+    for u, q, b, i, j in ((0, 0, 0, 0, 1), (0, 2, 3, 15, 0), (0, 1, 1, 3, 1), (1, 2, 0, 5, 1)):
+        assert p[u, q, b, i, j] == w[16 * (4 * u + b) + i, 2 * q + j]
+    assert p[1, :, 0, 6:].abs().sum() == 0 and p[1, :, 1:].abs().sum() == 0    # rows past n are zeros
 
 
 @needs_bf16_gemm
