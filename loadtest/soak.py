@@ -210,22 +210,19 @@ def judge(a, run: dict, procs: dict) -> dict:
     recs = run["records"]
     outcomes = [r.outcome for r in recs]
     samples = run["samples"]
-    # Non-socket descriptors per sample: a sample without a socket count (older runs) counts all.
-    for s in samples:
-        s["other_fds"] = {n: v - s.get("sockets", {}).get(n, 0) for n, v in s["fds"].items()}
+    # Non-socket descriptors per sample (a process whose sockets could not be read counts all its descriptors).
+    others = [{"other_fds": {n: v - s["sockets"].get(n, 0) for n, v in s["fds"].items()}} for s in samples]
     rss, fds, sockets = {}, {}, {}
     for name in procs:
         g = growth(samples, "rss_mb", name)
         if g:
             rss[name] = {"baseline_mb": g[0], "end_mb": g[1], "growth_pct": 100 * (g[1] - g[0]) / g[0]}
-        f = growth(samples, "other_fds", name)
+        f = growth(others, "other_fds", name)
         if f:
             fds[name] = {"baseline": f[0], "end": f[1], "growth": f[1] - f[0]}
         k = growth(samples, "sockets", name)
         if k:
             sockets[name] = {"baseline": k[0], "end": k[1], "growth": k[1] - k[0]}
-    for s in samples:
-        del s["other_fds"]
     idle = run["idle"]
     rss_growth = max((v["growth_pct"] for v in rss.values()), default=None)
     fd_growth = max((v["growth"] for v in fds.values()), default=None)

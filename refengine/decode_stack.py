@@ -35,9 +35,8 @@ from swiftcommon import envs
 
 
 class DecodeStackPath:
-    def __init__(self, stack, num_layers: int) -> None:
+    def __init__(self, stack) -> None:
         self.stack = stack
-        self.num_layers = num_layers
 
     @staticmethod
     def serves(h: torch.Tensor, attn: AttnBatch) -> bool:
@@ -52,13 +51,15 @@ class DecodeStackPath:
             return self.stack.run(h, cos, sin, slots, d.blocks, d.lens, d.starts)
 
 
-def _slot_ok(slot, device: torch.device) -> bool:
+def _plain_pools(slot, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The slot's K and V pools when it is one plain dense part on ``device`` with the default attention, else None."""
     if type(slot) is not SlotKV or len(slot.parts) != 1 or slot.prefetch_next is not None:
-        return False
+        return None
     if not (isinstance(slot.transform, HeadSplit) and slot.transform.single) or slot.ops[0] is not paged_attention:
-        return False
+        return None
     pools = slot.parts[0].dense_pools()
-    return pools is not None and pools[0].device == device and all(p.is_contiguous() for p in pools)
+    ok = pools is not None and pools[0].device == device and all(p.is_contiguous() for p in pools)
+    return pools if ok else None
 
 
 def _add_linear(stack, lin) -> bool:
@@ -89,16 +90,16 @@ def stack_for(model, kv: KVCache) -> DecodeStackPath | None:
     nq, nk = first.qkv_split[0], first.qkv_split[1]
     stack = module.DecodeStack(nq, nk, spec.head_dim, float(first.scale), float(spec.rms_norm_eps))
     for i in range(n):
-        layer, slot = model.layers[i], kv.layers[i]
+        layer, pools = model.layers[i], _plain_pools(kv.layers[i], device)
         if (spec.window(i) is not None or kv.layer_group[i] != 0 or layer.swiftkv_later
-                or layer.qkv_split[:2] != [nq, nk] or layer.scale != first.scale or not _slot_ok(slot, device)
+                or layer.qkv_split[:2] != [nq, nk] or layer.scale != first.scale or pools is None
                 or layer.ln1.dtype != dtype or layer.ln2.dtype != dtype):
             return None
         if not all(_add_linear(stack, lin) for lin in (layer.qkv_proj, layer.o_proj, layer.gate_up, layer.down)):
             return None
-        k_pool, v_pool = slot.parts[0].dense_pools()
+        k_pool, v_pool = pools
         if k_pool.shape[3] != spec.head_dim or k_pool.shape[2] * spec.head_dim != nk or \
                 layer.qkv_split[2] != v_pool.shape[2] * v_pool.shape[3]:
             return None
         stack.add_layer(layer.ln1, layer.ln2, k_pool, v_pool)
-    return DecodeStackPath(stack, n)
+    return DecodeStackPath(stack)

@@ -9,7 +9,9 @@ random token ids, ``ignore_eos``; only steps where every request decodes are cou
    scheduling (``schedule`` + ``update``), input preparation (the runner's tensors and attention
    metadata: ``execute`` minus what follows), model compute (the layers without attention),
    attention (every layer's ``attend``), LM head, sampling, and the engine's bookkeeping after
-   ``update`` (outputs, releases). Medians per step over ``--steps`` steps.
+   ``update`` (outputs, releases). Medians per step over ``--steps`` steps. Where the C++ layer loop
+   runs the layers (``refengine.decode_stack``; ``"decode_stack": true`` in the record) attention is
+   inside that one call and counts as model compute; ``SWIFTSERVE_DECODE_STACK=0`` splits it out.
 2. **Host time**: a second pass with ``torch.profiler`` over the decode steps; *kernel* time is the self
    CPU time (per step) of the math (oneDNN / aten GEMMs and the C++ kernels, ``swiftserve::*``), and a step's host time is its
    wall time (pass 1) minus its kernel time: Python, dispatch of every small op, metadata, sampling
@@ -287,6 +289,7 @@ def main(args: argparse.Namespace) -> int:
             if "step_ms" in r:
                 r["host_ms"] = round(r["step_ms"] - ker, 3)
         results[b] = r
+    stacked = eng is not None and eng.runner.model._stack is not None       # the C++ layer loop ran the layers
     if eng is not None:
         del eng
     for b in args.batches:
@@ -299,6 +302,9 @@ def main(args: argparse.Namespace) -> int:
             r["http_tpot_ms"] = round(served_tpot_ms(args, b, free_port()), 3)
             if "process_interval_ms" in r and "detok_ms" in r:
                 r["http_streaming_ms"] = round(r["http_tpot_ms"] - r["process_interval_ms"] - r["detok_ms"], 3)
+    if stacked:
+        print("\n(the C++ layer loop ran the layers: attention is inside model_compute; SWIFTSERVE_DECODE_STACK=0 "
+              "splits it out)")
     for b, r in results.items():
         print(f"\nbatch {b}: step {r.get('step_ms')} ms (host {r.get('host_ms')}, kernels {r.get('kernel_ms')})")
         for k, v in r.get("stages_ms", {}).items():
@@ -307,7 +313,7 @@ def main(args: argparse.Namespace) -> int:
                   "process_interval_ms", "http_tpot_ms"):
             if k in r:
                 print(f"  {k:20s} {r[k]:8.3f} ms")
-    doc = {"command": args.command, "dtype": str(config.dtype), "input_len": args.input_len,
+    doc = {"command": args.command, "dtype": str(config.dtype), "input_len": args.input_len, "decode_stack": stacked,
            "steps": args.steps, "results": {str(b): r for b, r in results.items()}}
     write_json(args.out, doc)
     return 0

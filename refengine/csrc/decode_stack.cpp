@@ -85,8 +85,6 @@ class DecodeStack {
     pending_.clear();
   }
 
-  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
-
   torch::Tensor run(torch::Tensor h, torch::Tensor cos, torch::Tensor sin, torch::Tensor slots, torch::Tensor table,
                     torch::Tensor lens, c10::optional<torch::Tensor> starts) const {
     const int64_t T = h.size(0), H = nq_ / d_;
@@ -126,7 +124,6 @@ void bind_decode_stack(pybind11::module& m) {
       .def("add_bf16_linear", &DecodeStack::add_bf16_linear)
       .def("add_gguf_linear", &DecodeStack::add_gguf_linear)
       .def("add_layer", &DecodeStack::add_layer)
-      .def("num_layers", &DecodeStack::num_layers)
       .def("run", &DecodeStack::run, nogil, py::arg("h"), py::arg("cos"), py::arg("sin"), py::arg("slots"),
            py::arg("table"), py::arg("lens"), py::arg("starts") = py::none());
 }

@@ -8,7 +8,7 @@
 // 64-byte vector holds 16 outputs x one pair of inputs, which is what vdpbf16ps multiplies against
 // one pair of x broadcast to every lane: out[16 b .. 16 b + 15] of a row accumulate with no
 // horizontal sums. A unit's 4 blocks are interleaved pair by pair, so a thread reads each unit as
-// one stream front to back (4 separate streams, one per block, read ~15% slower at one row: the
+// one stream front to back (4 separate streams, one per block, took 6-9% longer at 1-4 rows: the
 // hardware prefetcher follows one stream better; the same finding as the Q4_K rows, results/quant).
 //
 // Why: a decode step reads every weight once; oneDNN's prepacked bf16 linear reads them at ~16 GB/s
