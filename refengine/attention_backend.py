@@ -6,7 +6,8 @@ An ``AttentionBackend`` holds
   sequence -> ``AttnBatch`` (``refengine.attention.build_attn_batch``; the batch carries the
   backend's kernels to every layer that reads it);
 - its *kernels*: ``prefill_kernel`` and ``decode_kernel`` (``refengine.paged_kernel``, the C++
-  CPU kernels that read the paged pools in place) or None for gather + SDPA;
+  CPU kernels that read the paged pools in place; on CUDA the decode kernel is
+  ``refengine.triton_decode``'s) or None for gather + SDPA;
 - its *paged op*, ``paged``: the attention op of one KV head part,
   ``[T, nq, k_dim] -> [T, nq, v_dim]`` (``refengine.attention.paged_attention``), which
   ``KVCache`` gives every part and KV methods may wrap (``KVMethod.wrap_attention``).
@@ -35,7 +36,7 @@ class AttentionBackend:
 
     def describe(self) -> str:
         def say(kernel) -> str:
-            return "C++ kernel" if kernel else "gather + SDPA"
+            return getattr(kernel, "name", "C++ kernel") if kernel else "gather + SDPA"
         return f"decode attention: {say(self.decode_kernel)}, prefill attention: {say(self.prefill_kernel)}"
 
     def build_batch(self, chunks: list[tuple[int, int, list[int]]], block_size: int, device: torch.device,

@@ -52,6 +52,8 @@ class EngineConfig:
     # Speculative decoding (refengine.spec): vLLM's --speculative-config (JSON text or a dict is parsed);
     # None: off. Requests draft by default when set (SamplingParams.speculative=False opts one out).
     speculative_config: SpecConfig | None = None
+    cuda_graphs: bool = True                    # CUDA: pure-decode steps replayed from CUDA graphs (refengine.graph_decode);
+                                                # False: every step eager (the worker's --enforce-eager)
     huge_pages: bool = True                     # spawned engine process: glibc maps malloc memory for THP (refengine.host_malloc)
 
     def __post_init__(self) -> None:

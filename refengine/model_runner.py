@@ -14,7 +14,9 @@ once an eviction method dropped tokens), runs one forward pass and samples one
 token for every request whose chunk reached its last known token; prompt logprobs
 come from the same pass (``refengine.prompt_logprobs``). ``after_step``
 gives KV methods the step after the scheduler's update and collects their edits;
-``forget`` drops their per-request state.
+``forget`` drops their per-request state. On CUDA a pure-decode step runs from the static buffers
+of ``refengine.graph_decode`` (a captured CUDA graph's replay) when the engine qualifies
+(``graphs_off`` says why not); the pool's last block is then its scratch block.
 
 Sliding windows: the cache's attention groups (one per distinct window, global first) map to
 *table groups* (``table_of``): with ``free_window_blocks`` each window has its own block table
@@ -32,6 +34,7 @@ import torch
 
 from refengine.attention import slot_mapping
 from refengine.attention_backend import select_backend
+from refengine import graph_decode
 from refengine.config import EngineConfig
 from refengine.kv import registry
 from refengine.kv.base import Truncate
@@ -138,13 +141,26 @@ class ModelRunner:
         pool = size_pool(config, self.cache_spec, self.reserved_bytes, max_model_len)
         self.table_windows, self.table_of, self.table_blocks = pool.table_windows, pool.table_of, pool.table_blocks
         self.num_blocks = pool.num_blocks        # the global (first) table group
+        # CUDA graphs for pure-decode steps (refengine.graph_decode): the pool's last block becomes the
+        # padded rows' scratch block, so the block manager is told one block fewer.
+        self.graphs_off = graph_decode.eligible(self.kv_methods, self.cache_spec.windows, self.device,
+                                                config.cuda_graphs)
+        if self.graphs_off is None:
+            if self.num_blocks < 2:
+                raise ValueError("CUDA-graph decode needs a scratch block: give the pool at least 2 blocks")
+            self.num_blocks -= 1
+            self.table_blocks = [self.num_blocks]
         self.host_budget, self.host_bound = pool.host_budget, pool.host_bound
-        self.kv = KVCache(self.cache_spec, self.kv_methods, [self.table_blocks[t] for t in self.table_of],
+        extra = int(self.graphs_off is None)     # the scratch block, beyond the manager's blocks
+        self.kv = KVCache(self.cache_spec, self.kv_methods, [self.table_blocks[t] + extra for t in self.table_of],
                           config.block_size, self.dtype, self.device, self.attn_backend.paged)
         planned = (self.cache_spec.device_bytes_per_block, self.cache_spec.host_bytes_per_block)
         if (self.kv.bytes_per_block, self.kv.host_bytes_per_block) != planned:    # the spec is the contract
             raise RuntimeError(f"KV storage allocated {self.kv.bytes_per_block} device + "
                                f"{self.kv.host_bytes_per_block} host bytes/block, planned {planned[0]} + {planned[1]}")
+        self.graphs = None if self.graphs_off is not None else graph_decode.DecodeGraphs(
+            self.model, self.kv, self.attn_backend.decode_kernel, self.attn_backend.prefill_kernel, config.block_size,
+            self.num_blocks, config.max_num_seqs, max_model_len, self.device, capture=self.device.type == "cuda")
         self.default_gen = torch.Generator(device=self.device).manual_seed(config.seed)
         # Structured outputs: token masks computed beside the forward pass (built on first use).
         # Beside the forward pass only when a core is free for it (see refengine.structured.masks).
@@ -154,13 +170,13 @@ class ModelRunner:
         self.want_dist = False                   # scoring: keep full logprob rows (evaluation only)
         log.info("model %s on %s/%s (%s, %s, element-wise ops: %s): "
                  "swiftkv=%s (l=%d, g=%d), KV methods %s, KV blocks %s, %.1f device bytes/token (%.2fx smaller "
-                 "than %d)",
+                 "than %d), CUDA-graph decode: %s",
                  config.model, self.device, self.dtype, self.packing, self.attn_backend.describe(),
                  self.model.ops.name, self.model.use_swiftkv, self.model.num_kv_layers, self.model.group_size,
                  self.kv_methods or "none", " + ".join(f"{n} ({'window ' + str(w) if w else 'global'})"
                                                        for n, w in zip(self.table_blocks, self.table_windows)),
                  self.bytes_per_token, self.bytes_per_token_baseline / self.bytes_per_token,
-                 self.bytes_per_token_baseline)
+                 self.bytes_per_token_baseline, self.graphs_off or "on")
         log.info("%s", self.kv_memory_line())
         huge = anon_huge_mib()
         if huge is not None:                     # what --no-huge-pages / GLIBC_TUNABLES gave this process
@@ -227,7 +243,7 @@ class ModelRunner:
     def execute(self, sched: SchedulerOutput) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprob]]]:
         """Run one step: per request that samples, the tokens it emits (one, or a verified draft's accepted
         tokens and one more: ``refengine.spec.verify``) and their logprobs when it asked for them."""
-        dev, bs = self.device, self.config.block_size
+        dev = self.device
         # Cache offsets (slot mapping, attention lengths) vs true positions (RoPE): they differ
         # by the tokens an eviction method dropped from the request's cache.
         ids, pos, head_idx, tails, sampling, sample_at, scoring = [], [], [], [], [], [], []
@@ -251,8 +267,34 @@ class ModelRunner:
                 head_idx.extend(range(row + lo - c.start, row + c.num_tokens))
                 tails.append((c.cache_start + lo - c.start, end - lo, c))
             row += c.num_tokens
-        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
-        positions = torch.tensor(pos, dtype=torch.long, device=dev)
+        graphed = self.graphs is not None and not scoring and self.graphs.serves(sched.chunks)
+        if not graphed:
+            attn_all, slots, logits_idx, attn_logits = self._step_tensors(sched, head_idx, tails)
+        # Sampling rows: one per sampling chunk, 1 + len(draft) for a verified draft (row i follows draft[:i]).
+        firsts, n_rows = [], 0
+        for c in sampling:
+            firsts.append(n_rows)
+            n_rows += 1 + len(c.draft)
+        masks = self.grammar.start([(j, c.request.request_id, c.request.params.structured,
+                                     constrained_ids(c.request.params, c.request.output_token_ids), c.draft)
+                                    for j, c in zip(firsts, sampling) if c.request.params.structured is not None])
+        try:
+            if graphed:                         # refengine.graph_decode: static buffers (a CUDA graph's replay)
+                hidden = self.graphs.run(ids, pos, sched.chunks)
+            else:
+                input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
+                positions = torch.tensor(pos, dtype=torch.long, device=dev)
+                hidden = self.model(input_ids, positions, self.kv, attn_all, slots, logits_idx, attn_logits)   # [N, D]
+        except BaseException:
+            if masks is not None:
+                masks.exception()               # no mask task may outlive its step (see GrammarMasks)
+            raise
+        return self._finish(hidden, scoring, sampling, sample_at, firsts, n_rows, masks)
+
+    def _step_tensors(self, sched: SchedulerOutput, head_idx: list[int], tails: list) -> tuple:
+        """The eager step's attention batches, slot mappings, LM-head rows and SwiftKV's later-layer batches;
+        KV methods' ``begin_step`` (they see the batch before the forward pass)."""
+        dev, bs = self.device, self.config.block_size
         # Per table group: the step's slot mapping; per attention group (window): its batch.
         table_slots = [slot_mapping([(c.cache_start, c.num_tokens, c.block_tables[t]) for c in sched.chunks], bs, dev)
                        for t in range(len(self.table_windows))]
@@ -269,20 +311,10 @@ class ModelRunner:
             attn_logits = [build(tails, t, w) for t, w in zip(self.table_of, self.kv.windows)]
         for m in self.kv_methods:
             m.begin_step(sched, self.kv)
-        # Sampling rows: one per sampling chunk, 1 + len(draft) for a verified draft (row i follows draft[:i]).
-        firsts, n_rows = [], 0
-        for c in sampling:
-            firsts.append(n_rows)
-            n_rows += 1 + len(c.draft)
-        masks = self.grammar.start([(j, c.request.request_id, c.request.params.structured,
-                                     constrained_ids(c.request.params, c.request.output_token_ids), c.draft)
-                                    for j, c in zip(firsts, sampling) if c.request.params.structured is not None])
-        try:
-            hidden = self.model(input_ids, positions, self.kv, attn_all, slots, logits_idx, attn_logits)   # [N, D]
-        except BaseException:
-            if masks is not None:
-                masks.exception()               # no mask task may outlive its step (see GrammarMasks)
-            raise
+        return attn_all, slots, logits_idx, attn_logits
+
+    def _finish(self, hidden, scoring, sampling, sample_at, firsts, n_rows, masks):
+        """Prompt logprobs of scored rows, then the LM head and sampling (see ``execute``)."""
         for r, lo, at, n in scoring:
             if lo + 1 > len(r.prompt_lps):           # scoring requests compute their prompt from position 0
                 raise RuntimeError(f"prompt logprobs of {r.request_id!r}: position {lo} follows a gap")

@@ -160,6 +160,15 @@ def _resolve(option: str, name: str, device: torch.device) -> PagedDecodeKernel 
 
 
 def resolve_decode_kernel(name: str, device: torch.device) -> PagedDecodeKernel | None:
+    """``auto`` on CUDA: the Triton kernel (``refengine.triton_decode``) when triton imports and the
+    kernel passes its self-check there, else gather + SDPA; on CPU the C++ kernel as ``_resolve`` says."""
+    if name == "auto" and device.type == "cuda":
+        try:
+            from refengine import triton_decode
+        except ImportError as exc:
+            log.info("decode attention on CUDA: gather + SDPA (triton does not import: %s)", exc)
+            return None
+        return triton_decode.resolve(device)
     return _resolve("decode_kernel", name, device)
 
 

@@ -3,7 +3,7 @@
     python -m studies.gguf_dequant_vs_llamacpp [--llamacpp /work/peers/llama.cpp] [--gguf FILE ...]
 
 Loads llama.cpp's ``libggml-base`` (built by studies/llamacpp_build.sh) with ctypes and calls its
-reference ``dequantize_row_{q4_0,q4_1,q8_0,q4_K,q6_K}`` on (a) random blocks of every format (every
+reference ``dequantize_row_{q4_0,q4_1,q5_0,q8_0,q4_K,q6_K}`` on (a) random blocks of every format (every
 bit pattern of the integer fields, random fp16 scales) and (b) every quantized tensor of the given
 GGUF files (default: the embedded model's own Q4_1 file); compares the float32 bits with our C++
 kernel (``gguf_dequant``, csrc/quant_gguf.cpp) and the torch reference (refengine.quant.formats).
@@ -26,7 +26,7 @@ from tests.refengine.quant.quant_support import random_blocks
 
 ROOT = Path(__file__).resolve().parent.parent
 
-NAMES = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0", "Q4_K": "q4_K", "Q6_K": "q6_K"}
+NAMES = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q5_0": "q5_0", "Q8_0": "q8_0", "Q4_K": "q4_K", "Q6_K": "q6_K"}
 
 
 def ggml_dequant(lib, qtype: str, raw: torch.Tensor, cols: int) -> torch.Tensor:

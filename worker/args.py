@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=0, help="engine random seed")
     e.add_argument("--load-format", choices=("auto", "dummy", "gguf"), default="auto",
                    help="'auto': the model directory's safetensors weights (a compressed-tensors W8A8 checkpoint "
-                        "runs int8 GEMMs); 'gguf': the directory's one *.gguf file, its Q4_0/Q4_1/Q8_0/Q4_K/Q6_K "
+                        "runs int8 GEMMs); 'gguf': the directory's one *.gguf file, its Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K "
                         "weights kept as stored and run by the quantized CPU kernels (docs/models.md); 'dummy': "
                         "random weights shaped by its config.json (no weight files needed; for benchmarks: the "
                         "speed is that of the real model, the text is meaningless). With --engine vllm, vLLM's "
@@ -163,10 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "bfloat16, 'off' elsewhere (refused with --engine vllm)")
     # The three C++ CPU paths share their choices: 'cpp' (built at first start), 'torch', 'auto'.
     cpp_flags = (
-        ("--decode-kernel", "CPU decode attention: 'cpp' reads K/V in place from the block pool with a C++ kernel "
-                            "compiled at first start (needs a C++ compiler and ninja; cached by torch), 'torch' "
-                            "gathers each sequence's blocks and calls SDPA; 'auto' = the kernel on CPU when it "
-                            "builds, else 'torch' with a warning (refused with --engine vllm)"),
+        ("--decode-kernel", "decode attention: 'cpp' reads K/V in place from the block pool with a C++ kernel "
+                            "compiled at first start (CPU; needs a C++ compiler and ninja; cached by torch), "
+                            "'torch' gathers each sequence's blocks and calls SDPA; 'auto' = on CPU the C++ "
+                            "kernel when it builds, else 'torch' with a warning; on CUDA a Triton kernel that "
+                            "reads the pool in place when triton imports and it passes a self-check at start, "
+                            "else 'torch' (refused with --engine vllm)"),
         ("--prefill-kernel", "CPU prefill attention (float32 or bfloat16 models): 'cpp' runs a causal flash-style C++ "
                              "kernel over the block pool (the same build as --decode-kernel), 'torch' gathers the "
                              "prefix and calls SDPA; 'auto' = the kernel on CPUs with AVX-512 when it builds "
@@ -210,7 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     v = p.add_argument_group("vLLM engine (--engine vllm)")
     v.add_argument("--enforce-eager", dest="enforce_eager", action=argparse.BooleanOptionalAction, default=None,
                    help="run vLLM without torch.compile / CUDA graphs (default: compiled, the plugin's SwiftKV and "
-                        "ZACK models included; CUDA graphs on GPUs)")
+                        "ZACK models included; CUDA graphs on GPUs); with --engine reference: no CUDA graphs for "
+                        "decode steps (default on CUDA: captured per batch size, unless a KV method or sliding "
+                        "windows are in use; CPU steps are always eager)")
     v.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="vLLM tensor parallelism: shards heads (per KV head) over this many devices (CPU: ranks, "
                         "each bound to its own share of the cores)")
@@ -261,6 +265,7 @@ def config_from_args(args: argparse.Namespace, model_dir: str | None = None) -> 
         enable_prefix_caching=args.enable_prefix_caching, long_prefill_token_threshold=args.long_prefill_token_threshold,
         packed_linear=args.packed_linear, decode_kernel=args.decode_kernel, prefill_kernel=args.prefill_kernel,
         fused_ops=args.fused_ops, malloc_tuning=args.malloc_tuning, huge_pages=args.huge_pages,
+        cuda_graphs=not args.enforce_eager,
         speculative_config=args.speculative_config if args.engine == "reference" else None)
     return WorkerConfig(
         engine_config=engine_config, host=args.host, port=args.port,
@@ -323,7 +328,6 @@ def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
     if args.engine == "reference":
         for flag, value in (("--tensor-parallel-size", args.tensor_parallel_size != 1),
                             ("--pipeline-parallel-size", args.pipeline_parallel_size != 1),
-                            ("--enforce-eager", args.enforce_eager is not None),
                             ("--kv-sharing-fast-prefill", args.fast_prefill is not None)):
             if value:
                 parser.error(f"{flag} is a vLLM-engine option (--engine vllm); the reference engine runs on one "

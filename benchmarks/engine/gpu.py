@@ -10,7 +10,10 @@ through ``LLMEngine`` with ``load_format="dummy"`` (weights drawn on the device)
   ratio SwiftKV / baseline (the papers' FLOP limit is about 0.51; target <= 0.55);
 - decode: ``--batches`` sequences of ``--context`` tokens, median time of one decode step
   against the memory-bandwidth limit = (weight bytes + KV bytes read) / bandwidth, the
-  bandwidth measured here with a large device-to-device copy (target: within 1.5x).
+  bandwidth measured here with a large device-to-device copy (target: within 1.5x). On CUDA the
+  engine replays decode steps from CUDA graphs (refengine.graph_decode; ``cuda_graphs`` in the
+  record); each batch is then measured again with every step eager on the same engine
+  (``decode_ms_eager_b*``, ``cuda_graph_speedup_b*``).
 Timings synchronise the device (the engine's sampled tokens come back to the host each step).
 """
 
@@ -164,11 +167,18 @@ def main(args: argparse.Namespace) -> int:
                     weight_bytes -= m.embed.numel() * m.embed.element_size()
                 kv_per_token = eng.runner.kv.bytes_per_token
                 res["weight_bytes"], res["kv_bytes_per_token"] = weight_bytes, kv_per_token
+                graphs = eng.runner.graphs             # refengine.graph_decode (CUDA), else None
+                res["cuda_graphs"] = graphs is not None
                 for b in args.batches:
                     ms = decode_ms(eng, args, b)
                     limit = 1e3 * (weight_bytes + b * (args.context + args.decode_steps // 2) * kv_per_token) / (bw * 1e9)
                     res[f"decode_ms_b{b}"], res[f"decode_limit_ms_b{b}"] = ms, limit
                     res[f"decode_vs_limit_b{b}"] = ms / limit
+                    if graphs is not None:             # the same engine with every step eager, side by side
+                        eng.runner.graphs = None
+                        res[f"decode_ms_eager_b{b}"] = decode_ms(eng, args, b)
+                        eng.runner.graphs = graphs
+                        res[f"cuda_graph_speedup_b{b}"] = res[f"decode_ms_eager_b{b}"] / ms
             del eng
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()

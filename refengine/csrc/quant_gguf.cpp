@@ -24,18 +24,17 @@
 // to its own on the same file.
 //
 // Integer ranges (why no saturation): maddubs multiplies unsigned weight values (Q4: 0..15,
-// Q6_K: 0..63, Q8_0: |w| <= 128 by the sign trick) by int8 activations (|q| <= 127) and adds pairs
-// into int16: at most 2 * 128 * 127 = 32512 < 32767. Block sums stay far inside int32.
-// Q4_0's -8 offset and Q4_1 / Q4_K mins use the activation block sums (s16, ds); Q6_K's -32 is taken
-// off the int16 pair sums (32 * x summed in pairs by the same instruction: |difference| <= 8128).
+// Q5_0: 0..31, Q6_K: 0..63, Q8_0: |w| <= 128 by the sign trick) by int8 activations (|q| <= 127) and
+// adds pairs into int16: at most 2 * 128 * 127 = 32512 < 32767. Block sums stay far inside int32.
+// Q4_0's -8 and Q5_0's -16 offsets and Q4_1 / Q4_K mins use the activation block sums (s16, ds); Q6_K's
+// -32 is taken off the int16 pair sums (32 * x summed in pairs by the same instruction: |difference| <= 8128).
 //
 // impl: 0 = the AVX2 + FMA kernel (compiled where the CPU has them: AVX-512 CPUs run it too),
 //       1 = the portable scalar kernel (the reference the AVX2 kernel is tested against; it is
 //       also what runs where AVX2 is missing),
 //       2 = the AVX-512 VNNI kernel for Q4_0 / Q4_1 / Q4_K / Q6_K (vpdpbusd: unsigned 4- or 6-bit
 //       values times int8 activations summed in groups of 4 into int32 lanes, 64 values an
-//       instruction; Q8_0 runs impl 0's code, already at the memory's rate), where gguf_has_vnni()
-//       says so.
+//       instruction; Q5_0 and Q8_0 run impl 0's code, vnni_format), where gguf_has_vnni() says so.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -61,7 +60,7 @@
 
 namespace {
 
-enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
+enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
 
 struct Fmt {
   int block;        // values per block
@@ -72,11 +71,12 @@ Fmt fmt_of(int64_t t) {
   switch (t) {
     case Q4_0: return {32, 18};
     case Q4_1: return {32, 20};
+    case Q5_0: return {32, 22};
     case Q8_0: return {32, 34};
     case Q4_K: return {256, 144};
     case Q6_K: return {256, 210};
   }
-  TORCH_CHECK(false, "gguf: unsupported ggml type ", t, " (Q4_0=2, Q4_1=3, Q8_0=8, Q4_K=12, Q6_K=14)");
+  TORCH_CHECK(false, "gguf: unsupported ggml type ", t, " (Q4_0=2, Q4_1=3, Q5_0=6, Q8_0=8, Q4_K=12, Q6_K=14)");
   return {0, 0};
 }
 
@@ -84,6 +84,12 @@ inline float f16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return c10::detail::fp16_ieee_to_fp32_value(h);
+}
+
+// Q5_0: the 32 fifth bits of a block (bytes 2..5, little-endian; bit j is value j's).
+inline uint32_t q5_high(const uint8_t* b) {
+  return static_cast<uint32_t>(b[2]) | static_cast<uint32_t>(b[3]) << 8 | static_cast<uint32_t>(b[4]) << 16 |
+         static_cast<uint32_t>(b[5]) << 24;
 }
 
 // a * b rounded to float32 before anything is added to it (no FMA contraction), as C code
@@ -132,6 +138,15 @@ void dequant_row(int64_t t, const uint8_t* b, float* y, int64_t cols) {
       for (int j = 0; j < 16; ++j) {
         y[j] = mul_r(static_cast<float>(b[4 + j] & 0xF), d) + m;
         y[j + 16] = mul_r(static_cast<float>(b[4 + j] >> 4), d) + m;
+      }
+    } else if (t == Q5_0) {
+      const float d = f16(b);
+      const uint32_t qh = q5_high(b);
+      for (int j = 0; j < 16; ++j) {
+        const int32_t x0 = static_cast<int32_t>((b[6 + j] & 0xF) | (((qh >> j) & 1) << 4)) - 16;
+        const int32_t x1 = static_cast<int32_t>((b[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16;
+        y[j] = static_cast<float>(x0) * d;
+        y[j + 16] = static_cast<float>(x1) * d;
       }
     } else if (t == Q8_0) {
       const float d = f16(b);
@@ -226,6 +241,17 @@ float dot_scalar(int64_t t, const uint8_t* w, const Act& a, int64_t K) {
         acc = std::fma(f16(w) * a.d[i], static_cast<float>(s), acc);
         if (t == Q4_1) acc = std::fma(f16(w + 2), a.ds[i], acc);
       }
+    } else if (t == Q5_0) {
+      const int8_t* x = a.q + 32 * i;
+      const uint32_t qh = q5_high(w);
+      const uint8_t* qs = w + 6;
+      int32_t s = 0;
+      for (int j = 0; j < 16; ++j) {
+        s += ((qs[j] & 0xF) | static_cast<int>(((qh >> j) & 1) << 4)) * x[j];
+        s += ((qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1) << 4)) * x[j + 16];
+      }
+      s -= 16 * (a.s16[2 * i] + a.s16[2 * i + 1]);
+      acc = std::fma(f16(w) * a.d[i], static_cast<float>(s), acc);
     } else if (t == Q4_K) {
       const float d = f16(w), dmin = f16(w + 2);
       for (int j = 0; j < 8; ++j) {
@@ -274,6 +300,15 @@ inline __m256i nibbles32(const uint8_t* qs16) {          // 16 bytes -> 32 value
   return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
 }
 
+// Q5_0: the 32 bits of qh as a byte mask (byte j 0xFF where bit j is set): byte j / 8 of qh copied
+// to bytes 8 (j / 8) .. 8 (j / 8) + 7, each ORed with every bit but its own (bit j % 8) set.
+inline __m256i bits_to_bytes(uint32_t qh) {
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
+      _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL));
+  const __m256i others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL);                 // ~(1 << k) in byte k
+  return _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi8(-1));
+}
+
 inline __m256i dot_u8s8(__m256i u, __m256i s) {          // 8 int32 lanes, each the sum of 4 products
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
@@ -312,6 +347,16 @@ void dot_avx2(int64_t t, const uint8_t* w, const Act* a, int64_t K, float* out) 
         if (t == Q4_0) p = _mm256_sub_epi32(p, _mm256_set1_epi32(a[r].s16[2 * i] + a[r].s16[2 * i + 1]));
         acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a[r].d[i]), _mm256_cvtepi32_ps(p), acc[r]);
         if (t == Q4_1) side[r] = std::fma(mw, a[r].ds[i], side[r]);
+      }
+    } else if (t == Q5_0) {
+      const __m256i hb = _mm256_and_si256(bits_to_bytes(q5_high(w)), _mm256_set1_epi8(0x10));
+      const __m256i wq = _mm256_or_si256(nibbles32(w + 6), hb);                  // 0..31
+      const float dw = h2f(w);
+      for (int r = 0; r < R; ++r) {
+        __m256i p = dot_u8s8(wq, load32(a[r].q + 32 * i));
+        // -16 * (block sum): 2 * sum off each of the 8 lanes
+        p = _mm256_sub_epi32(p, _mm256_set1_epi32(2 * (a[r].s16[2 * i] + a[r].s16[2 * i + 1])));
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a[r].d[i]), _mm256_cvtepi32_ps(p), acc[r]);
       }
     } else if (t == Q8_0) {
       const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2));
@@ -587,6 +632,7 @@ __attribute__((target("avx512vnni"))) void dot_vnni(int64_t t, const uint8_t* w,
   for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]) + side[r];
 }
 
+// The formats dot_vnni runs; the others (Q5_0, Q8_0) take impl 0's dot_avx2 under impl 2.
 bool vnni_format(int64_t t) { return t == Q4_0 || t == Q4_1 || t == Q4_K || t == Q6_K; }
 #endif
 

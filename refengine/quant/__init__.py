@@ -1,6 +1,6 @@
 """Quantized weights served natively by the reference engine.
 
-- ``formats``: the GGUF block formats (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K): reference dequantization
+- ``formats``: the GGUF block formats (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K): reference dequantization
   (bit-equal to llama.cpp's) and quantizers, in torch.
 - ``qtensor.QTensor``: a matrix kept in its blocks.
 - ``gguf_source.GGUFWeights``: a GGUF file as a weight source in HF names (``load_format="gguf"``).

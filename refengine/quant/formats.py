@@ -1,4 +1,4 @@
-"""GGUF block formats served natively (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K): layouts, reference
+"""GGUF block formats served natively (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K): layouts, reference
 dequantization and quantization, in torch (CPU or CUDA, no extension needed).
 
 A quantized matrix is stored as GGUF stores it: ``raw [rows, row_bytes]`` uint8, each row the
@@ -11,13 +11,15 @@ The C++ kernels (``csrc/quant_gguf.cpp``) are tested against these functions.
 Block layouts (little-endian, fp16 scales as in ggml-common.h):
   Q4_0  32 values / 18 bytes: d fp16, qs[16] (low nibbles = values 0..15, high = 16..31); x = (q - 8) * d
   Q4_1  32 / 20: d fp16, m fp16, qs[16]; x = q * d + m
+  Q5_0  32 / 22: d fp16, qh u32 (bit j = the 5th bit of value j), qs[16] (the low 4 bits, as Q4_0's);
+        x = (q - 16) * d with q in 0..31
   Q8_0  32 / 34: d fp16, qs[32] int8; x = q * d
   Q4_K  256 / 144: d fp16, dmin fp16, scales[12] (eight 6-bit scales and mins), qs[128]: sub-block
         pairs (2j, 2j+1) share qs[32j:32j+32], low nibbles 2j, high 2j+1; x = (d*sc) * q - (dmin*m)
   Q6_K  256 / 210: ql[128], qh[64], scales[16] int8, d fp16; two halves of 128: value 32g + l of a
         half is the 4 bits of ql (l or l+32, low or high nibble) and 2 bits of qh[l], minus 32;
         x = (d * sc) * q with sc the scale of its 16 values
-The quantizers follow llama.cpp's reference (round-to-nearest) ones for Q4_0 / Q4_1 / Q8_0; Q4_K and
+The quantizers follow llama.cpp's reference (round-to-nearest) ones for Q4_0 / Q4_1 / Q5_0 / Q8_0; Q4_K and
 Q6_K get a plain round-to-nearest quantizer of our own (valid blocks, without llama.cpp's search), used
 for SwiftKV's extra projections of a K-quant model and in tests.
 """
@@ -38,7 +40,7 @@ class Format:
 
 
 FORMATS = {f.name: f for f in (
-    Format("Q4_0", 2, 32, 18), Format("Q4_1", 3, 32, 20), Format("Q8_0", 8, 32, 34),
+    Format("Q4_0", 2, 32, 18), Format("Q4_1", 3, 32, 20), Format("Q5_0", 6, 32, 22), Format("Q8_0", 8, 32, 34),
     Format("Q4_K", 12, 256, 144), Format("Q6_K", 14, 256, 210))}
 BY_GGML_TYPE = {f.ggml_type: f for f in FORMATS.values()}
 
@@ -95,6 +97,14 @@ def _q6_values(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(vals, 1), torch.cat(scales, 1)
 
 
+def _q5_values(qh: torch.Tensor, qs: torch.Tensor) -> torch.Tensor:
+    """Q5_0 ``qh [nb, 4]`` (a little-endian uint32, bit j the 5th bit of value j) and ``qs [nb, 16]`` ->
+    the ``[nb, 32]`` int32 values 0..31."""
+    h = qh.to(torch.int32)
+    bits = (h.unsqueeze(2) >> torch.arange(8, dtype=torch.int32, device=qh.device)) & 1     # [nb, byte, bit]
+    return _nibbles(qs) | (bits.reshape(-1, 32) << 4)
+
+
 def dequantize(qtype: str, raw: torch.Tensor, cols: int) -> torch.Tensor:
     """``raw [rows, row_bytes]`` -> ``[rows, cols]`` float32, bit-equal to llama.cpp's ``dequantize_row_*``."""
     b = _blocks(raw, qtype, cols)
@@ -105,6 +115,9 @@ def dequantize(qtype: str, raw: torch.Tensor, cols: int) -> torch.Tensor:
     elif qtype == "Q4_1":
         d, m = _f16(b[:, 0:2]).unsqueeze(1), _f16(b[:, 2:4]).unsqueeze(1)
         y = _nibbles(b[:, 4:20]).float() * d + m
+    elif qtype == "Q5_0":
+        d = _f16(b[:, 0:2]).unsqueeze(1)
+        y = (_q5_values(b[:, 2:6], b[:, 6:22]) - 16).float() * d
     elif qtype == "Q8_0":
         d = _f16(b[:, 0:2]).unsqueeze(1)
         y = b[:, 2:34].contiguous().view(torch.int8).float() * d
@@ -166,6 +179,14 @@ def quantize(qtype: str, w: torch.Tensor) -> torch.Tensor:
         d = mx / -8
         q = torch.clamp(torch.trunc(x * _safe_inv(d).unsqueeze(1) + 8.5), max=15)
         out = torch.cat([_f16_bytes(d), _pack_nibbles(q)], 1)
+    elif qtype == "Q5_0":
+        idx = x.abs().argmax(1, keepdim=True)
+        mx = x.gather(1, idx).squeeze(1)
+        d = mx / -16
+        q = torch.clamp(torch.trunc(x * _safe_inv(d).unsqueeze(1) + 16.5), max=31).to(torch.int32)
+        weights = 1 << torch.arange(8, dtype=torch.int32, device=x.device)       # bit j of byte k: value 8 k + j
+        qh = ((q >> 4).reshape(-1, 4, 8) * weights).sum(2).to(torch.uint8)
+        out = torch.cat([_f16_bytes(d), qh, _pack_nibbles(q & 0xF)], 1)
     elif qtype == "Q4_1":
         mn, mx = x.amin(1), x.amax(1)
         d = (mx - mn) / 15

@@ -3,7 +3,7 @@
 Same interface as ``refengine.weights.WeightSource`` (``name in w``, ``names()``, ``get(name, dtype,
 device)`` -> a dense tensor, ``close()``), in Hugging Face tensor names, plus ``get_quant(name)``:
 the tensor as a ``QTensor`` (its GGUF blocks, no dequantization) when the file stores it in a
-format the kernels run (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K), else None (F32 / F16 / BF16 tensors, names
+format the kernels run (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K), else None (F32 / F16 / BF16 tensors, names
 that only the fallback has). ``get`` of a quantized tensor dequantizes it (llama.cpp's reference
 values): for load-time transformations that need floats (ZACK's folds).
 

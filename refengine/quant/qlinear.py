@@ -46,7 +46,7 @@ class GGUFLinear(nn.Module):
             self.register_buffer(f"raw{i}", r.raw, persistent=False)
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
         self.formats = [r.qtype for r in self.runs]
-        # gguf_gemm's AVX-512 VNNI kernel (Q4_0 / Q4_1 / Q4_K / Q6_K; the others run the AVX2 code) where the
+        # gguf_gemm's AVX-512 VNNI kernel (Q4_0 / Q4_1 / Q4_K / Q6_K; Q5_0, Q8_0 run the AVX2 code) where the
         # CPU has it; interleaved rows (QTensor.group, the plan's choice) only run there
         self.impl = 2 if kernels.gguf_has_vnni() else 0
         if self.impl != 2 and any(r.group != 1 for r in self.runs):

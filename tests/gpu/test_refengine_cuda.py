@@ -1,7 +1,9 @@
 """The reference engine on CUDA against the same engine on CPU (float32, torch ops) and against
 transformers: greedy tokens (a divergence must sit on a near-tie of the reference) and
 teacher-forced distributions read through the KV cache, for the dense model, SwiftKV and
-AcrossKV, the FP8 KV cache, KCache's pinned host V pool, bf16, and concurrent requests."""
+AcrossKV, the FP8 KV cache, KCache's pinned host V pool, bf16, and concurrent requests. Decode
+steps run from CUDA graphs (refengine.graph_decode) wherever the engine captures them (every case
+here but KCache's), and against the eager engine in test_cuda_graph_decode_equals_eager."""
 
 import pytest
 import torch
@@ -43,6 +45,19 @@ def test_cuda_equals_cpu(model, cpu_ref, kw):
     assert eng.runner.device.type == "cuda" and eng.runner.dtype == torch.float32
 
 
+@pytest.mark.parametrize("kw", [{}, {"max_num_seqs": 3}], ids=["batched", "padded"])
+def test_cuda_graph_decode_equals_eager(model, cpu_ref, kw):
+    """refengine.graph_decode: decode steps captured (per batch size and table width) and replayed give
+    the CPU's greedy tokens, and the eager CUDA engine's (--enforce-eager) exactly."""
+    P, toks, _ = cpu_ref
+    eng, _ = _parity(model, cpu_ref, **kw)
+    graphs = eng.runner.graphs
+    assert graphs is not None and graphs.graphs and graphs.replays > 0
+    eager = make_engine(model, "cuda", cuda_graphs=False, **kw)
+    assert eager.runner.graphs is None
+    assert greedy(eager, P, len(toks[0])) == greedy(eng, P, len(toks[0]))
+
+
 @pytest.mark.parametrize("g", [1, 2])
 def test_swiftkv_cuda_equals_cpu(model, tmp_path, g):
     from modelkit.swiftkv import write_swiftkv_checkpoint
@@ -54,6 +69,7 @@ def test_swiftkv_cuda_equals_cpu(model, tmp_path, g):
     eng, _ = _parity(ckpt, (P, toks, dist_rows(cpu, P, toks)), max_num_batched_tokens=64)
     l, L = SMALL["num_hidden_layers"] // 2, SMALL["num_hidden_layers"]
     assert len(eng.runner.kv.slots) == l + (L - l) // g               # AcrossKV: one cache per group
+    assert eng.runner.graphs.replays > 0                               # SwiftKV's tail inside the graph
 
 
 def test_fp8_kv_cache_on_cuda(model, cpu_ref):

@@ -140,6 +140,11 @@ def test_summary_keys_come_only_from_a_cuda_session(tmp_path):
         "vllm_swiftkv_prefill_throughput_ratio_8b": 1.7, "vllm_swiftkv_ttft_ratio_8b": 0.55,
         "vllm_swiftkv_decode_tpot_ratio_8b": 1.02}
     assert gpu_summary({**state, "env": {"cuda": False}}, tmp_path) == {}
+    bench = {"cuda_graphs": True, "decode_vs_limit_b1": 1.23456, "decode_vs_limit_b64": 2.5, "decode_vs_limit_b4": 9}
+    got = gpu_summary({**state, "bench": {"status": "done", "result": bench}}, tmp_path)
+    assert (got["ref_decode_step_vs_bandwidth_limit_b1"], got["ref_decode_step_vs_bandwidth_limit_b64"]) == (1.235, 2.5)
+    eager = gpu_summary({**state, "bench": {"status": "done", "result": {**bench, "cuda_graphs": False}}}, tmp_path)
+    assert "ref_decode_step_vs_bandwidth_limit_b1" not in eager      # the issue's figure is the graphs' step
 
 
 def test_merge_summary_takes_keys_a_gpu_measured_and_keeps_the_rest(tmp_path, capsys):

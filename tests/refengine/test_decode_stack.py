@@ -6,6 +6,7 @@ Each case runs the same requests twice on the real SmolLM2, the C++ layer loop o
 must be equal, not close."""
 
 import pytest
+from engine_support import run_with_arrival
 
 from modelkit.swiftkv import write_swiftkv_checkpoint
 from refengine.config import EngineConfig
@@ -20,16 +21,7 @@ def run(monkeypatch, model_dir, on: bool, **kw):
     """(tokens and log-probs per request, whether the loop was built for the cache)."""
     monkeypatch.setenv("SWIFTSERVE_DECODE_STACK", "1" if on else "0")
     eng = LLMEngine(EngineConfig(model=str(model_dir), max_model_len=512, num_kv_blocks=128, **kw))
-    for i, p in enumerate(PROMPTS[:2]):
-        eng.add_request(f"r{i}", p, PARAMS)
-    got: dict[str, list] = {}
-    steps = 0
-    while eng.has_unfinished():
-        for o in eng.step():
-            got.setdefault(o.request_id, []).append((o.new_token_ids, repr(o.new_logprobs)))
-        steps += 1
-        if steps == 4:                             # a prefill beside two decoding requests
-            eng.add_request("r2", PROMPTS[2], PARAMS)
+    got = {r: [(t, repr(lp)) for t, lp in steps] for r, steps in run_with_arrival(eng, PROMPTS, PARAMS).items()}
     return got, eng.runner.model._stack is not None
 
 

@@ -229,6 +229,11 @@ def test_parallelism_and_affinity_flags_are_checked(argv, words, capsys):
     assert e.value.code == 2 and words in capsys.readouterr().err
 
 
+def test_enforce_eager_turns_the_reference_engines_cuda_graphs_off():
+    assert cfg().engine_config.cuda_graphs is True
+    assert cfg("--enforce-eager").engine_config.cuda_graphs is False
+
+
 def test_vllm_flags_reach_the_worker_config():
     c = cfg("--engine", "vllm", "-tp", "2", "--pipeline-parallel-size", "2", "--no-kv-sharing-fast-prefill",
             "--no-enforce-eager")

@@ -11,7 +11,7 @@ import torch
 
 from refengine.quant import formats
 
-SCALE_OFFSETS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}
+SCALE_OFFSETS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}
 
 
 def random_blocks(qtype: str, rows: int, cols: int, seed: int = 0) -> torch.Tensor:

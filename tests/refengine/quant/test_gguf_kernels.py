@@ -67,6 +67,30 @@ def test_gemm_equals_exact_product_of_quantized_operands(k, qtype):
         assert err < 2e-6, (impl, err)
 
 
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_gemm_on_every_bit_pattern_and_extreme_activations(k, qtype):
+    """Random bytes in every integer field (Q5_0: every qh bit pattern, values 0..31) against activations
+    at +-127 (the int16 pair sums' limits) and random ones: the exact product up to float32 summation."""
+    N, K = 24, 512
+    raw = random_blocks(qtype, N, K, seed=14)
+    x = torch.randn(6, K, generator=torch.Generator().manual_seed(15))
+    x[0] = 1.0                                                        # every activation 127
+    x[1] = -1.0
+    x[2, ::2] = 1.0                                                   # +-127 alternating
+    x[2, 1::2] = -1.0
+    acts = k.act_quant(x, 0)
+    xq, w = acts[0].double() * acts[1].double().repeat_interleave(32, 1), formats.dequantize(qtype, raw, K).double()
+    ref, scale = xq @ w.t(), xq.abs() @ w.abs().t()                  # scale: the sum of |products|
+    outs = {}
+    for impl in _impls(k):
+        out = torch.empty(6, N)
+        k.gguf_gemm(*acts, raw, formats.FORMATS[qtype].ggml_type, out, 0, impl)
+        assert ((out.double() - ref).abs() <= 2e-6 * scale).all(), impl
+        outs[impl] = out
+    if 2 in outs and qtype in ("Q5_0", "Q8_0"):                     # impl 2 runs impl 0's code for these
+        assert torch.equal(outs[2], outs[0])
+
+
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
 def test_vnni_gemm_with_an_odd_block_count(k, qtype):
     """impl 2 takes two 32-value blocks a step: a row of 17 blocks ends on one (masked) block."""
@@ -85,7 +109,7 @@ def test_vnni_gemm_with_an_odd_block_count(k, qtype):
     assert torch.equal(one[0], out[3])
 
 
-@pytest.mark.parametrize("qtype", ["Q4_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q5_0", "Q4_K", "Q6_K"])
 def test_rows_do_not_depend_on_the_batch(k, qtype):
     """A row's result is the same bits alone, in a batch of 9 (tiles of 4 and a remainder) and at
     any position: greedy tokens do not change with what runs beside them."""

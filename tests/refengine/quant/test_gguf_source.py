@@ -82,3 +82,23 @@ def test_engine_serves_the_file_close_to_its_dequantized_weights(tiny):
     alone = quant.generate([prompt], p)[0]
     batched = quant.generate([prompt, prompt[5:], prompt[::-1]], p)[0]
     assert alone == batched                                            # batch-invariant kernels
+
+
+def test_q5_0_file_is_read_and_served(tmp_path):
+    """Q5_0 (what a Q4_K_M file of a model whose rows are not a multiple of 256 values falls back to,
+    e.g. Gemma 3 270M's q/k/gate/up) with a Q6_K v: blocks kept, read back exactly, served close to
+    the dequantized weights."""
+    ref = write_tiny_llama(tmp_path, "Q5_0", seed=1, v_type="Q6_K")
+    w = GGUFWeights(find_gguf(tmp_path))
+    q = w.get_quant("model.layers.0.self_attn.q_proj.weight")
+    assert q.qtype == "Q5_0" and q.shape == (256, 256)
+    for name, t in ref.items():
+        assert torch.equal(w.get(name), t), name
+    kw = dict(model=str(tmp_path), dtype="float32", max_model_len=256, kv_cache_memory_gb=0.05, seed=0)
+    prompt = list(range(3, 40))
+    want = LLMEngine(EngineConfig(**kw)).score([(prompt[:4], prompt[4:])], want_dist=True)[0]
+    quant = LLMEngine(EngineConfig(load_format="gguf", **kw))
+    assert quant.runner.model.layers[0].qkv_proj.formats == ["Q5_0", "Q6_K"]
+    got = quant.score([(prompt[:4], prompt[4:])], want_dist=True)[0]
+    diffs = [abs(a[0] - b[0]) for a, b in zip(want, got)]
+    assert sum(diffs) / len(diffs) < 0.1 and max(diffs) < 0.3, diffs
