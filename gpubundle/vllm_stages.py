@@ -168,4 +168,6 @@ def gpu_summary(state: dict, work: Path) -> dict:
     for batch in (1, 64):
         if b.get("cuda_graphs") and b.get(f"decode_vs_limit_b{batch}") is not None:
             out[f"ref_decode_step_vs_bandwidth_limit_b{batch}"] = round(b[f"decode_vs_limit_b{batch}"], 3)
+    if b.get("decode_ms_by_method") and (b.get("methods_batch"), b.get("context")) == (64, 1024):   # the setting
+        out["ref_decode_ms_by_method"] = {k: round(v, 3) for k, v in b["decode_ms_by_method"].items()}
     return out

@@ -1,11 +1,14 @@
 """Logits parity with llama.cpp on the same GGUF file: both engines, the same token ids.
 
     python -m studies.gguf_logits_vs_llamacpp [--llamacpp /work/peers/llama.cpp] [--model DIR] [--prompts 8]
+        [--llamacpp-kv f16|f32] [--llamacpp-flash-attn auto|off]
 
 Our side: the reference engine with ``load_format="gguf"`` (the file's blocks, csrc/quant_gguf.cpp),
 float32 activations. llama.cpp's side: a ~60-line C++ program of ours, compiled here against the
 peer's ``llama.h`` / ``libllama`` (studies/llamacpp_build.sh; a peer, never a dependency), that
 (a) runs each sequence in one batch with every position's logits out and (b) decodes greedily.
+Its KV cache type and flash attention are its defaults (f16, auto: on for CPUs) unless the options
+ask for float32 and its unfused attention, the settings nearest to ours (float32 cache, float32 softmax).
 
 Inputs: ``--prompts`` held-out sequences (the Apache-2.0 licence text cut into ``--len`` tokens each,
 our tokenizer's ids, so both engines see identical ids). Figures:
@@ -36,7 +39,8 @@ from benchmarks.lib.records import command_line, write_json
 ROOT = Path(__file__).resolve().parent.parent
 
 PROGRAM = r"""
-// argv: model.gguf in.bin out.bin threads kv (kv: 0 llama.cpp's default f16 cache, 1 float32). in.bin: int32 mode, n_seq, then per sequence int32 n, n ids
+// argv: model.gguf in.bin out.bin threads kv fa (kv: 0 llama.cpp's default f16 cache, 1 float32; fa: its
+// flash_attn_type, -1 auto (its default), 0 off). in.bin: int32 mode, n_seq, then per sequence int32 n, n ids
 // (mode 0: all-position logits out, float32 [n, V] per sequence; mode 1: int32 gen, greedy ids out).
 #include "llama.h"
 #include <cstdio>
@@ -61,6 +65,7 @@ int main(int argc, char** argv) {
     cp.n_ctx = n + gen + 8; cp.n_batch = cp.n_ubatch = n + 8;
     cp.n_threads = cp.n_threads_batch = atoi(argv[4]);
     if (atoi(argv[5]) == 1) { cp.type_k = GGML_TYPE_F32; cp.type_v = GGML_TYPE_F32; }
+    cp.flash_attn_type = static_cast<llama_flash_attn_type>(atoi(argv[6]));
     llama_context* ctx = llama_init_from_model(model, cp);
     llama_batch b = llama_batch_init(n, 0, 1);
     for (int32_t i = 0; i < n; ++i) {
@@ -102,13 +107,14 @@ def build(llamacpp: Path, work: Path) -> Path:
 
 
 def run_llamacpp(exe: Path, gguf: Path, work: Path, mode: int, seqs: list[list[int]], gen: int,
-                 threads: int, kv: str) -> bytes:
+                 threads: int, kv: str, flash_attn: str) -> bytes:
     inp, out = work / f"in{mode}.bin", work / f"out{mode}.bin"
     data = struct.pack("<3i", mode, len(seqs), gen)
     for s in seqs:
         data += struct.pack(f"<{len(s) + 1}i", len(s), *s)
     inp.write_bytes(data)
-    subprocess.run([str(exe), str(gguf), str(inp), str(out), str(threads), "1" if kv == "f32" else "0"], check=True,
+    fa = {"auto": "-1", "off": "0"}[flash_attn]
+    subprocess.run([str(exe), str(gguf), str(inp), str(out), str(threads), "1" if kv == "f32" else "0", fa], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return out.read_bytes()
 
@@ -124,6 +130,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--llamacpp-kv", choices=["f16", "f32"], default="f16",
                     help="llama.cpp's KV cache type (f16: its default; f32: as ours, float32)")
+    ap.add_argument("--llamacpp-flash-attn", choices=["auto", "off"], default="auto",
+                    help="llama.cpp's flash attention (auto: its default, on for CPUs; off: its unfused attention)")
     ap.add_argument("--no-summary", action="store_true", help="print only, merge nothing")
     args = ap.parse_args()
 
@@ -162,8 +170,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         exe = build(args.llamacpp, work)
-        raw = run_llamacpp(exe, gguf, work, 0, seqs, 0, args.threads, args.llamacpp_kv)
-        theirs_gen_raw = run_llamacpp(exe, gguf, work, 1, chats, args.gen, args.threads, args.llamacpp_kv)
+        opts = (args.threads, args.llamacpp_kv, args.llamacpp_flash_attn)
+        raw = run_llamacpp(exe, gguf, work, 0, seqs, 0, *opts)
+        theirs_gen_raw = run_llamacpp(exe, gguf, work, 1, chats, args.gen, *opts)
     V = len(raw) // 4 // (args.len * args.prompts)
     theirs = torch.frombuffer(bytearray(raw), dtype=torch.float32).reshape(args.prompts, args.len, V)
     theirs_gen = torch.frombuffer(bytearray(theirs_gen_raw), dtype=torch.int32).reshape(args.prompts, args.gen).tolist()
@@ -182,7 +191,8 @@ def main() -> None:
         total += ref.shape[0]
     same_gen = [a == b for a, b in zip(ours_gen, theirs_gen)]
     parity = all(same_gen) and agree == total
-    res = {"command": command_line(), "gguf": gguf.name, "llamacpp_kv_cache": args.llamacpp_kv, "sequences": args.prompts, "tokens_per_sequence": args.len,
+    res = {"command": command_line(), "gguf": gguf.name, "llamacpp_kv_cache": args.llamacpp_kv,
+           "llamacpp_flash_attn": args.llamacpp_flash_attn, "sequences": args.prompts, "tokens_per_sequence": args.len,
            "compared_positions": total, "argmax_agreement": agree / total,
            "logprob_max_abs_diff": max_diff,
            "true_logprob_mean_abs_diff": ours_vs_theirs / total,

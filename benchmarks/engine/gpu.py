@@ -13,7 +13,9 @@ through ``LLMEngine`` with ``load_format="dummy"`` (weights drawn on the device)
   bandwidth measured here with a large device-to-device copy (target: within 1.5x). On CUDA the
   engine replays decode steps from CUDA graphs (refengine.graph_decode; ``cuda_graphs`` in the
   record); each batch is then measured again with every step eager on the same engine
-  (``decode_ms_eager_b*``, ``cuda_graph_speedup_b*``).
+  (``decode_ms_eager_b*``, ``cuda_graph_speedup_b*``); then the step at the largest batch with
+  each KV method of ``--methods`` (``decode_ms_by_method``, ``cuda_graphs_by_method``: which ran
+  from graphs; KV methods run eagerly).
 Timings synchronise the device (the engine's sampled tokens come back to the host each step).
 """
 
@@ -32,6 +34,9 @@ LLAMA_8B = {"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 1433
             "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                              "original_max_position_embeddings": 8192}}
 # CPU only: the engine's C++ kernels as it picks them, or plain torch ops (no kernel build: quick checks).
+# KV methods measured by --methods (ZACK needs a calibrated model, which random weights are not).
+METHODS = {"plain": {}, "fp8": {"fp8": {}}, "kcache": {"kcache": {"top_n": 256}}, "zipcache": {"zipcache": {}},
+           "eviction": {"eviction": {"budget": 256}}}
 CPU_KERNELS = {"auto": {}, "torch": {"decode_kernel": "torch", "prefill_kernel": "torch", "fused_ops": "torch"}}
 TINY = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-5,
@@ -55,7 +60,7 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def engine(model_dir: Path, args, swiftkv: bool, max_tokens: int):
+def engine(model_dir: Path, args, swiftkv: bool, max_tokens: int, kv_methods: dict | None = None):
     from refengine.config import EngineConfig
     from refengine.engine import LLMEngine
 
@@ -63,7 +68,25 @@ def engine(model_dir: Path, args, swiftkv: bool, max_tokens: int):
                                   swiftkv=swiftkv, max_model_len=max(args.prefill_tokens, args.context) + 64,
                                   max_num_batched_tokens=max_tokens, max_num_seqs=max(args.batches) + 1,
                                   kv_cache_memory_gb=args.kv_gb, enable_prefix_caching=False,
-                                  long_prefill_token_threshold=0, **CPU_KERNELS[args.cpu_kernels]))
+                                  long_prefill_token_threshold=0, kv_methods=kv_methods or {},
+                                  **CPU_KERNELS[args.cpu_kernels]))
+
+
+def decode_by_method(model_dir: Path, args, res: dict) -> None:
+    """The decode step at the largest batch with each KV method of ``--methods`` (one engine each); the
+    plain cache's figure is the baseline engine's, measured above."""
+    import torch
+
+    b = res["methods_batch"] = max(args.batches)
+    res["decode_ms_by_method"] = {"plain": res[f"decode_ms_b{b}"]}
+    res["cuda_graphs_by_method"] = {"plain": res["cuda_graphs"]}
+    for name in [m for m in args.methods.split(",") if m and m != "plain"]:
+        eng = engine(model_dir, args, False, args.prefill_tokens, METHODS[name])
+        res["decode_ms_by_method"][name] = decode_ms(eng, args, b)
+        res["cuda_graphs_by_method"][name] = eng.runner.graphs is not None
+        del eng
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
 
 
 def prefill_ms(eng, args) -> float:
@@ -138,12 +161,18 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--kv-gb", type=float, default=None, help="KV pool (default 16 GiB; tiny 0.05)")
     ap.add_argument("--cpu-kernels", choices=sorted(CPU_KERNELS), default="auto",
                     help="CPU: the engine's C++ kernels (auto) or torch ops (torch: nothing to build)")
+    ap.add_argument("--methods", default=",".join(METHODS),
+                    help=f"KV methods whose decode step is measured at the largest batch, comma-separated from "
+                         f"{', '.join(METHODS)} ('' for none; the issue's ref_decode_ms_by_method)")
     ap.add_argument("--out", default=None, help="JSON path (default results/perf/gpu/<device name>.json)")
 
 
 def main(args: argparse.Namespace) -> int:
     import torch
 
+    unknown = [m for m in args.methods.split(",") if m and m not in METHODS]
+    if unknown:
+        raise SystemExit(f"--methods: unknown {', '.join(unknown)} (known: {', '.join(METHODS)})")
     args.prefill_tokens = args.prefill_tokens or (256 if args.tiny else 8192)
     args.context = args.context or (64 if args.tiny else 1024)
     args.kv_gb = args.kv_gb or (0.05 if args.tiny else 16.0)
@@ -182,6 +211,8 @@ def main(args: argparse.Namespace) -> int:
             del eng
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()
+        if args.methods:
+            decode_by_method(model_dir, args, res)
         res["swiftkv_prefill_ratio"] = res["prefill_ms_swiftkv"] / res["prefill_ms_baseline"]
     out = Path(args.out) if args.out else Path("results/perf/gpu") / f"{name.replace(' ', '_')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -53,6 +53,9 @@ def test_gpu_benchmark_script_runs_on_cpu_with_a_tiny_shape(tmp_path):
                 "decode_ms_b4", "decode_vs_limit_b4", "copy_bandwidth_gbs", "weight_bytes"):
         assert res[key] > 0, key
     assert res["shape"] == "tiny" and res["device"] == "cpu"
+    assert set(res["decode_ms_by_method"]) == {"plain", "fp8", "kcache", "zipcache", "eviction"}
+    assert all(v > 0 for v in res["decode_ms_by_method"].values()) and res["methods_batch"] == 4
+    assert not any(res["cuda_graphs_by_method"].values())               # CPU: no graphs
 
 
 @pytest.mark.model

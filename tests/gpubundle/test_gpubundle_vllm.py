@@ -145,6 +145,13 @@ def test_summary_keys_come_only_from_a_cuda_session(tmp_path):
     assert (got["ref_decode_step_vs_bandwidth_limit_b1"], got["ref_decode_step_vs_bandwidth_limit_b64"]) == (1.235, 2.5)
     eager = gpu_summary({**state, "bench": {"status": "done", "result": {**bench, "cuda_graphs": False}}}, tmp_path)
     assert "ref_decode_step_vs_bandwidth_limit_b1" not in eager      # the issue's figure is the graphs' step
+    by = {"plain": 9.5, "kcache": 20.25}
+    got = gpu_summary({**state, "bench": {"status": "done", "result": {
+        **bench, "decode_ms_by_method": by, "methods_batch": 64, "context": 1024}}}, tmp_path)
+    assert got["ref_decode_ms_by_method"] == by
+    small = gpu_summary({**state, "bench": {"status": "done", "result": {
+        **bench, "decode_ms_by_method": by, "methods_batch": 4, "context": 64}}}, tmp_path)
+    assert "ref_decode_ms_by_method" not in small                    # only batch 64 at context 1024
 
 
 def test_merge_summary_takes_keys_a_gpu_measured_and_keeps_the_rest(tmp_path, capsys):

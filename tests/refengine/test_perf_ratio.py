@@ -1,10 +1,11 @@
 """CI speed guard, as a ratio measured in one run (no absolute timings): a 50% SwiftKV prefill
 must stay well under the baseline prefill of the same model. SmolLM2's shape with random
 weights (``load_format="dummy"``: a prefill's cost does not depend on the values), the two
-engines alternating so that machine load hits both alike; the median of paired ratios."""
+engines alternating; the ratio of each engine's fastest run (load from other tests only ever adds
+time, so the minimum is the figure least moved by it: under CI's second worker the paired ratios
+of one run spread from 0.39 to 4.9)."""
 
 import json
-import statistics
 import time
 
 import pytest
@@ -16,7 +17,7 @@ from refengine.sampling_params import SamplingParams
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 
 TOKENS = 512
-PAIRS = 5
+PAIRS = 7
 
 
 def prefill_s(eng, rid: str) -> float:
@@ -38,6 +39,6 @@ def test_swiftkv_prefill_stays_well_under_baseline(smollm2_dir, tmp_path):
     base, swift = LLMEngine(EngineConfig(swiftkv=False, **kw)), LLMEngine(EngineConfig(swiftkv=True, **kw))
     assert swift.runner.model.use_swiftkv and not base.runner.model.use_swiftkv
     prefill_s(base, "warm-b"), prefill_s(swift, "warm-s")
-    ratios = [prefill_s(swift, f"s{i}") / prefill_s(base, f"b{i}") for i in range(PAIRS)]
+    pairs = [(prefill_s(swift, f"s{i}"), prefill_s(base, f"b{i}")) for i in range(PAIRS)]
     # FLOPs: about 0.5 of the baseline; 0.75 leaves room for noise and catches a lost speed-up
-    assert statistics.median(ratios) < 0.75, ratios
+    assert min(s for s, _ in pairs) / min(b for _, b in pairs) < 0.75, pairs
