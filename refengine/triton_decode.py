@@ -8,15 +8,17 @@ each sequence's blocks where they are, up to its own length, so a step reads the
 ``TritonDecodeKernel()(q [B, kvh, g, dk], k_pool [N, bs, kvh, dk], v_pool [N, bs, kvh, dv],
 table [B, W], lens [B], scale, starts [B] | None) -> [B, kvh, g, dv]`` in q's dtype: the call of
 the CPU kernel (``refengine.paged_kernel``), so ``refengine.attention`` serves both the same way.
-One program per (sequence, KV head): its ``g`` query rows (GQA) against the sequence's entries
-``starts[b] .. lens[b]-1`` one block at a time, online softmax in float32 (running max, sum and
-output rescaled per block), any head widths (ZACK's ragged K/V widths included: the tiles are
-padded to powers of two and masked). Grid and loop bounds come from tensors and shapes only, so
-a CUDA graph can capture it. Dense float pools only (FP8 and the KV methods' stores keep gather +
+One program per (sequence, KV head): its ``g`` query rows (GQA; padded to 16 for ``tl.dot``) against
+the sequence's entries ``starts[b] .. lens[b]-1``, ``TILE`` entries (several blocks, each entry's
+block id read from the table) a step, two ``tl.dot`` a step in float32 (scores, then probabilities
+times V; IEEE products, no TF32) and an online softmax in float32 (running max, sum and output
+rescaled per tile); any head widths (ZACK's ragged K/V widths included: the tiles are padded to
+powers of two and masked). Grid and loop bounds come from tensors and shapes only, so a CUDA graph
+can capture it. Dense float pools only (FP8 and the KV methods' stores keep gather +
 SDPA, ``refengine.attention._decode_pools``).
 
-On CUDA the engine takes it when triton imports and ``self_check`` agrees with SDPA on a small
-random case (``resolve``; otherwise gather + SDPA, with a warning). On CPU the tests run the same
+On CUDA the engine takes it when triton imports and ``self_check`` agrees with ``reference`` (gather
+and a float32 softmax) on a small random case (``resolve``; otherwise gather + SDPA, with a warning). On CPU the tests run the same
 kernel in Triton's interpreter (``TRITON_INTERPRET=1``, set before this module is imported).
 """
 
@@ -35,7 +37,7 @@ log = logging.getLogger(__name__)
 def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, starts_ptr, out_ptr, scale,
                    sq_b, sq_h, sq_g, sk_n, sk_t, sk_h, sv_n, sv_t, sv_h, st_b, so_b, so_h, so_g,
                    G, DK, DV,
-                   BS: tl.constexpr, BG: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
+                   BS: tl.constexpr, TILE: tl.constexpr, BG: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
                    HAS_STARTS: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -46,35 +48,44 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, starts_ptr, out_ptr
     g = tl.arange(0, BG)
     dk = tl.arange(0, BDK)
     dv = tl.arange(0, BDV)
-    t = tl.arange(0, BS)
-    q_mask = (g < G)[:, None] & (dk < DK)[None, :]
-    q = tl.load(q_ptr + b * sq_b + h * sq_h + g[:, None] * sq_g + dk[None, :], mask=q_mask, other=0.0)
-    q = q.to(tl.float32) * scale                                         # [BG, BDK]
+    t = tl.arange(0, TILE)
+    q = tl.load(q_ptr + b * sq_b + h * sq_h + g[:, None] * sq_g + dk[None, :],
+                mask=(g < G)[:, None] & (dk < DK)[None, :], other=0.0).to(tl.float32)   # [BG, BDK]
     m_i = tl.full([BG], float("-inf"), tl.float32)
-    l_i = tl.zeros([BG], tl.float32)
-    acc = tl.zeros([BG, BDV], tl.float32)
-    for j in range(first // BS, tl.cdiv(length, BS)):
-        blk = tl.load(table_ptr + b * st_b + j).to(tl.int64)
-        pos = j * BS + t
-        valid = (pos < length) & (pos >= first)                          # [BS]; some entry of every block visited
-        k = tl.load(k_ptr + blk * sk_n + t[:, None] * sk_t + h * sk_h + dk[None, :],
-                    mask=valid[:, None] & (dk < DK)[None, :], other=0.0).to(tl.float32)     # [BS, BDK]
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)               # [BG, BS]
+    l_i = tl.full([BG], 0.0, tl.float32)
+    acc = tl.full([BG, BDV], 0.0, tl.float32)
+    # TILE entries per step (several blocks: each entry's block id read from the table), so a sequence
+    # takes length / TILE dependent steps, not length / BS
+    for j in range(first // TILE, tl.cdiv(length, TILE)):
+        pos = j * TILE + t
+        valid = (pos < length) & (pos >= first)                          # [TILE]; some entry of every tile visited
+        blk = tl.load(table_ptr + b * st_b + pos // BS, mask=valid, other=0).to(tl.int64)
+        slot = pos % BS
+        k = tl.load(k_ptr + (blk * sk_n + slot * sk_t + h * sk_h)[:, None] + dk[None, :],
+                    mask=valid[:, None] & (dk < DK)[None, :], other=0.0)                     # [TILE, BDK]
+        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee") * scale           # [BG, TILE]
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + blk * sv_n + t[:, None] * sv_t + h * sv_h + dv[None, :],
-                    mask=valid[:, None] & (dv < DV)[None, :], other=0.0).to(tl.float32)     # [BS, BDV]
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        v = tl.load(v_ptr + (blk * sv_n + slot * sv_t + h * sv_h)[:, None] + dv[None, :],
+                    mask=valid[:, None] & (dv < DV)[None, :], other=0.0)                     # [TILE, BDV]
+        # float32 operands (probabilities not rounded to the pools' bf16 as FlashAttention does): the
+        # CPU kernel's numbers; float32 products use no tensor cores, a small share of a memory-bound
+        # step (and Triton's interpreter, which tests this on CPU, multiplies bf16 tiles wrongly)
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
         m_i = m_new
     out = acc / l_i[:, None]
     tl.store(out_ptr + b * so_b + h * so_h + g[:, None] * so_g + dv[None, :], out,
              mask=(g < G)[:, None] & (dv < DV)[None, :])
 
 
+TILE = 64                  # cache entries per step of the loop (a power of two; any block size)
+
+
 def _pow2(n: int) -> int:
+    """A tile size for n (tl.dot takes no dimension under 16)."""
     return max(16, triton.next_power_of_2(n))
 
 
@@ -94,7 +105,7 @@ class TritonDecodeKernel:
             q.stride(0), q.stride(1), q.stride(2), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
             v_pool.stride(0), v_pool.stride(1), v_pool.stride(2), table.stride(0),
             out.stride(0), out.stride(1), out.stride(2), G, DK, DV,
-            BS=BS, BG=max(2, triton.next_power_of_2(G)), BDK=_pow2(DK), BDV=_pow2(DV), HAS_STARTS=starts is not None)
+            BS=BS, TILE=TILE, BG=_pow2(G), BDK=_pow2(DK), BDV=_pow2(DV), HAS_STARTS=starts is not None)
         return out.to(q.dtype)
 
 
