@@ -18,8 +18,9 @@ can capture it. Dense float pools only (FP8 and the KV methods' stores keep gath
 SDPA, ``refengine.attention._decode_pools``).
 
 On CUDA the engine takes it when triton imports and ``self_check`` agrees with ``reference`` (gather
-and a float32 softmax) on a small random case (``resolve``; otherwise gather + SDPA, with a warning). On CPU the tests run the same
-kernel in Triton's interpreter (``TRITON_INTERPRET=1``, set before this module is imported).
+and a float32 softmax) on a small random case (``resolve``; otherwise gather + SDPA, with a warning).
+On CPU the tests run the same kernel in Triton's interpreter (``TRITON_INTERPRET=1``, set before this
+module is imported).
 """
 
 from __future__ import annotations
