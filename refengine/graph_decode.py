@@ -11,8 +11,8 @@ token, no draft, nothing scored) from fixed buffers instead:
 - Buffers: input ids, positions, slot mapping, lengths ``[P]`` and block tables ``[P, W]``, filled
   from the scheduler's host lists outside the graph (the attention metadata; one copy each).
 - Padded rows read token 0 at position 0, write their K/V into the *scratch block* (the pool's
-  last block, which the block manager never hands out: ``ModelRunner`` allocates one more) and
-  attend its one key; their outputs are dropped.
+  last block, which the block manager never hands out: ``ModelRunner`` tells it one block fewer)
+  and attend its one key; their outputs are dropped.
 
 Inside the graph: the embedding, every layer (QKV, RoPE, the K/V write by ``index_copy_``, the
 attention with its padding mask computed from the lengths buffer, the MLP), SwiftKV's tail (the
@@ -20,8 +20,8 @@ later layers' fused K/V projection and the later layers on the same rows) and th
 Outside: the buffers' fill, the LM head and sampling (per-request Python: penalties, seeds,
 grammar masks). KV methods stay out: KCache's top-N recall and host copies, ZipCache's saliency
 probes and eviction's scores read host lists per step (ZACK's parts are not checked for capture
-yet), so an engine with any KV method runs every step eagerly (``eligible`` says why). Sliding-window models too (their
-per-window tables and lower bounds are not in the buffers yet).
+yet), so an engine with any KV method runs every step eagerly (``eligible`` says why). Sliding-window
+models too (their per-window tables and lower bounds are not in the buffers yet).
 
 On CUDA (``capture=True``) a pair is captured on its first use (``torch.cuda.graph``, one memory
 pool for all; two eager warm-up runs first, which write the same K/V the replay then writes) and
@@ -69,10 +69,10 @@ def eligible(kv_methods: list, windows: list, device: torch.device, cuda_graphs:
 
 
 class DecodeGraphs:
-    def __init__(self, model, kv, decode_kernel, prefill_kernel, block_size: int, scratch_block: int,
+    def __init__(self, model, kv, decode_kernel, block_size: int, scratch_block: int,
                  max_num_seqs: int, max_model_len: int, device: torch.device, capture: bool) -> None:
         self.model, self.kv, self.bs, self.device, self.capture = model, kv, block_size, device, capture
-        self.kernels = (decode_kernel, prefill_kernel)
+        self.decode_kernel = decode_kernel          # the backend's (None: gather + SDPA); no prefills here
         self.sizes = capture_sizes(max_num_seqs)
         self.widths = width_buckets(-(-max_model_len // block_size))
         self.scratch = scratch_block
@@ -116,7 +116,7 @@ class DecodeGraphs:
         mask = (self.span[:W * self.bs].unsqueeze(0) < lens.unsqueeze(1))[:, None, None, :]
         rows = self.rows[:P]
         d = DecodeGroup(rows, self.tables[:P, :W], mask, [], [], list(range(P)), lens, None)
-        batch = AttnBatch([], d, P, *self.kernels, None)
+        batch = AttnBatch([], d, P, self.decode_kernel, None, None)
         attn = [batch] * len(self.kv.windows)
         slots = [self.slots[:P]] * len(self.kv.windows)
         logits_attn = attn if self.model.use_swiftkv else None

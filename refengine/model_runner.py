@@ -159,8 +159,8 @@ class ModelRunner:
             raise RuntimeError(f"KV storage allocated {self.kv.bytes_per_block} device + "
                                f"{self.kv.host_bytes_per_block} host bytes/block, planned {planned[0]} + {planned[1]}")
         self.graphs = None if self.graphs_off is not None else graph_decode.DecodeGraphs(
-            self.model, self.kv, self.attn_backend.decode_kernel, self.attn_backend.prefill_kernel, config.block_size,
-            self.num_blocks, config.max_num_seqs, max_model_len, self.device, capture=self.device.type == "cuda")
+            self.model, self.kv, self.attn_backend.decode_kernel, config.block_size, self.num_blocks,
+            config.max_num_seqs, max_model_len, self.device, capture=self.device.type == "cuda")
         self.default_gen = torch.Generator(device=self.device).manual_seed(config.seed)
         # Structured outputs: token masks computed beside the forward pass (built on first use).
         # Beside the forward pass only when a core is free for it (see refengine.structured.masks).

@@ -33,10 +33,10 @@ LLAMA_8B = {"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 1433
             "rope_theta": 500000.0, "max_position_embeddings": 131072, "tie_word_embeddings": False,
             "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                              "original_max_position_embeddings": 8192}}
-# CPU only: the engine's C++ kernels as it picks them, or plain torch ops (no kernel build: quick checks).
 # KV methods measured by --methods (ZACK needs a calibrated model, which random weights are not).
 METHODS = {"plain": {}, "fp8": {"fp8": {}}, "kcache": {"kcache": {"top_n": 256}}, "zipcache": {"zipcache": {}},
            "eviction": {"eviction": {"budget": 256}}}
+# CPU only: the engine's C++ kernels as it picks them, or plain torch ops (no kernel build: quick checks).
 CPU_KERNELS = {"auto": {}, "torch": {"decode_kernel": "torch", "prefill_kernel": "torch", "fused_ops": "torch"}}
 TINY = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-5,
@@ -80,7 +80,7 @@ def decode_by_method(model_dir: Path, args, res: dict) -> None:
     b = res["methods_batch"] = max(args.batches)
     res["decode_ms_by_method"] = {"plain": res[f"decode_ms_b{b}"]}
     res["cuda_graphs_by_method"] = {"plain": res["cuda_graphs"]}
-    for name in [m for m in args.methods.split(",") if m and m != "plain"]:
+    for name in [m for m in args.methods if m != "plain"]:
         eng = engine(model_dir, args, False, args.prefill_tokens, METHODS[name])
         res["decode_ms_by_method"][name] = decode_ms(eng, args, b)
         res["cuda_graphs_by_method"][name] = eng.runner.graphs is not None
@@ -170,7 +170,8 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    unknown = [m for m in args.methods.split(",") if m and m not in METHODS]
+    args.methods = [m for m in args.methods.split(",") if m]
+    unknown = [m for m in args.methods if m not in METHODS]
     if unknown:
         raise SystemExit(f"--methods: unknown {', '.join(unknown)} (known: {', '.join(METHODS)})")
     args.prefill_tokens = args.prefill_tokens or (256 if args.tiny else 8192)

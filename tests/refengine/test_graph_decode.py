@@ -9,7 +9,7 @@ their tables padded to power-of-two widths) alternate."""
 
 import pytest
 import torch
-from engine_support import run_with_arrival
+from engine_support import logprobs, run_with_arrival, tokens
 
 from modelkit.swiftkv import write_swiftkv_checkpoint
 from refengine import graph_decode
@@ -29,14 +29,6 @@ def run(monkeypatch, model_dir, static: bool, **kw):
     monkeypatch.undo()
     got = run_with_arrival(eng, PROMPTS, PARAMS)
     return got, eng
-
-
-def tokens(got):
-    return {r: [t for t, _ in steps] for r, steps in got.items()}
-
-
-def logprobs(got):
-    return [lp for steps in got.values() for _, lps in steps for e in lps for lp in [e.logprob, *(v for _, v in e.top)]]
 
 
 @pytest.mark.parametrize("kw", [dict(dtype="float32"), dict(dtype="bfloat16"),

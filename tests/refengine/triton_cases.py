@@ -12,7 +12,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from engine_support import run_with_arrival  # noqa: E402
+from engine_support import logprobs, run_with_arrival, tokens  # noqa: E402
 
 from refengine import triton_decode as td  # noqa: E402
 
@@ -76,13 +76,12 @@ def engine(model_dir: str) -> None:
 
     kernel, runner = Counted(), eng.runner
     runner.attn_backend = AttentionBackend(kernel, runner.attn_backend.prefill_kernel)
-    runner.graphs.kernels = (kernel, runner.attn_backend.prefill_kernel)
+    runner.graphs.decode_kernel = kernel
     runner.model._stack_kv, runner.model._stack = runner.kv, None     # the C++ layer loop calls only the C++ kernel
     got = run_with_arrival(eng, prompts, params)
     assert calls and runner.graphs.replays > 0
-    assert {r: [t for t, _ in s] for r, s in got.items()} == {r: [t for t, _ in s] for r, s in ref.items()}
-    lp = torch.tensor([e.logprob for s in got.values() for _, lps in s for e in lps])
-    lp_ref = torch.tensor([e.logprob for s in ref.values() for _, lps in s for e in lps])
+    assert tokens(got) == tokens(ref)
+    lp, lp_ref = torch.tensor(logprobs(got)), torch.tensor(logprobs(ref))
     assert torch.allclose(lp, lp_ref, atol=1e-4), float((lp - lp_ref).abs().max())
 
 
